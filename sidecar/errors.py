@@ -1,0 +1,85 @@
+"""The project's exception hierarchy; every error the sidecar raises on purpose is one of these.
+
+SidecarError
+├── ConfigError               a setting or planner input is wrong (start-up / CLI, exit 2)
+│   └── ModelConfigError      a model config.json is missing, unreadable or unsupported
+├── PlanError                 the numbers cannot give a plan (weights + overhead >= VRAM)
+├── ProbeError                reading the GPU or the engine failed
+│   ├── ProbeTemporaryError   worth retrying on the next tick (engine restarting, GPU busy)
+│   └── ProbeUnavailableError will not get better by retrying (no driver, not supported)
+├── AdmissionRejected         the bulkhead said no (queue full, wait timed out, draining...)
+├── RequestError              the client's request is invalid (4xx, OpenAI-shaped body)
+└── UpstreamError             the engine could not be reached or did not answer in time
+    ├── UpstreamUnavailableError  502
+    └── UpstreamTimeoutError      504
+"""
+
+from __future__ import annotations
+
+
+class SidecarError(Exception):
+    """Root of every error the sidecar raises on purpose."""
+
+
+class ConfigError(SidecarError):
+    """A setting or planner input is invalid; the message names it."""
+
+
+class ModelConfigError(ConfigError):
+    """A model's config.json is missing, unreadable or describes something we cannot size."""
+
+
+class PlanError(SidecarError):
+    """The declared or measured memory leaves no room for a KV pool."""
+
+
+class ProbeError(SidecarError):
+    """Reading the GPU or the engine failed."""
+
+
+class ProbeTemporaryError(ProbeError):
+    """A probe failure that may clear by itself; the control loop retries on its next tick."""
+
+
+class ProbeUnavailableError(ProbeError):
+    """A probe failure that retrying will not fix (no driver, unsupported call, no permission)."""
+
+
+class AdmissionRejected(SidecarError):
+    """The bulkhead refused a request; ``reason`` says why, ``retry_after_s`` when to come back."""
+
+    def __init__(self, reason: str, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+
+class RequestError(SidecarError):
+    """The client's request is invalid; carries what the OpenAI-shaped error body needs."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        param: str | None = None,
+        code: str = "invalid_request",
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.code = code
+
+
+class UpstreamError(SidecarError):
+    """The engine failed us."""
+
+
+class UpstreamUnavailableError(UpstreamError):
+    """The engine could not be reached or reset the connection (502)."""
+
+
+class UpstreamTimeoutError(UpstreamError):
+    """The engine did not answer within the configured timeout (504)."""
