@@ -7,7 +7,7 @@ SidecarError
 ├── ProbeError                reading the GPU or the engine failed
 │   ├── ProbeTemporaryError   worth retrying on the next tick (engine restarting, GPU busy)
 │   └── ProbeUnavailableError will not get better by retrying (no driver, not supported)
-├── AdmissionRejected         the bulkhead said no (queue full, wait timed out, draining...)
+├── AdmissionRejectedError         the bulkhead said no (queue full, wait timed out, draining...)
 ├── RequestError              the client's request is invalid (4xx, OpenAI-shaped body)
 └── UpstreamError             the engine could not be reached or did not answer in time
     ├── UpstreamUnavailableError  502
@@ -45,7 +45,7 @@ class ProbeUnavailableError(ProbeError):
     """A probe failure that retrying will not fix (no driver, unsupported call, no permission)."""
 
 
-class AdmissionRejected(SidecarError):
+class AdmissionRejectedError(SidecarError):
     """The bulkhead refused a request; ``reason`` says why, ``retry_after_s`` when to come back."""
 
     def __init__(self, reason: str, message: str, retry_after_s: float) -> None:
