@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 from collections.abc import Sequence
 
@@ -25,6 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sidecar", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
+        if importlib.util.find_spec(module_name) is None:
+            continue
         sub = commands.add_parser(name, help=help_text, description=help_text)
         module = importlib.import_module(module_name)
         module.add_arguments(sub)
