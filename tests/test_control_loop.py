@@ -1,0 +1,231 @@
+"""The capacity control loop: grow, shrink, stale -> floor -> recovery, with an injected clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from structlog.testing import capture_logs
+
+from sidecar.capacity import Budget, KvCost
+from sidecar.control_loop import (
+    TASK_NAME,
+    CapacityController,
+    Floor,
+    build_controller,
+    register_capacity_metrics,
+)
+from sidecar.errors import ProbeError, ProbeTemporaryError
+from sidecar.model_spec import load_model_spec
+from sidecar.probes import GpuReading, GpuSnapshot, ProcessMemory
+from sidecar.probes.static import Declared
+from sidecar.settings import load_settings
+
+GIB = 1024**3
+REQUEST = 229_376_000  # qwen2.5-7b, 4,000 tokens, fp16: 57,344 B/token
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ScriptedGpu:
+    """A GPU probe whose next reading (or failure) the test sets."""
+
+    def __init__(self, used_by_neighbour: int = 0) -> None:
+        self.neighbour = used_by_neighbour
+        self.failure: ProbeError | None = None
+        self.closed = False
+
+    async def read(self) -> GpuSnapshot:
+        if self.failure is not None:
+            raise self.failure
+        procs = (ProcessMemory(1, 5 * GIB), ProcessMemory(2, self.neighbour))
+        gpu = GpuReading(0, "GPU-0", "Test GPU", 8 * GIB, 0, 0, None, procs, mig_enabled=False)
+        return GpuSnapshot((gpu,), observed_at=0.0)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def controller(gpu: ScriptedGpu, clock: Clock, resized: list[int]) -> CapacityController:
+    declared = Declared(None, 5 * GIB, False, 3 * GIB // 2, None, observed_at=0.0)
+    return CapacityController(
+        source="nvml",
+        cost=KvCost(load_model_spec("qwen2.5-7b")),
+        budget=Budget(3000, 1000),
+        alpha=0.8,
+        declared=declared,
+        resize=resized.append,
+        limit_of=lambda plan: plan.permits,
+        floor=Floor(None, 1),
+        gpu_probe=gpu,
+        stale_after_s=10.0,
+        clock=clock,
+    )
+
+
+async def test_first_refresh_plans_the_worked_example() -> None:
+    """8 GiB card, 5 GiB weights, 1.5 GiB overhead: five permits, handed to the bulkhead."""
+    resized: list[int] = []
+    loop = controller(ScriptedGpu(), Clock(), resized)
+    state = await loop.refresh()
+    assert (state.plan is not None, state.limit, state.mode, resized) == (True, 5, "fresh", [5])
+
+
+async def test_a_neighbour_shrinks_the_limit_and_leaving_grows_it() -> None:
+    """A neighbour taking 0.5 GiB costs permits; when it leaves they come back, one resize each."""
+    gpu, resized = ScriptedGpu(), []
+    loop = controller(gpu, Clock(), resized)
+    await loop.refresh()
+    gpu.neighbour = GIB // 2
+    await loop.refresh()
+    await loop.refresh()
+    gpu.neighbour = 0
+    await loop.refresh()
+    assert resized == [5, 3, 5]
+
+
+async def test_failed_read_keeps_the_plan_then_floors_then_recovers() -> None:
+    """Stale inside the grace period, the floor after it, fresh again when the GPU is back."""
+    gpu, clock, resized = ScriptedGpu(), Clock(), []
+    loop = controller(gpu, clock, resized)
+    await loop.refresh()
+    gpu.failure = ProbeTemporaryError("NVML: the GPU is lost")
+    clock.now += 5
+    stale = await loop.refresh()
+    clock.now += 6
+    floored = await loop.refresh()
+    gpu.failure = None
+    recovered = await loop.refresh()
+    assert [(s.mode, s.limit) for s in (stale, floored, recovered)] == [
+        ("stale", 5),
+        ("floor", 1),
+        ("fresh", 5),
+    ]
+    assert stale.error == "NVML: the GPU is lost"
+    assert resized == [5, 1, 5]
+
+
+async def test_each_transition_is_logged_once_not_every_tick() -> None:
+    """Three failing ticks log one stale and one floor event, and recovery one fresh event."""
+    gpu, clock = ScriptedGpu(), Clock()
+    loop = controller(gpu, clock, [])
+    await loop.refresh()
+    gpu.failure = ProbeTemporaryError("gone")
+    with capture_logs() as logs:
+        for _ in range(3):
+            clock.now += 4
+            await loop.refresh()
+        await loop.refresh()
+        gpu.failure = None
+        await loop.refresh()
+        await loop.refresh()
+    assert [e["event"] for e in logs] == ["capacity_stale", "capacity_on_floor", "capacity_fresh"]
+
+
+async def test_no_good_plan_yet_means_the_floor() -> None:
+    """Failing from the very first tick puts the floor in force at once."""
+    gpu = ScriptedGpu()
+    gpu.failure = ProbeTemporaryError("no driver")
+    state = await controller(gpu, Clock(), []).refresh()
+    assert (state.on_floor, state.limit, state.plan) == (True, 1, None)
+
+
+async def test_plan_age_grows_with_the_clock() -> None:
+    """The age reported is the time since the last good plan, from the injected clock."""
+    gpu, clock = ScriptedGpu(), Clock()
+    loop = controller(gpu, clock, [])
+    await loop.refresh()
+    gpu.failure = ProbeTemporaryError("gone")
+    clock.now += 3
+    await loop.refresh()
+    assert loop.state.age_s(clock.now + 1) == pytest.approx(4.0)
+
+
+async def test_loop_survives_a_crashing_tick_and_stops_cleanly() -> None:
+    """A bug in one tick is logged; the named task keeps running until stop()."""
+    gpu, ticks, third = ScriptedGpu(), [], asyncio.Event()
+
+    class Exploding(ScriptedGpu):
+        async def read(self) -> GpuSnapshot:
+            ticks.append(1)
+            if len(ticks) == 3:
+                third.set()
+            if len(ticks) == 1:
+                raise RuntimeError("bug")
+            return await gpu.read()
+
+    async def no_wait(_s: float) -> None:
+        await asyncio.sleep(0)
+
+    loop = controller(Exploding(), Clock(), [])
+    loop._sleep = no_wait
+    with capture_logs() as logs:
+        loop.start()
+        names = {t.get_name() for t in asyncio.all_tasks()}
+        await asyncio.wait_for(third.wait(), timeout=5)
+        await asyncio.sleep(0)  # let the third tick publish
+        await loop.stop()
+    assert TASK_NAME in names
+    assert logs[0]["event"] == "capacity_tick_crashed"
+    assert loop.state.limit == 5
+    assert TASK_NAME not in {t.get_name() for t in asyncio.all_tasks()}
+
+
+def settings(**extra: str) -> dict[str, str]:
+    base = {"SIDECAR_MODEL": "qwen2.5-7b", "SIDECAR_VRAM_TOTAL": "8GiB", "SIDECAR_WEIGHTS": "5GiB"}
+    return base | {"SIDECAR_OVERHEAD": "1.5GiB"} | extra
+
+
+@pytest.mark.parametrize(
+    ("extra", "limit"),
+    [
+        pytest.param({}, 5, id="count-mode-permits"),
+        pytest.param({"SIDECAR_MAX_CONCURRENT_CALLS": "3"}, 3, id="count-mode-capped"),
+        pytest.param({"SIDECAR_ADMISSION": "tokens"}, 1_288_490_188, id="token-mode-bytes"),
+    ],
+)
+async def test_build_controller_hands_the_bulkhead_the_right_limit(
+    extra: dict[str, str], limit: int
+) -> None:
+    """Count mode gets permits (capped), token mode gets alpha x pool in bytes."""
+    resized: list[int] = []
+    env = settings(SIDECAR_CAPACITY_SOURCE="static", **extra)
+    loop = build_controller(load_settings(env), resized.append, clock=Clock())
+    await loop.refresh()
+    assert resized == [limit]
+
+
+async def test_floor_defaults_to_the_declared_static_plan() -> None:
+    """With declared numbers, losing every probe falls back to their plan, not to one permit."""
+    gpu = ScriptedGpu()
+    gpu.failure = ProbeTemporaryError("no GPU")
+    env = settings(SIDECAR_CAPACITY_SOURCE="nvml", SIDECAR_ENGINE_METRICS_URL="http://127.0.0.1:9/")
+    loop = build_controller(load_settings(env), lambda _n: None, clock=Clock(), nvml=gpu)
+    state = await loop.refresh()
+    await loop.stop()
+    assert (state.on_floor, state.limit, gpu.closed) == (True, 5, True)
+
+
+async def test_capacity_json_and_metrics_show_terms_and_gpu_memory() -> None:
+    """/capacity names each term's source and age; /metrics shows GPU memory and staleness."""
+    clock = Clock()
+    loop = controller(ScriptedGpu(GIB // 2), clock, [])
+    await loop.refresh()
+    registry = CollectorRegistry()
+    register_capacity_metrics(registry, loop, clock)
+    doc = loop.state_json(clock.now + 2)
+    text = generate_latest(registry).decode()
+    terms = {t["name"]: (t["source"], t["age_s"]) for t in doc["plan"]["terms"]}
+    assert terms["neighbours"] == ("measured", 102.0)
+    assert terms["weights"] == ("declared", 102.0)
+    assert doc["gpus"][0]["processes"][1] == {"pid": 2, "used_bytes": GIB // 2}
+    assert 'sidecar_gpu_memory_total_bytes{gpu="GPU-0"} 8.589934592e+09' in text
+    assert "sidecar_capacity_stale 0.0" in text
+    assert "sidecar_kv_pool_bytes 1.073741824e+09" in text
