@@ -181,10 +181,7 @@ class CapacityController:
                 log.exception("capacity_tick_crashed")
 
     async def _read(self) -> Readings:
-        gpus, engine = await asyncio.gather(
-            _attempt(self._gpu_probe.read() if self._gpu_probe else None),
-            _attempt(self._engine_probe.read() if self._engine_probe else None),
-        )
+        gpus, engine = await asyncio.gather(_attempt(self._gpu_probe), _attempt(self._engine_probe))
         return Readings(
             declared=self._declared,
             gpus=gpus[0] if isinstance(gpus[0], GpuSnapshot) else None,
@@ -206,12 +203,13 @@ class CapacityController:
 
 
 async def _attempt(
-    reading: Awaitable[GpuSnapshot | EngineReading] | None,
+    probe: GpuProbe | EngineProbe | None,
 ) -> tuple[GpuSnapshot | EngineReading | None, ProbeError | None]:
-    if reading is None:
+    # The coroutine is made here, inside the task, so a cancelled tick leaves none un-awaited.
+    if probe is None:
         return None, None
     try:
-        return await reading, None
+        return await probe.read(), None
     except ProbeError as exc:
         return None, exc
 
