@@ -27,6 +27,7 @@ class RelayResult:
     """How a relay ended and how much went through."""
 
     end: RelayEnd
+    response: web.StreamResponse
     bytes_sent: int
     error: UpstreamError | None = None
 
@@ -84,7 +85,7 @@ async def relay_stream(
     try:
         await response.prepare(request)
     except ConnectionResetError:
-        return RelayResult("client_gone", 0)
+        return RelayResult("client_gone", response, 0)
     sent = 0
     while True:
         try:
@@ -98,22 +99,22 @@ async def relay_stream(
         try:
             await response.write(chunk)
         except ConnectionResetError:
-            return RelayResult("client_gone", sent)
+            return RelayResult("client_gone", response, sent)
         sent += len(chunk)
     if framer is not None and (rest := framer.flush()):
         sent += len(rest)
         await _write_quietly(response, rest)
     await _finish(response)
-    return RelayResult("completed", sent)
+    return RelayResult("completed", response, sent)
 
 
 async def _end_broken(
     response: web.StreamResponse, exc: UpstreamError, sent: int, *, sse: bool
 ) -> RelayResult:
     if sse and not await _write_quietly(response, in_band_error(exc)):
-        return RelayResult("client_gone", sent, exc)
+        return RelayResult("client_gone", response, sent, exc)
     await _finish(response)
-    return RelayResult("upstream_failed", sent, exc)
+    return RelayResult("upstream_failed", response, sent, exc)
 
 
 async def _write_quietly(response: web.StreamResponse, data: bytes) -> bool:

@@ -108,3 +108,15 @@ class Upstream:
             return await response.read()
         except UPSTREAM_ERRORS as exc:
             raise translate(exc) from exc
+
+    @staticmethod
+    def finish(response: aiohttp.ClientResponse) -> None:
+        """Give the connection back for reuse if its body was read to the end; else close it.
+
+        Closing is what tells the engine the client is gone: vLLM aborts the request and frees
+        its KV blocks when its connection drops.
+        """
+        if response.content.is_eof():
+            response.release()
+        else:
+            response.close()

@@ -1,0 +1,3 @@
+"""Shared fixtures: real servers on loopback sockets live in tests/servers.py."""
+
+pytest_plugins = ["tests.servers"]

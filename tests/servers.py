@@ -1,0 +1,126 @@
+"""Fixtures that run real servers on loopback sockets: the emulated engine and the sidecar."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from emulator.app import build_app
+from emulator.config import EmulatorConfig
+from sidecar.app import SidecarServer
+from sidecar.settings import load_settings
+
+TINY_MODEL = Path(__file__).parent / "configs" / "tiny-llama.json"
+# The tiny model keeps 1,024 KV bytes per token; 100 + 28 tokens = 131,072 bytes per request.
+BASE_ENV = {
+    "SIDECAR_HOST": "127.0.0.1",
+    "SIDECAR_ADMIN_HOST": "127.0.0.1",
+    "SIDECAR_PORT": "0",
+    "SIDECAR_ADMIN_PORT": "0",
+    "SIDECAR_CAPACITY_SOURCE": "static",
+    "SIDECAR_MODEL": str(TINY_MODEL),
+    "SIDECAR_KV_POOL": str(2 * 131_072),
+    "SIDECAR_SAFETY_FACTOR": "1",
+    "SIDECAR_MAX_PROMPT_TOKENS": "100",
+    "SIDECAR_MAX_COMPLETION_TOKENS": "28",
+    "SIDECAR_MAX_QUEUE": "0",
+    "SIDECAR_MAX_WAIT_MS": "3000",
+    "SIDECAR_REFRESH_MS": "60000",
+}
+
+StartSidecar = Callable[..., Awaitable[SidecarServer]]
+
+
+async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[str]:
+    """The emulated engine, generating as fast as it can, on a free port."""
+    runner, url = await _serve(build_app(EmulatorConfig(model_name="tiny-llama")))
+    yield url
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def start_sidecar(engine: str) -> AsyncIterator[StartSidecar]:
+    """Start a sidecar in front of ``engine`` with BASE_ENV plus the given overrides."""
+    started: list[SidecarServer] = []
+
+    async def start(**overrides: str) -> SidecarServer:
+        env = {**BASE_ENV, "SIDECAR_UPSTREAM_URL": engine, **overrides}
+        server = SidecarServer(load_settings(env))
+        await server.start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        await server.stop()
+
+
+def proxy_url(server: SidecarServer) -> str:
+    return f"http://127.0.0.1:{server.proxy_port}"
+
+
+def admin_url(server: SidecarServer) -> str:
+    return f"http://127.0.0.1:{server.admin_port}"
+
+
+async def get_json(url: str) -> dict[str, object]:
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        data: dict[str, object] = await response.json()
+        return data
+
+
+async def scrape(url: str) -> dict[str, float]:
+    """Every sample of a /metrics page, keyed ``name{label=value,...}``, parsed by prometheus_client."""
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        text = await response.text()
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return samples
+
+
+async def until(check: Callable[[], Awaitable[bool]], timeout_s: float = 5.0) -> bool:
+    """Poll a condition another process or socket must bring about; bounded in time."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        if await check():
+            return True
+        await asyncio.sleep(0.02)
+    return await check()
+
+
+def sse_events(body: bytes) -> list[tuple[str | None, str]]:
+    """(event, data) pairs of an SSE body, for asserting on the exact wire format."""
+    events = []
+    for block in body.decode().split("\n\n"):
+        if not block.strip():
+            continue
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        events.append((fields.get("event"), fields.get("data", "")))
+    return events
+
+
+def error_of(body: bytes) -> dict[str, object]:
+    data = json.loads(body)
+    assert set(data["error"]) == {"message", "type", "param", "code"}, data
+    error: dict[str, object] = data["error"]
+    return error

@@ -1,0 +1,279 @@
+"""The proxy over real sockets: the official openai SDK -> sidecar -> emulated engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import openai
+import pytest
+
+from tests.servers import (
+    StartSidecar,
+    admin_url,
+    error_of,
+    get_json,
+    proxy_url,
+    scrape,
+    sse_events,
+    until,
+)
+
+CHAT = {"model": "tiny-llama", "messages": [{"role": "user", "content": "hello there"}]}
+STALL = {"x-emulator-fault": "stall-after=1"}
+
+
+def client_for(base: str, **kwargs: object) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url=f"{base}/v1", api_key="sk-test-secret", max_retries=0, **kwargs
+    )  # type: ignore[arg-type]
+
+
+async def in_use(server: object) -> int:
+    doc = await get_json(f"{admin_url(server)}/capacity")  # type: ignore[arg-type]
+    return int(doc["in_use"])  # type: ignore[call-overload]
+
+
+async def hold_stream(session: aiohttp.ClientSession, base: str) -> aiohttp.ClientResponse:
+    """Open a stream the engine stalls after its first token, so its permit stays held."""
+    response = await session.post(
+        f"{base}/v1/chat/completions", json={**CHAT, "stream": True}, headers=STALL
+    )
+    assert response.status == 200
+    await response.content.readuntil(b"\n\n")
+    return response
+
+
+async def test_sdk_stream_through_sidecar_matches_engine(
+    start_sidecar: StartSidecar, engine: str
+) -> None:
+    """Streaming chat through the sidecar yields exactly the engine's tokens."""
+    server = await start_sidecar()
+
+    async def collect(base: str) -> str:
+        stream = await client_for(base).chat.completions.create(
+            model="tiny-llama",
+            messages=CHAT["messages"],
+            stream=True,
+            max_tokens=12,  # type: ignore[arg-type]
+        )
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    via_sidecar, direct = await collect(proxy_url(server)), await collect(engine)
+    assert via_sidecar == direct
+    assert via_sidecar.strip()
+    assert await in_use(server) == 0
+
+
+async def test_missing_max_tokens_is_set_to_the_budget(start_sidecar: StartSidecar) -> None:
+    """A request without max_tokens is capped at the completion budget before it is forwarded."""
+    server = await start_sidecar()
+    completion = await client_for(proxy_url(server)).completions.create(
+        model="tiny-llama", prompt="once upon a time"
+    )
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens == 28
+
+
+async def test_stream_fallback_raises_api_error_in_sdk(start_sidecar: StartSidecar) -> None:
+    """With every permit held and no queue, a stream gets the fallback event; the SDK raises it."""
+    server = await start_sidecar()
+    async with aiohttp.ClientSession() as session:
+        held = [await hold_stream(session, proxy_url(server)) for _ in range(2)]
+        with pytest.raises(openai.APIError, match="queue") as caught:
+            stream = await client_for(proxy_url(server)).chat.completions.create(
+                model="tiny-llama",
+                messages=CHAT["messages"],
+                stream=True,  # type: ignore[arg-type]
+            )
+            async for _ in stream:
+                pass
+        assert caught.value.code == "queue_full"
+        for response in held:
+            response.close()
+    assert await until(lambda: _is(in_use(server), 0))
+
+
+async def _is(value: asyncio.Future[int] | object, expected: int) -> bool:
+    return await value == expected  # type: ignore[misc]
+
+
+async def test_fallback_wire_format(start_sidecar: StartSidecar) -> None:
+    """The fallback is a 200 SSE stream: one `fallback` event with an OpenAI error, then [DONE]."""
+    server = await start_sidecar()
+    async with aiohttp.ClientSession() as session:
+        held = [await hold_stream(session, proxy_url(server)) for _ in range(2)]
+        async with session.post(
+            f"{proxy_url(server)}/v1/chat/completions", json={**CHAT, "stream": True}
+        ) as response:
+            body = await response.read()
+            assert response.status == 200
+            assert response.content_type == "text/event-stream"
+            assert int(response.headers["Retry-After"]) >= 1
+        for r in held:
+            r.close()
+    (event, data), done = sse_events(body)
+    assert event == "fallback"
+    payload = json.loads(data)
+    assert payload["error"]["code"] == "queue_full"
+    assert payload["retry_after_s"] > 0
+    assert done == (None, "[DONE]")
+
+
+async def test_non_streaming_busy_is_429_rate_limit_error(start_sidecar: StartSidecar) -> None:
+    """A non-streaming request turned away gets 429 + Retry-After: the SDK's RateLimitError."""
+    server = await start_sidecar()
+    async with aiohttp.ClientSession() as session:
+        held = [await hold_stream(session, proxy_url(server)) for _ in range(2)]
+        with pytest.raises(openai.RateLimitError) as caught:
+            await client_for(proxy_url(server)).chat.completions.create(
+                model="tiny-llama",
+                messages=CHAT["messages"],  # type: ignore[arg-type]
+            )
+        assert int(caught.value.response.headers["Retry-After"]) >= 1
+        for r in held:
+            r.close()
+
+
+async def test_http_reject_mode_answers_streams_with_429(start_sidecar: StartSidecar) -> None:
+    """SIDECAR_REJECT_MODE=http turns streaming requests away with 429 too."""
+    server = await start_sidecar(SIDECAR_REJECT_MODE="http")
+    async with aiohttp.ClientSession() as session:
+        held = [await hold_stream(session, proxy_url(server)) for _ in range(2)]
+        async with session.post(
+            f"{proxy_url(server)}/v1/chat/completions", json={**CHAT, "stream": True}
+        ) as response:
+            assert response.status == 429
+            assert error_of(await response.read())["code"] == "queue_full"
+        for r in held:
+            r.close()
+
+
+async def test_queued_request_is_granted_when_a_stream_ends(start_sidecar: StartSidecar) -> None:
+    """A request that waits in the queue runs as soon as a running stream finishes."""
+    server = await start_sidecar(SIDECAR_MAX_QUEUE="4")
+    async with aiohttp.ClientSession() as session:
+        held = [await hold_stream(session, proxy_url(server)) for _ in range(2)]
+        waiting = asyncio.ensure_future(
+            client_for(proxy_url(server)).completions.create(
+                model="tiny-llama", prompt="hi", max_tokens=3
+            )
+        )
+        assert await until(lambda: _queued(server, 1))
+        held[0].close()
+        completion = await asyncio.wait_for(waiting, 5)
+        assert completion.choices[0].text
+        held[1].close()
+
+
+async def _queued(server: object, expected: int) -> bool:
+    doc = await get_json(f"{admin_url(server)}/capacity")  # type: ignore[arg-type]
+    return doc["queued"] == expected
+
+
+async def test_client_disconnect_releases_permit_and_aborts_engine(
+    start_sidecar: StartSidecar, engine: str
+) -> None:
+    """A client that hangs up mid-stream frees its permit and the engine stops its request."""
+    server = await start_sidecar()
+    async with aiohttp.ClientSession() as session:
+        response = await hold_stream(session, proxy_url(server))
+        assert await in_use(server) == 1
+        response.close()
+    assert await until(lambda: _is(in_use(server), 0))
+
+    async def engine_idle() -> bool:
+        return (await scrape(f"{engine}/metrics"))[
+            "vllm:num_requests_running{engine=0,model_name=tiny-llama}"
+        ] == 0
+
+    assert await until(engine_idle)
+    metrics = await scrape(f"{admin_url(server)}/metrics")
+    assert metrics["sidecar_requests_total{outcome=client_gone}"] == 1
+
+
+async def test_upstream_reset_mid_stream_ends_stream_in_band(start_sidecar: StartSidecar) -> None:
+    """An engine that drops the connection mid-stream: the SDK raises a clear APIError, permit freed."""
+    server = await start_sidecar()
+    client = client_for(proxy_url(server), default_headers={"x-emulator-fault": "reset-after=3"})
+    received = []
+    with pytest.raises(openai.APIError, match="unreachable"):
+        stream = await client.chat.completions.create(
+            model="tiny-llama",
+            messages=CHAT["messages"],
+            stream=True,  # type: ignore[arg-type]
+        )
+        async for chunk in stream:
+            received.append(chunk)
+    assert received, "the tokens sent before the reset reached the client"
+    assert await in_use(server) == 0
+    metrics = await scrape(f"{admin_url(server)}/metrics")
+    assert metrics["sidecar_requests_total{outcome=upstream_unavailable}"] == 1
+
+
+async def test_upstream_stall_times_out_in_band(start_sidecar: StartSidecar) -> None:
+    """An engine that stops sending mid-stream past the read timeout: in-band error, permit freed."""
+    server = await start_sidecar(SIDECAR_UPSTREAM_READ_TIMEOUT_MS="300")
+    client = client_for(proxy_url(server), default_headers={"x-emulator-fault": "stall-after=2"})
+    with pytest.raises(openai.APIError, match="in time"):
+        stream = await client.chat.completions.create(
+            model="tiny-llama",
+            messages=CHAT["messages"],
+            stream=True,  # type: ignore[arg-type]
+        )
+        async for _ in stream:
+            pass
+    assert await in_use(server) == 0
+
+
+async def test_slow_non_streaming_upstream_is_504(start_sidecar: StartSidecar) -> None:
+    """A non-streaming request whose engine does not answer in time gets 504, OpenAI-shaped."""
+    server = await start_sidecar(SIDECAR_UPSTREAM_READ_TIMEOUT_MS="200")
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{proxy_url(server)}/v1/completions",
+            json={"model": "tiny-llama", "prompt": "hi"},
+            headers={"x-emulator-fault": "slow-first-token=2"},
+        ) as response,
+    ):
+        assert response.status == 504
+        assert error_of(await response.read())["code"] == "upstream_timeout"
+    assert await in_use(server) == 0
+
+
+async def test_upstream_down_is_502(start_sidecar: StartSidecar) -> None:
+    """With nothing listening upstream, completions get 502 with an OpenAI-shaped body."""
+    server = await start_sidecar(SIDECAR_UPSTREAM_URL="http://127.0.0.1:9")
+    with pytest.raises(openai.APIStatusError) as caught:
+        await client_for(proxy_url(server)).completions.create(model="tiny-llama", prompt="hi")
+    assert caught.value.status_code == 502
+    assert await in_use(server) == 0
+
+
+async def test_upstream_error_status_passes_through(start_sidecar: StartSidecar) -> None:
+    """An engine error status reaches the client as it is."""
+    server = await start_sidecar()
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{proxy_url(server)}/v1/completions",
+            json={"model": "tiny-llama", "prompt": "hi"},
+            headers={"x-emulator-fault": "status=503"},
+        ) as response,
+    ):
+        assert response.status == 503
+        assert "error" in json.loads(await response.read())
+    assert await in_use(server) == 0
+
+
+async def test_other_paths_pass_through_without_a_permit(start_sidecar: StartSidecar) -> None:
+    """/v1/models is forwarded even while every permit is held."""
+    server = await start_sidecar()
+    async with aiohttp.ClientSession() as session:
+        held = [await hold_stream(session, proxy_url(server)) for _ in range(2)]
+        models = await client_for(proxy_url(server)).models.list()
+        assert [m.id for m in models.data] == ["tiny-llama"]
+        for r in held:
+            r.close()
