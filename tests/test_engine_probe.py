@@ -1,0 +1,110 @@
+"""vLLM /metrics: the pure parser against real vLLM 0.32 output, and the scraper over a socket."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from sidecar.errors import ProbeTemporaryError
+from sidecar.probes.engine import VllmMetricsProbe, parse_metrics
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "vllm-0.32"
+
+TWO_ENGINES = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 4.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.75
+# TYPE vllm:num_preemptions counter
+vllm:num_preemptions_total{engine="0",model_name="m"} 2.0
+vllm:num_preemptions_total{engine="1",model_name="m"} 5.0
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",engine="0",kv_cache_size_tokens="1000",num_gpu_blocks="62"} 1.0
+vllm:cache_config_info{block_size="16",engine="1",kv_cache_size_tokens="2000",num_gpu_blocks="125"} 1.0
+"""  # noqa: E501
+
+
+@pytest.mark.parametrize("name", ["metrics-idle.txt", "metrics-after-traffic.txt"])
+def test_real_vllm_cache_config_is_read(name: str) -> None:
+    """The tiny Llama's pool: 8,192 blocks of 128 = 1,048,576 tokens in 1 GiB, dtype auto."""
+    reading = parse_metrics((FIXTURES / name).read_text(), observed_at=7.0)
+    cache = reading.cache
+    assert cache is not None
+    assert (cache.num_gpu_blocks, cache.block_size) == (8192, 128)
+    assert (cache.kv_cache_size_tokens, cache.kv_cache_memory_bytes) == (1_048_576, 1_073_741_824)
+    assert (cache.cache_dtype, cache.gpu_memory_utilization) == ("auto", 0.92)
+    assert (reading.kv_usage_ratio, reading.requests_running, reading.observed_at) == (
+        0.0,
+        0.0,
+        7.0,
+    )
+
+
+def test_series_are_summed_over_engines_and_usage_averaged() -> None:
+    """Two data-parallel engines: counts and pools add up, the usage fraction is their mean."""
+    reading = parse_metrics(TWO_ENGINES, observed_at=0.0)
+    assert (reading.requests_running, reading.preemptions_total) == (7.0, 7.0)
+    assert reading.kv_usage_ratio == pytest.approx(0.5)
+    assert reading.cache is not None
+    assert (reading.cache.kv_cache_size_tokens, reading.cache.num_gpu_blocks) == (3000, 187)
+    assert reading.cache.kv_cache_memory_bytes is None
+
+
+def test_metrics_without_vllm_series_read_as_unknown() -> None:
+    """Another engine's /metrics gives no cache config rather than made-up numbers."""
+    reading = parse_metrics("# TYPE up gauge\nup 1.0\n", observed_at=0.0)
+    assert (reading.cache, reading.kv_usage_ratio, reading.requests_waiting) == (None, None, None)
+
+
+async def serve(status: int = 200) -> TestServer:
+    async def metrics(_request: web.Request) -> web.Response:
+        return web.Response(
+            text=(FIXTURES / "metrics-after-traffic.txt").read_text(), status=status
+        )
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    server = TestServer(app)
+    await server.start_server()
+    return server
+
+
+async def test_scraper_reads_a_live_endpoint() -> None:
+    """Over a real socket, with its own session and with a shared one."""
+    server = await serve()
+    url = str(server.make_url("/metrics"))
+    try:
+        own = await VllmMetricsProbe(url, clock=lambda: 3.0).read()
+        async with aiohttp.ClientSession() as session:
+            shared = await VllmMetricsProbe(url, session=session).read()
+    finally:
+        await server.close()
+    assert own.observed_at == 3.0
+    assert own.cache == shared.cache
+    assert own.cache is not None
+
+
+@pytest.mark.parametrize(
+    ("status", "message"),
+    [pytest.param(503, "answered HTTP 503", id="engine-starting")],
+)
+async def test_failing_engine_is_a_temporary_probe_error(status: int, message: str) -> None:
+    """A non-200 answer is worth retrying next tick."""
+    server = await serve(status=status)
+    try:
+        with pytest.raises(ProbeTemporaryError, match=message):
+            await VllmMetricsProbe(str(server.make_url("/metrics"))).read()
+    finally:
+        await server.close()
+
+
+async def test_unreachable_engine_is_a_temporary_probe_error() -> None:
+    """Nothing listening: a clear temporary error naming the URL."""
+    with pytest.raises(ProbeTemporaryError, match=r"127\.0\.0\.1:9/metrics unreachable"):
+        await VllmMetricsProbe("http://127.0.0.1:9/metrics").read()
