@@ -1,0 +1,45 @@
+"""Read what the running servers report: Prometheus /metrics pages and vLLM's cache config."""
+
+from __future__ import annotations
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+
+def samples(text: str) -> list[Sample]:
+    """Every sample of a Prometheus text page, parsed by prometheus_client (no regexes)."""
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
+def total(text: str, name: str, default: float | None = None, **labels: str) -> float:
+    """The sum of the samples called ``name`` whose labels include ``labels``.
+
+    Summing keeps the tests independent of the ``engine``/``model_name`` labels vLLM adds. A
+    series that is absent is ``default`` (some only appear after the first request), or an error.
+    """
+    found = [
+        s.value
+        for s in samples(text)
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    ]
+    if not found and default is None:
+        msg = f"no sample {name}{labels or ''} on the page"
+        raise LookupError(msg)
+    return sum(found) if found else float(default or 0)
+
+
+def cache_config(text: str) -> dict[str, str]:
+    """The labels of ``vllm:cache_config_info``: vLLM's own statement of its KV cache."""
+    for sample in samples(text):
+        if sample.name == "vllm:cache_config_info":
+            return dict(sample.labels)
+    msg = "vllm:cache_config_info is missing from the page"
+    raise LookupError(msg)
+
+
+async def fetch_text(session: aiohttp.ClientSession, url: str) -> str:
+    """GET ``url`` and return its body, failing the test on any non-200 answer."""
+    async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as response:
+        response.raise_for_status()
+        return await response.text()

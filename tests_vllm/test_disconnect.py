@@ -1,0 +1,93 @@
+"""A client that goes away mid-stream: the sidecar closes upstream and vLLM stops generating."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import openai
+import scrape
+from conftest import Stack
+
+POLL_S = 0.05
+
+
+async def _engine(http: aiohttp.ClientSession, stack: Stack) -> tuple[float, float]:
+    """(requests running, generated tokens so far) as vLLM reports them."""
+    text = await scrape.fetch_text(http, f"{stack.vllm_url}/metrics")
+    return (
+        scrape.total(text, "vllm:num_requests_running"),
+        scrape.total(text, "vllm:generation_tokens_total", default=0),
+    )
+
+
+async def _within(seconds: float, check: Callable[[], Awaitable[bool]], what: str) -> None:
+    """Poll ``check`` until it holds; fail the test if it does not within ``seconds``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not await check():
+        assert loop.time() < deadline, f"not within {seconds}s: {what}"
+        await asyncio.sleep(POLL_S)
+
+
+async def test_disconnect_aborts_the_request_in_vllm(
+    stack: Stack, via_sidecar: openai.AsyncOpenAI, http: aiohttp.ClientSession
+) -> None:
+    """After the client closes its stream, vLLM runs nothing and generates no more tokens."""
+    await _within(5.0, lambda: _idle(http, stack), "vLLM idle before the test")
+    _, tokens_before = await _engine(http, stack)
+    stream = await via_sidecar.chat.completions.create(
+        model=stack.served_model,
+        messages=[{"role": "user", "content": "Tell a very long story."}],
+        stream=True,
+        max_tokens=stack.max_completion_tokens,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    chunks = 0
+    async for _chunk in stream:
+        chunks += 1
+        if chunks == 4:
+            break
+    assert (await _engine(http, stack))[0] == 1, "the request should be running in vLLM"
+    await stream.close()
+
+    await _within(1.0, lambda: _idle(http, stack), "vLLM's running count back to 0")
+    _, tokens_at_abort = await _engine(http, stack)
+    await asyncio.sleep(0.5)  # the real engine's own pace; no clock to inject here
+    _, tokens_later = await _engine(http, stack)
+    assert tokens_later == tokens_at_abort
+    assert tokens_at_abort - tokens_before < stack.max_completion_tokens
+
+
+async def test_disconnect_returns_the_permit(
+    stack: Stack, via_sidecar: openai.AsyncOpenAI, http: aiohttp.ClientSession
+) -> None:
+    """The permit of a client that went away is free again at once."""
+    stream = await via_sidecar.completions.create(
+        model=stack.served_model,
+        prompt="Once upon a time",
+        stream=True,
+        max_tokens=stack.max_completion_tokens,
+        extra_body={"ignore_eos": True},
+    )
+    async for _chunk in stream:
+        break
+    assert (await _capacity_in_use(http, stack)) == 1
+    await stream.close()
+    await _within(1.0, lambda: _permit_free(http, stack), "the permit released")
+
+
+async def _idle(http: aiohttp.ClientSession, stack: Stack) -> bool:
+    return (await _engine(http, stack))[0] == 0
+
+
+async def _capacity_in_use(http: aiohttp.ClientSession, stack: Stack) -> int:
+    async with http.get(f"{stack.admin_url}/capacity") as response:
+        in_use: int = (await response.json())["in_use"]
+        return in_use
+
+
+async def _permit_free(http: aiohttp.ClientSession, stack: Stack) -> bool:
+    return await _capacity_in_use(http, stack) == 0
