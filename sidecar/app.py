@@ -14,7 +14,8 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.admin import Admin, build_admin_app
 from sidecar.bulkhead import AdmissionEvent, Bulkhead
-from sidecar.control_loop import CapacityController, build_controller, register_capacity_metrics
+from sidecar.capacity_metrics import register_capacity_metrics
+from sidecar.control_loop import CapacityController, build_controller
 from sidecar.metrics import BulkheadCollector, RequestMetrics
 from sidecar.probes import GpuProbe
 from sidecar.proxy import Proxy, ProxyConfig, build_proxy_app

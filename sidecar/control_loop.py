@@ -123,6 +123,15 @@ class CapacityController:
         return capacity_json(self._state, self._wanted, now)
 
     @property
+    def cost(self) -> KvCost:
+        """What one token and one request cost in KV bytes (token-mode admission prices with it)."""
+        return self._cost
+
+    def running(self) -> bool:
+        """True while the loop's task is alive (liveness reports a dead loop)."""
+        return self._task is not None and not self._task.done()
+
+    @property
     def floor(self) -> Floor:
         """The fallback limit (and plan, where one is declared)."""
         return self._floor
