@@ -1,0 +1,113 @@
+"""``python -m emulator``: run the emulated engine as a process, like ``vllm serve``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Sequence
+
+import structlog
+from aiohttp import web
+
+from emulator.app import build_app
+from emulator.config import EmulatorConfig
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, with vLLM's flag names where vLLM has one."""
+    defaults = EmulatorConfig()
+    parser = argparse.ArgumentParser(prog="python -m emulator", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model-name", default=defaults.model_name)
+    parser.add_argument("--max-model-len", type=int, default=defaults.max_model_len)
+    pool = parser.add_mutually_exclusive_group()
+    pool.add_argument("--kv-tokens", type=int, default=defaults.kv_tokens)
+    pool.add_argument("--num-gpu-blocks", type=int, help="size the pool in blocks instead")
+    parser.add_argument("--block-size", type=int, default=defaults.block_size)
+    parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
+    parser.add_argument("--tokens-per-s", type=float, default=40.0, help="per stream; 0 = max")
+    parser.add_argument("--ttft-s", type=float, default=defaults.ttft_s)
+    parser.add_argument("--bytes-per-token", type=int, default=defaults.bytes_per_token)
+    parser.add_argument("--oom", action="store_true", help="fail streams when KV runs out")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
+    """The configuration the flags describe."""
+    kv_tokens = args.kv_tokens
+    if args.num_gpu_blocks is not None:
+        kv_tokens = args.num_gpu_blocks * args.block_size
+    return EmulatorConfig(
+        model_name=args.model_name,
+        max_model_len=args.max_model_len,
+        kv_tokens=kv_tokens,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        tokens_per_s=args.tokens_per_s,
+        ttft_s=args.ttft_s,
+        oom=args.oom,
+        bytes_per_token=args.bytes_per_token,
+    )
+
+
+async def serve(config: EmulatorConfig, host: str, port: int) -> None:
+    """Serve until SIGINT or SIGTERM; print one JSON line once the port is open."""
+    runner = web.AppRunner(build_app(config), handler_cancellation=True)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        structlog.get_logger("emulator").info(
+            "emulator_ready",
+            url=f"http://{host}:{port}",
+            model_name=config.model_name,
+            num_gpu_blocks=config.num_gpu_blocks,
+            block_size=config.block_size,
+            kv_cache_size_tokens=config.kv_cache_size_tokens,
+            kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+            max_num_seqs=config.max_num_seqs,
+            tokens_per_s=config.tokens_per_s,
+            oom=config.oom,
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def configure_logging() -> None:
+    """One JSON object per line on stdout; launchers wait for the ``emulator_ready`` event."""
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.JSONRenderer(),
+        ],
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stdout),
+        cache_logger_on_first_use=True,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse flags, validate, serve; a bad configuration exits 2 with one line."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    configure_logging()
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(config, args.host, args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""The emulated engine's aiohttp application: vLLM's OpenAI routes, /health, /metrics, /tokenize."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from emulator import tokens
+from emulator.config import EmulatorConfig
+from emulator.generation import GenerationHandler, error_response
+from emulator.kv_pool import KVPool
+from emulator.metrics import build_registry
+from emulator.runner import EngineRunner, Sleep
+
+CONFIG_KEY = web.AppKey("emulator_config", EmulatorConfig)
+RUNNER_KEY = web.AppKey("emulator_runner", EngineRunner)
+REGISTRY_KEY = web.AppKey("emulator_registry", CollectorRegistry)
+
+
+def build_app(
+    config: EmulatorConfig,
+    *,
+    sleep: Sleep = asyncio.sleep,
+    clock: Callable[[], float] = time.time,
+    poll_s: float = 0.05,
+) -> web.Application:
+    """An emulated engine; ``sleep`` paces tokens, ``clock`` stamps ``created`` (wall seconds)."""
+    pool = KVPool(
+        num_blocks=config.num_gpu_blocks,
+        block_size=config.block_size,
+        max_num_seqs=config.max_num_seqs,
+        oom=config.oom,
+    )
+    runner = EngineRunner(pool, sleep=sleep, poll_s=poll_s)
+    app = web.Application()
+    app[CONFIG_KEY] = config
+    app[RUNNER_KEY] = runner
+    app[REGISTRY_KEY] = build_registry(config, pool.snapshot)
+    chat = GenerationHandler("chat", config, runner, clock, poll_s)
+    completion = GenerationHandler("completion", config, runner, clock, poll_s)
+    app.router.add_post("/v1/chat/completions", chat.handle)
+    app.router.add_post("/v1/completions", completion.handle)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_post("/tokenize", _tokenize)
+    return app
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def _models(request: web.Request) -> web.Response:
+    config = request.app[CONFIG_KEY]
+    model = {
+        "id": config.model_name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "vllm",
+        "root": config.model_name,
+        "parent": None,
+        "max_model_len": config.max_model_len,
+    }
+    return web.json_response({"object": "list", "data": [model]})
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[REGISTRY_KEY])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _tokenize(request: web.Request) -> web.Response:
+    config = request.app[CONFIG_KEY]
+    try:
+        body = await request.json()
+    except json.JSONDecodeError:
+        return error_response(400, "request body is not valid JSON")
+    if isinstance(body, dict) and isinstance(body.get("messages"), list):
+        ids = tokens.chat_token_ids(body["messages"])
+    elif isinstance(body, dict) and isinstance(body.get("prompt"), str):
+        ids = tokens.text_token_ids(body["prompt"])
+    else:
+        return error_response(400, "send a prompt string or a messages list", "prompt")
+    return web.json_response(
+        {"count": len(ids), "max_model_len": config.max_model_len, "tokens": ids,
+         "token_strs": None}
+    )  # fmt: skip

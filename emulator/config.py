@@ -1,0 +1,67 @@
+"""The emulated engine's configuration: model limits, KV pool geometry and pacing."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EmulatorConfig:
+    """What the emulated engine looks like; derived KV figures follow vLLM's cache_config_info."""
+
+    model_name: str = "emulated-llama"
+    max_model_len: int = 4096
+    kv_tokens: int = 16384
+    block_size: int = 16
+    max_num_seqs: int = 64
+    tokens_per_s: float = 0.0
+    ttft_s: float = 0.0
+    oom: bool = False
+    bytes_per_token: int = 1024
+    gpu_memory_utilization: float = 0.9
+
+    def __post_init__(self) -> None:
+        positive = ("max_model_len", "kv_tokens", "block_size", "max_num_seqs", "bytes_per_token")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.tokens_per_s < 0 or self.ttft_s < 0:
+            raise ValueError("tokens_per_s and ttft_s must not be negative")
+        # vLLM refuses to start when one max_model_len request cannot fit the pool; so do we,
+        # which also guarantees a lone request can always make progress.
+        if self.kv_cache_size_tokens < self.max_model_len:
+            raise ValueError(
+                f"KV pool of {self.kv_cache_size_tokens} tokens cannot hold one request of "
+                f"max_model_len={self.max_model_len} tokens"
+            )
+
+    @classmethod
+    def from_blocks(cls, num_gpu_blocks: int, block_size: int, **kwargs: Any) -> EmulatorConfig:
+        """Size the pool in blocks, as vLLM's --num-gpu-blocks-override does."""
+        return cls(kv_tokens=num_gpu_blocks * block_size, block_size=block_size, **kwargs)
+
+    def replace(self, **changes: Any) -> EmulatorConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        """Whole blocks in the pool; a partial block at the end is unusable, as in vLLM."""
+        return self.kv_tokens // self.block_size
+
+    @property
+    def kv_cache_size_tokens(self) -> int:
+        """Tokens the pool holds."""
+        return self.num_gpu_blocks * self.block_size
+
+    @property
+    def kv_cache_memory_bytes(self) -> int:
+        """Bytes the simulated pool occupies."""
+        return self.kv_cache_size_tokens * self.bytes_per_token
+
+    @property
+    def kv_cache_max_concurrency(self) -> float:
+        """How many max_model_len requests fit at once (vLLM's 'Maximum concurrency')."""
+        return self.kv_cache_size_tokens / self.max_model_len

@@ -1,0 +1,167 @@
+"""The /v1/chat/completions and /v1/completions handlers: streaming, non-streaming, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+from aiohttp import web
+
+from emulator import sse, tokens
+from emulator.config import EmulatorConfig
+from emulator.faults import HEADER, Fault, parse_fault
+from emulator.requests import Generation, InvalidRequestError, Kind, parse_generation
+from emulator.runner import EngineRunner, KVCacheExhaustedError, Pacing
+
+log = structlog.get_logger("emulator")
+
+_STATUS_TYPES = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitError"}
+_OOM_MESSAGE = "CUDA out of memory: the KV cache is exhausted (emulated, --oom mode)"
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything one generation needs besides the HTTP objects."""
+
+    generation: Generation
+    fault: Fault
+    stream: sse.Stream
+    seed: int
+
+
+class GenerationHandler:
+    """Serves one of the two OpenAI generation endpoints from an ``EngineRunner``."""
+
+    def __init__(
+        self,
+        kind: Kind,
+        config: EmulatorConfig,
+        runner: EngineRunner,
+        clock: Callable[[], float],
+        poll_s: float = 0.05,
+    ) -> None:
+        self._kind = kind
+        self._config = config
+        self._runner = runner
+        self._clock = clock
+        self._poll_s = poll_s
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """Validate, apply a status fault, then stream or answer in one JSON body."""
+        try:
+            job = self._job(request, await request.json())
+        except json.JSONDecodeError:
+            return error_response(400, "request body is not valid JSON")
+        except InvalidRequestError as exc:
+            return error_response(exc.status, exc.message, exc.param)
+        if job.fault.status is not None:
+            return error_response(job.fault.status, f"injected fault: status {job.fault.status}")
+        if job.generation.stream:
+            return await self._stream(request, job)
+        return await self._complete(request, job)
+
+    def _job(self, request: web.Request, body: object) -> Job:
+        generation = parse_generation(body, self._kind, self._config)
+        try:
+            fault = parse_fault(request.headers.get(HEADER))
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc), param=HEADER) from exc
+        prefix = "chatcmpl-" if self._kind == "chat" else "cmpl-"
+        stream = sse.Stream(
+            self._kind, prefix + uuid.uuid4().hex[:16], int(self._clock()), self._config.model_name
+        )
+        return Job(generation, fault, stream, tokens.seed_of(generation.prompt))
+
+    def _pacing(self, fault: Fault) -> Pacing:
+        rate = self._config.tokens_per_s
+        return Pacing(
+            first_token_delay_s=self._config.ttft_s + fault.slow_first_token_s,
+            token_interval_s=1.0 / rate if rate > 0 else 0.0,
+        )
+
+    async def _stream(self, request: web.Request, job: Job) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        gen, stream, fault = job.generation, job.stream, job.fault
+        sent = 0
+        tokens_out = self._runner.generate(
+            stream.id, gen.prompt_tokens, gen.max_tokens, self._pacing(fault), _alive(request)
+        )
+        try:
+            async with contextlib.aclosing(tokens_out):
+                async for index in tokens_out:
+                    if not response.prepared:
+                        # vLLM sends its headers with the first chunk, after the queue and TTFT.
+                        await response.prepare(request)
+                        if stream.kind == "chat":
+                            await response.write(sse.role_chunk(stream))
+                    if index in (fault.reset_after, fault.stall_after):
+                        return await self._break(request, response, fault, index)
+                    final = index == gen.max_tokens - 1
+                    reason = "length" if final else None
+                    text = tokens.piece(job.seed, index)
+                    last = final and not gen.include_usage
+                    await response.write(sse.token_chunk(stream, text, reason, last=last))
+                    sent += 1
+        except KVCacheExhaustedError:
+            log.warning("emulator_kv_oom", request_id=stream.id, tokens_sent=sent)
+            if not response.prepared:
+                return error_response(500, _OOM_MESSAGE, error_type="InternalServerError")
+            await response.write(sse.error_chunk(_OOM_MESSAGE, "InternalServerError", 500))
+        if gen.include_usage and sent == gen.max_tokens:
+            await response.write(sse.usage_chunk(stream, gen.prompt_tokens, sent))
+        await response.write(sse.DONE)
+        await response.write_eof()
+        return response
+
+    async def _break(
+        self, request: web.Request, response: web.StreamResponse, fault: Fault, index: int
+    ) -> web.StreamResponse:
+        log.info("emulator_fault", fault="reset" if index == fault.reset_after else "stall")
+        if index == fault.reset_after:
+            if request.transport is not None:
+                request.transport.abort()
+            return response
+        # A stalled engine keeps the request (and its blocks) until the client gives up.
+        alive = _alive(request)
+        while alive():  # noqa: ASYNC110 - aiohttp offers no event for "the peer closed"
+            await asyncio.sleep(self._poll_s)
+        return response
+
+    async def _complete(self, request: web.Request, job: Job) -> web.StreamResponse:
+        gen = job.generation
+        pieces: list[str] = []
+        tokens_out = self._runner.generate(
+            job.stream.id, gen.prompt_tokens, gen.max_tokens, self._pacing(job.fault),
+            _alive(request),
+        )  # fmt: skip
+        try:
+            async with contextlib.aclosing(tokens_out):
+                async for index in tokens_out:
+                    pieces.append(tokens.piece(job.seed, index))
+        except KVCacheExhaustedError:
+            return error_response(500, _OOM_MESSAGE, error_type="InternalServerError")
+        body = sse.completion_body(
+            job.stream, "".join(pieces), "length", gen.prompt_tokens, len(pieces)
+        )
+        return web.json_response(body)
+
+
+def error_response(
+    status: int, message: str, param: str | None = None, error_type: str | None = None
+) -> web.Response:
+    """An OpenAI-shaped error, as vLLM answers before a stream starts."""
+    kind = error_type or _STATUS_TYPES.get(status, "ServiceUnavailableError")
+    return web.json_response(sse.error_body(message, kind, status, param), status=status)
+
+
+def _alive(request: web.Request) -> Callable[[], bool]:
+    def alive() -> bool:
+        transport = request.transport
+        return transport is not None and not transport.is_closing()
+
+    return alive

@@ -1,0 +1,183 @@
+"""The emulated engine over real sockets, driven by the official openai SDK and raw aiohttp."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from aiohttp.test_utils import TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from emulator import EmulatorConfig, build_app
+
+MODEL = "emulated-llama"
+ServerFactory = Callable[..., Awaitable[TestServer]]
+
+
+@pytest.fixture
+async def start(aiohttp_server: ServerFactory) -> Callable[..., Awaitable[str]]:
+    """Start an emulator with the given config changes; returns its base URL."""
+
+    async def _start(**changes: Any) -> str:
+        settings: dict[str, Any] = {"max_model_len": 256, "kv_tokens": 1024, "block_size": 16}
+        config = EmulatorConfig(**(settings | changes))
+        server = await aiohttp_server(build_app(config, poll_s=0.01))
+        return f"http://{server.host}:{server.port}"
+
+    return _start
+
+
+@pytest.fixture
+async def base_url(start: Callable[..., Awaitable[str]]) -> str:
+    return await start()
+
+
+@pytest.fixture
+async def client(base_url: str) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="none", max_retries=0) as c:
+        yield c
+
+
+async def scrape(base_url: str) -> dict[str, float]:
+    """The unlabelled-by-reason vLLM gauges and counters, by sample name."""
+    async with aiohttp.ClientSession() as session, session.get(f"{base_url}/metrics") as resp:
+        text = await resp.text()
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if "finished_reason" not in sample.labels
+    }
+
+
+async def until(predicate: Callable[[], Awaitable[bool]]) -> None:
+    """Poll a condition over HTTP for up to 2 s (a disconnect is noticed asynchronously)."""
+    for _ in range(200):
+        if await predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached within 2 s")
+
+
+async def test_streaming_chat_with_usage(client: openai.AsyncOpenAI) -> None:
+    """A chat stream has a role chunk, one token per chunk, finish_reason length, then usage."""
+    stream = await client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "how many permits"}],
+        max_tokens=5,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = [chunk async for chunk in stream]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert len(chunks) == 1 + 5 + 1
+    assert [c.choices[0].finish_reason for c in chunks[1:6]] == [None] * 4 + ["length"]
+    assert chunks[-1].usage is not None
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (10, 5)
+
+
+async def test_streaming_completions_is_deterministic(client: openai.AsyncOpenAI) -> None:
+    """The same prompt streams the same text; max_tokens chunks, the last with length."""
+
+    async def run() -> list[str]:
+        stream = await client.completions.create(
+            model=MODEL, prompt="tell me a story", max_tokens=4, stream=True
+        )
+        return [chunk.choices[0].text async for chunk in stream]
+
+    first, second = await run(), await run()
+    assert first == second
+    assert len(first) == 4
+
+
+async def test_non_streaming_chat_and_completion(client: openai.AsyncOpenAI) -> None:
+    """Non-streaming answers carry the full text and usage, like vLLM's."""
+    chat = await client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3
+    )
+    assert chat.choices[0].finish_reason == "length"
+    assert len((chat.choices[0].message.content or "").split()) == 3
+    assert chat.usage is not None
+    assert chat.usage.completion_tokens == 3
+    completion = await client.completions.create(model=MODEL, prompt="one two", max_tokens=2)
+    assert completion.usage is not None
+    assert (completion.usage.prompt_tokens, completion.usage.total_tokens) == (2, 4)
+
+
+async def test_max_tokens_defaults_to_what_is_left_of_max_model_len(
+    client: openai.AsyncOpenAI,
+) -> None:
+    """Without max_tokens the answer runs to max_model_len (256 here) minus the prompt."""
+    completion = await client.completions.create(model=MODEL, prompt="a b c d")
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens == 256 - 4
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        pytest.param({"model": MODEL, "prompt": "x", "max_tokens": 300}, 400, id="over-context"),
+        pytest.param({"model": MODEL, "prompt": "x", "max_tokens": -1}, 400, id="negative"),
+        pytest.param({"model": MODEL, "prompt": ""}, 400, id="empty-prompt"),
+        pytest.param({"model": "other", "prompt": "x"}, 404, id="unknown-model"),
+    ],
+)
+async def test_bad_requests_get_openai_errors(
+    base_url: str, body: dict[str, Any], status: int
+) -> None:
+    """Invalid requests get vLLM's status and an OpenAI error body, and change nothing."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{base_url}/v1/completions", json=body) as resp,
+    ):
+        payload = await resp.json()
+    assert resp.status == status
+    assert payload["error"]["code"] == status
+    assert (await scrape(base_url))["vllm:prompt_tokens_total"] == 0
+
+
+async def test_models_health_and_tokenize(base_url: str) -> None:
+    """The side endpoints answer in vLLM's shapes."""
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{base_url}/health") as health:
+            assert health.status == 200
+        async with session.get(f"{base_url}/v1/models") as models:
+            assert (await models.json())["data"][0]["id"] == MODEL
+        async with session.post(f"{base_url}/tokenize", json={"prompt": "a b c"}) as tok:
+            body = await tok.json()
+        async with session.post(f"{base_url}/tokenize", json={"messages": []}) as chat_tok:
+            chat_body = await chat_tok.json()
+    assert body["count"] == len(body["tokens"]) == 3
+    assert body["max_model_len"] == 256
+    assert chat_body["count"] == 3
+
+
+async def test_metrics_track_traffic(base_url: str, client: openai.AsyncOpenAI) -> None:
+    """Token counters grow with traffic and the pool is empty again afterwards."""
+    await client.completions.create(model=MODEL, prompt="a b c", max_tokens=7)
+    metrics = await scrape(base_url)
+    assert metrics["vllm:prompt_tokens_total"] == 3
+    assert metrics["vllm:generation_tokens_total"] == 7
+    assert metrics["vllm:kv_cache_usage_perc"] == 0.0
+
+
+async def test_oom_mode_ends_streams_in_band(start: Callable[..., Awaitable[str]]) -> None:
+    """Out of KV in oom mode, the SDK raises on vLLM's in-band error chunk."""
+    base_url = await start(oom=True, kv_tokens=256)
+    async with openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0) as c:
+
+        async def one() -> None:
+            stream = await c.completions.create(
+                model=MODEL, prompt="go", max_tokens=200, stream=True
+            )
+            async for _ in stream:
+                pass
+
+        results = await asyncio.gather(one(), one(), return_exceptions=True)
+    assert any(isinstance(r, openai.APIError) and "out of memory" in r.message for r in results)
+    metrics = await scrape(base_url)
+    assert metrics["vllm:kv_cache_usage_perc"] == 0.0
