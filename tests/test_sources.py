@@ -1,0 +1,133 @@
+"""Capacity sources: which one auto picks, and the pool each derives from its readings."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.capacity import KvCost, MemoryInputs, Source, Term
+from sidecar.errors import ProbeTemporaryError, ProbeUnavailableError
+from sidecar.model_spec import load_model_spec
+from sidecar.probes import EngineCacheConfig, EngineReading, GpuReading, GpuSnapshot, ProcessMemory
+from sidecar.probes.static import Declared
+from sidecar.sources import Readings, pick_source, plan_inputs
+
+GIB = 1024**3
+COST = KvCost(load_model_spec("qwen2.5-7b"))  # 57,344 B/token
+DECLARED = Declared(None, 14 * GIB, True, 2 * GIB, None, observed_at=0.0)
+CACHE = EngineCacheConfig(None, 16, 100_000, None, "auto", 0.9)
+
+
+def gpu(uuid: str, used: int, *procs: tuple[int, int]) -> GpuReading:
+    listed = tuple(ProcessMemory(pid, size) for pid, size in procs)
+    return GpuReading(0, uuid, "GPU", 80 * GIB, used, 80 * GIB - used, None, listed, False)
+
+
+def engine(cache: EngineCacheConfig | None = CACHE) -> EngineReading:
+    return EngineReading(cache, 0.1, 1.0, 0.0, 0.0, observed_at=5.0)
+
+
+def snapshot(*gpus: GpuReading) -> GpuSnapshot:
+    return GpuSnapshot(gpus, observed_at=4.0)
+
+
+@pytest.mark.parametrize(
+    ("readings", "picked"),
+    [
+        pytest.param(
+            Readings(DECLARED, snapshot(gpu("a", 0)), engine()), "vllm", id="engine-first"
+        ),
+        pytest.param(
+            Readings(DECLARED, snapshot(gpu("a", 0)), engine(None)), "nvml", id="gpu-next"
+        ),
+        pytest.param(
+            Readings(Declared(8 * GIB, GIB, False, GIB, None, 0.0)), "static", id="declared-last"
+        ),
+    ],
+)
+def test_auto_prefers_engine_then_nvml_then_declared(readings: Readings, picked: str) -> None:
+    """auto says which source it used."""
+    assert pick_source("auto", readings) == picked
+
+
+def test_auto_with_nothing_readable_names_every_failure() -> None:
+    """The error lists what each probe said."""
+    readings = Readings(
+        Declared(None, None, False, GIB, None, 0.0),
+        gpu_error=ProbeUnavailableError("no driver"),
+        engine_error=ProbeTemporaryError("engine down"),
+    )
+    with pytest.raises(ProbeTemporaryError, match="no driver; engine down"):
+        pick_source("auto", readings)
+
+
+def test_nvml_pool_subtracts_neighbours_but_not_unlisted_memory() -> None:
+    """Largest process is the engine; the other is a neighbour; unlisted memory is not."""
+    reading = gpu("a", 40 * GIB, (10, 30 * GIB), (11, 6 * GIB))  # 4 GiB unlisted
+    inputs = plan_inputs(
+        "nvml", Readings(DECLARED, snapshot(reading)), COST, engine_pid=None, tolerance=0.1
+    )
+    assert isinstance(inputs.memory, MemoryInputs)
+    assert inputs.memory.neighbours == Term("neighbours", 6 * GIB, Source.MEASURED, 4.0)
+    assert inputs.memory.weights.source is Source.MEASURED
+    assert inputs.memory.overhead == Term("overhead", 2 * GIB, Source.DECLARED, 0.0)
+
+
+def test_engine_pid_overrides_the_largest_process() -> None:
+    """SIDECAR_ENGINE_PID names the engine; the largest process is then a neighbour."""
+    reading = gpu("a", 40 * GIB, (10, 30 * GIB), (11, 6 * GIB))
+    inputs = plan_inputs(
+        "nvml", Readings(DECLARED, snapshot(reading)), COST, engine_pid=11, tolerance=0.1
+    )
+    assert isinstance(inputs.memory, MemoryInputs)
+    assert inputs.memory.neighbours.bytes == 30 * GIB
+
+
+def test_tensor_parallel_group_is_bounded_by_the_fullest_gpu() -> None:
+    """Two GPUs, one with a neighbour: that one's numbers are the plan's."""
+    readings = Readings(
+        DECLARED,
+        snapshot(
+            gpu("a", 20 * GIB, (1, 20 * GIB)), gpu("b", 30 * GIB, (1, 20 * GIB), (2, 10 * GIB))
+        ),
+    )
+    inputs = plan_inputs("nvml", readings, COST, engine_pid=None, tolerance=0.1)
+    assert isinstance(inputs.memory, MemoryInputs)
+    assert inputs.memory.neighbours.bytes == 10 * GIB
+
+
+def test_engine_reports_its_pool_and_overhead_is_measured() -> None:
+    """With the engine's pool known, overhead = engine process - weights - pool + unlisted."""
+    pool = 100_000 * 57_344
+    engine_proc = 14 * GIB + pool + GIB
+    reading = gpu("a", engine_proc + GIB // 2, (1, engine_proc))
+    inputs = plan_inputs(
+        "nvml",
+        Readings(DECLARED, snapshot(reading), engine()),
+        COST,
+        engine_pid=None,
+        tolerance=0.1,
+    )
+    assert isinstance(inputs.memory, MemoryInputs)
+    assert inputs.memory.overhead == Term("overhead", GIB + GIB // 2, Source.MEASURED, 4.0)
+
+
+@pytest.mark.parametrize(
+    ("engine_holds", "flagged"),
+    [
+        pytest.param(14 * GIB + 2 * GIB + 100_000 * 57_344, False, id="agree"),
+        pytest.param(14 * GIB + 2 * GIB + 50_000 * 57_344, True, id="engine-claims-double"),
+    ],
+)
+def test_vllm_pool_is_cross_checked_against_nvml(engine_holds: int, flagged: bool) -> None:
+    """The engine's pool is the plan's; NVML's view of it is compared within the tolerance."""
+    readings = Readings(DECLARED, snapshot(gpu("a", engine_holds, (1, engine_holds))), engine())
+    inputs = plan_inputs("vllm", readings, COST, engine_pid=None, tolerance=0.1)
+    assert inputs.memory == Term("kv_pool", 100_000 * 57_344, Source.ENGINE, 5.0)
+    assert [d.beyond_tolerance for d in inputs.disagreements] == [flagged]
+
+
+def test_explicit_source_reraises_its_probe_error() -> None:
+    """Asking for nvml when NVML failed surfaces NVML's own error."""
+    readings = Readings(DECLARED, gpu_error=ProbeTemporaryError("NVML: the GPU is lost"))
+    with pytest.raises(ProbeTemporaryError, match="the GPU is lost"):
+        plan_inputs("nvml", readings, COST, engine_pid=None, tolerance=0.1)
