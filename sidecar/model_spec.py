@@ -252,12 +252,21 @@ def load_model_spec(ref: str) -> ModelSpec:
     if path.is_file():
         name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
         return spec_from_config(_read_json(path), name)
-    if ref in preset_names():
-        preset = resources.files("sidecar") / "presets" / f"{ref}.json"
-        return spec_from_config(_parse_json(preset.read_text(encoding="utf-8"), ref), ref)
+    key = _preset_key(ref)
+    if key in preset_names():
+        preset = resources.files("sidecar") / "presets" / f"{key}.json"
+        return spec_from_config(_parse_json(preset.read_text(encoding="utf-8"), key), key)
     presets = ", ".join(preset_names())
     msg = f"no config.json at {ref!r} and no preset of that name (presets: {presets})"
     raise ModelConfigError(msg)
+
+
+def _preset_key(ref: str) -> str:
+    """ "Qwen/Qwen2.5-7B-Instruct" -> "qwen2.5-7b": tuned variants share the base's config."""
+    key = ref.rsplit("/", 1)[-1].lower()
+    for suffix in ("-instruct", "-it", "-hf", "-chat", "-base"):
+        key = key.removesuffix(suffix)
+    return key.removeprefix("ai21-").replace("meta-llama-", "llama-").replace("-v0.1", "")
 
 
 def _read_json(path: Path) -> dict[str, Any]:

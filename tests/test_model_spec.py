@@ -237,3 +237,24 @@ def test_weights_fall_back_to_gguf_and_fail_when_none(tmp_path: Path) -> None:
     empty.mkdir()
     with pytest.raises(ModelConfigError, match="no weight files"):
         weights_bytes_in(empty)
+
+
+@pytest.mark.parametrize(
+    ("ref", "preset"),
+    [
+        pytest.param("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b", id="qwen-instruct"),
+        pytest.param("meta-llama/Meta-Llama-3.1-8B-Instruct", "llama-3.1-8b", id="meta-llama"),
+        pytest.param("mistralai/Mistral-7B-v0.1", "mistral-7b", id="mistral-v0.1"),
+        pytest.param("google/gemma-2-9b-it", "gemma-2-9b", id="gemma-it"),
+        pytest.param("ai21labs/AI21-Jamba-1.5-Mini", "jamba-1.5-mini", id="jamba"),
+    ],
+)
+def test_hub_ids_find_their_preset(ref: str, preset: str) -> None:
+    """Hugging Face ids of tuned variants find the base model's preset."""
+    assert load_model_spec(ref).name == preset
+
+
+def test_other_versions_do_not_borrow_a_preset() -> None:
+    """Mistral v0.3 (no sliding window) must not silently use the v0.1 preset."""
+    with pytest.raises(ModelConfigError, match="no preset"):
+        load_model_spec("mistralai/Mistral-7B-Instruct-v0.3")
