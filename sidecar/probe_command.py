@@ -13,7 +13,8 @@ import time
 from typing import Any
 
 from sidecar.control_loop import CapacityController, build_controller
-from sidecar.settings import load_settings
+from sidecar.logs import configure_logging
+from sidecar.settings import Settings, load_settings
 from sidecar.sizes import format_size
 
 
@@ -24,7 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Read every probe once, print what was seen, and the plan that would follow."""
-    document = asyncio.run(_probe_once())
+    settings = load_settings()
+    configure_logging(settings.log_level, stream=sys.stderr)  # stdout is for the report
+    document = asyncio.run(_probe_once(settings))
     if args.json:
         print(json.dumps(document, indent=2, default=str))  # noqa: T201
     else:
@@ -35,8 +38,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _probe_once() -> dict[str, Any]:
-    controller: CapacityController = build_controller(load_settings(), lambda _limit: None)
+async def _probe_once(settings: Settings) -> dict[str, Any]:
+    controller: CapacityController = build_controller(settings, lambda _limit: None)
     try:
         await controller.refresh()
         return controller.state_json(time.monotonic())

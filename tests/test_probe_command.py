@@ -1,0 +1,68 @@
+"""``sidecar probe`` in a real process: what it prints, and its exit status when blind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_nvml_probe import double_dir  # noqa: F401 - the session fixture building the double
+
+GIB = 1024**3
+BASE = {
+    "SIDECAR_MODEL": "qwen2.5-7b",
+    "SIDECAR_WEIGHTS": "14GiB",
+    "SIDECAR_ENGINE_METRICS_URL": "http://127.0.0.1:9/metrics",
+}
+
+
+def probe(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SIDECAR_")}
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", "probe", *args],
+        env=clean | env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_probe_shows_gpus_processes_and_the_plan(double_dir: Path, tmp_path: Path) -> None:  # noqa: F811
+    """Through the NVML double: the GPU, its processes, and the plan from the nvml source."""
+    script = tmp_path / "gpu.txt"
+    script.write_text(
+        f"gpu {80 * GIB} {20 * GIB} {60 * GIB} 0 1 -1 GPU-1234 NVIDIA H100 80GB HBM3\n"
+        f"proc 0 4242 {18 * GIB}\nproc 0 777 {GIB}\n"
+    )
+    env = BASE | {"LD_LIBRARY_PATH": str(double_dir), "NVML_DOUBLE_SCRIPT": str(script)}
+    done = probe(env)
+    assert done.returncode == 0, done.stderr
+    assert "source: nvml (asked: auto), mode: fresh" in done.stdout
+    assert "GPU 0 NVIDIA H100 80GB HBM3 GPU-1234" in done.stdout
+    assert "pid 777: 1.00 GiB" in done.stdout
+    # 80 - 14 - 2 - 1 (neighbour) = 63 GiB; / 229,376,000 B x 0.8 = 235.9
+    assert "plan: 235 permits" in done.stdout
+    document = json.loads(probe(env, "--json").stdout)
+    assert {t["name"]: t["source"] for t in document["plan"]["terms"]}["neighbours"] == "measured"
+
+
+def test_probe_exits_non_zero_when_nothing_can_be_read(tmp_path: Path) -> None:
+    """No NVML library and no engine: exit 1 and one clear line saying why."""
+    if Path("/proc/driver/nvidia/version").exists():
+        pytest.skip("a real NVIDIA driver is installed here")
+    done = probe(BASE | {"LD_LIBRARY_PATH": str(tmp_path), "SIDECAR_WEIGHTS": ""})
+    assert done.returncode == 1
+    assert "sidecar probe: nothing could be read" in done.stderr
+    assert "the NVML library was not found" in done.stderr
+
+
+def test_probe_with_bad_settings_fails_fast() -> None:
+    """A configuration error is one line and exit status 2, before any probe runs."""
+    done = probe({"SIDECAR_MODEL": "no-such-model"})
+    assert done.returncode == 2
+    assert "no-such-model" in done.stderr
