@@ -121,7 +121,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     if unknown:
         raise ConfigError("; ".join(_unknown(name) for name in unknown))
     try:
-        return Settings(**values)
+        return Settings.model_validate(values)
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from exc
 
