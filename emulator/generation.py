@@ -86,37 +86,42 @@ class GenerationHandler:
 
     async def _stream(self, request: web.Request, job: Job) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
-        gen, stream, fault = job.generation, job.stream, job.fault
-        sent = 0
+        gen, fault = job.generation, job.fault
         tokens_out = self._runner.generate(
-            stream.id, gen.prompt_tokens, gen.max_tokens, self._pacing(fault), _alive(request)
+            job.stream.id, gen.prompt_tokens, gen.max_tokens, self._pacing(fault), _alive(request)
         )
         try:
             async with contextlib.aclosing(tokens_out):
                 async for index in tokens_out:
                     if not response.prepared:
-                        # vLLM sends its headers with the first chunk, after the queue and TTFT.
-                        await response.prepare(request)
-                        if stream.kind == "chat":
-                            await response.write(sse.role_chunk(stream))
+                        await self._open(request, response, job.stream)
                     if index in (fault.reset_after, fault.stall_after):
                         return await self._break(request, response, fault, index)
-                    final = index == gen.max_tokens - 1
-                    reason = "length" if final else None
-                    text = tokens.piece(job.seed, index)
-                    last = final and not gen.include_usage
-                    await response.write(sse.token_chunk(stream, text, reason, last=last))
-                    sent += 1
+                    await response.write(_token_chunk(job, index))
         except KVCacheExhaustedError:
-            log.warning("emulator_kv_oom", request_id=stream.id, tokens_sent=sent)
+            log.warning("emulator_kv_oom", request_id=job.stream.id)
             if not response.prepared:
                 return error_response(500, _OOM_MESSAGE, error_type="InternalServerError")
             await response.write(sse.error_chunk(_OOM_MESSAGE, "InternalServerError", 500))
-        if gen.include_usage and sent == gen.max_tokens:
-            await response.write(sse.usage_chunk(stream, gen.prompt_tokens, sent))
+        except ConnectionResetError:
+            # The generator was closed on the way out, so the blocks are already free.
+            log.info("emulator_client_gone", request_id=job.stream.id)
+            return response
+        else:
+            if gen.include_usage:
+                usage = sse.usage_chunk(job.stream, gen.prompt_tokens, gen.max_tokens)
+                await response.write(usage)
         await response.write(sse.DONE)
         await response.write_eof()
         return response
+
+    async def _open(
+        self, request: web.Request, response: web.StreamResponse, stream: sse.Stream
+    ) -> None:
+        # vLLM sends its headers with the first chunk, after the queue wait and the TTFT.
+        await response.prepare(request)
+        if stream.kind == "chat":
+            await response.write(sse.role_chunk(stream))
 
     async def _break(
         self, request: web.Request, response: web.StreamResponse, fault: Fault, index: int
@@ -157,6 +162,14 @@ def error_response(
     """An OpenAI-shaped error, as vLLM answers before a stream starts."""
     kind = error_type or _STATUS_TYPES.get(status, "ServiceUnavailableError")
     return web.json_response(sse.error_body(message, kind, status, param), status=status)
+
+
+def _token_chunk(job: Job, index: int) -> bytes:
+    gen = job.generation
+    final = index == gen.max_tokens - 1
+    text = tokens.piece(job.seed, index)
+    last = final and not gen.include_usage
+    return sse.token_chunk(job.stream, text, "length" if final else None, last=last)
 
 
 def _alive(request: web.Request) -> Callable[[], bool]:

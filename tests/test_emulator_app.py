@@ -181,3 +181,28 @@ async def test_oom_mode_ends_streams_in_band(start: Callable[..., Awaitable[str]
     assert any(isinstance(r, openai.APIError) and "out of memory" in r.message for r in results)
     metrics = await scrape(base_url)
     assert metrics["vllm:kv_cache_usage_perc"] == 0.0
+
+
+async def test_client_disconnect_mid_stream_aborts_and_frees(
+    start: Callable[..., Awaitable[str]],
+) -> None:
+    """Closing a paced stream early aborts it: blocks freed, far fewer tokens than asked."""
+    base_url = await start(tokens_per_s=200.0)
+    body = {"model": MODEL, "prompt": "go", "max_tokens": 200, "stream": True}
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(f"{base_url}/v1/completions", json=body)
+        seen = 0
+        async for line in response.content:
+            seen += line.startswith(b"data:")
+            if seen == 3:
+                break
+        response.close()
+
+    async def idle() -> bool:
+        metrics = await scrape(base_url)
+        return metrics["vllm:num_requests_running"] == 0
+
+    await until(idle)
+    metrics = await scrape(base_url)
+    assert metrics["vllm:kv_cache_usage_perc"] == 0.0
+    assert metrics["vllm:generation_tokens_total"] < 200

@@ -1,0 +1,57 @@
+"""``python -m emulator`` as a real process: flags, the ready line, serving, clean stop."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from emulator.__main__ import build_parser, config_from_args, main
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_flags_build_the_config() -> None:
+    """vLLM-style flags map onto the config, --num-gpu-blocks sizing the pool in blocks."""
+    args = build_parser().parse_args(
+        ["--num-gpu-blocks", "200", "--block-size", "32", "--max-num-seqs", "8", "--oom"]
+    )
+    config = config_from_args(args)
+    assert (config.num_gpu_blocks, config.kv_cache_size_tokens) == (200, 6400)
+    assert (config.max_num_seqs, config.oom, config.tokens_per_s) == (8, True, 40.0)
+
+
+def test_impossible_pool_is_refused_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """A pool smaller than one max_model_len request is a usage error, like vLLM refusing."""
+    with pytest.raises(SystemExit) as exited:
+        main(["--kv-tokens", "100", "--max-model-len", "4096"])
+    assert exited.value.code == 2
+    assert "cannot hold one request" in capsys.readouterr().err
+
+
+def test_process_prints_ready_line_serves_and_stops_on_sigterm() -> None:
+    """The process logs one JSON ready event, answers /health, and exits 0 on SIGTERM."""
+    port = free_port()
+    command = [sys.executable, "-m", "emulator", "--port", str(port), "--kv-tokens", "8192"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as process:
+        try:
+            assert process.stdout is not None
+            ready = json.loads(process.stdout.readline())
+            assert ready["event"] == "emulator_ready"
+            assert ready["url"] == f"http://127.0.0.1:{port}"
+            assert ready["num_gpu_blocks"] == 512
+            with urllib.request.urlopen(f"{ready['url']}/health", timeout=5) as response:
+                assert response.status == 200
+        finally:
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=10) == 0
