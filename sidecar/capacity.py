@@ -235,6 +235,17 @@ class Plan:
         """floor(alpha x pool): the limit for token-weighted admission, whole group."""
         return math.floor(_exact(self.alpha) * self.kv_pool_bytes)
 
+    def _inputs(self) -> dict[str, Any]:
+        return {
+            "alpha": self.alpha,
+            "max_prompt_tokens": self.budget.prompt_tokens,
+            "max_completion_tokens": self.budget.completion_tokens,
+            "kv_dtype": self.cost.kv_dtype,
+            "kv_dtype_bytes": self.cost.element_bytes,
+            "tensor_parallel_size": self.cost.tp,
+            "block_size_tokens": self.cost.block_size,
+        }
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form; key suffixes carry units (_bytes, _tokens)."""
         spec = self.cost.spec
@@ -252,27 +263,23 @@ class Plan:
             "kv_pool_bytes_per_gpu": self.kv_pool_bytes_per_gpu,
             "kv_pool_tokens": self.kv_pool_tokens,
             "admissible_bytes": self.admissible_bytes,
-            "inputs": {
-                "alpha": self.alpha,
-                "max_prompt_tokens": self.budget.prompt_tokens,
-                "max_completion_tokens": self.budget.completion_tokens,
-                "kv_dtype": self.cost.kv_dtype,
-                "kv_dtype_bytes": self.cost.element_bytes,
-                "tensor_parallel_size": self.cost.tp,
-                "block_size_tokens": self.cost.block_size,
-            },
-            "model_spec": {
-                "attention_layers": spec.attention_layers,
-                "layers": len(spec.layers),
-                "num_kv_heads": spec.num_kv_heads,
-                "head_dim": spec.head_dim,
-                "mla_latent_dim": spec.mla_latent_dim,
-                "sliding_window_tokens": spec.sliding_window,
-                "dtype": spec.dtype,
-                "state_bytes_per_request": spec.state_bytes_per_request,
-            },
+            "inputs": self._inputs(),
+            "model_spec": _spec_dict(spec),
             "terms": [term.to_dict() for term in self.terms],
         }
+
+
+def _spec_dict(spec: ModelSpec) -> dict[str, Any]:
+    return {
+        "attention_layers": spec.attention_layers,
+        "layers": len(spec.layers),
+        "num_kv_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "mla_latent_dim": spec.mla_latent_dim,
+        "sliding_window_tokens": spec.sliding_window,
+        "dtype": spec.dtype,
+        "state_bytes_per_request": spec.state_bytes_per_request,
+    }
 
 
 def _exact(alpha: float) -> Fraction:
