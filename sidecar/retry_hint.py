@@ -1,0 +1,60 @@
+"""When should a refused caller come back? Estimated from how fast permits are being released.
+
+Fed release times by the bulkhead (its injected clock); no clock of its own. With R releases per
+second lately and Q requests ahead, the wait is about (Q + 1) / R, clamped to sane bounds.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+MIN_RETRY_S = 0.5
+MAX_RETRY_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class HintBounds:
+    """Clamp of every hint; ``unknown_s`` is answered while there are too few releases to tell."""
+
+    low_s: float = MIN_RETRY_S
+    high_s: float = MAX_RETRY_S
+    unknown_s: float = 1.0
+
+
+class ReleaseRate:
+    """Recent release times (the last ``window`` of them) and the retry hint they imply."""
+
+    def __init__(self, *, window: int = 64, bounds: HintBounds | None = None) -> None:
+        if window < 2:
+            raise ValueError("window must hold at least 2 releases")
+        self._times: deque[float] = deque(maxlen=window)
+        self._bounds = bounds or HintBounds()
+        self._last_seen = float("-inf")
+
+    @property
+    def bounds(self) -> HintBounds:
+        return self._bounds
+
+    def observe(self, at: float) -> None:
+        """Record one release at time ``at`` (the bulkhead's clock, seconds)."""
+        self._times.append(at)
+        self._last_seen = max(self._last_seen, at)
+
+    def rate_per_s(self, now: float | None = None) -> float | None:
+        """Releases per second over the window, up to ``now``; None before two releases."""
+        if len(self._times) < 2:
+            return None
+        end = max(self._last_seen, now if now is not None else self._last_seen)
+        # Measuring up to ``now`` lets the rate fall when releases stop, instead of freezing.
+        span = end - self._times[0]
+        if span <= 0:
+            return None
+        return (len(self._times) - 1) / span
+
+    def retry_after_s(self, queue_ahead: int, now: float | None = None) -> float:
+        """Seconds until ``queue_ahead`` waiters and then this caller could be served, clamped."""
+        bounds = self._bounds
+        rate = self.rate_per_s(now)
+        estimate = bounds.unknown_s if rate is None else (max(queue_ahead, 0) + 1) / rate
+        return min(max(estimate, bounds.low_s), bounds.high_s)

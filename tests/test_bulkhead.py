@@ -1,0 +1,422 @@
+"""The asyncio bulkhead: releases, timeouts, cancel races, resize, drain, shadow (fake time)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+from structlog.testing import capture_logs
+
+from sidecar.bulkhead import AdmissionEvent, Bulkhead, Permit
+from sidecar.compartments import parse_compartments
+from sidecar.errors import AdmissionRejectedError
+from sidecar.settings import load_settings
+
+
+@dataclass
+class _Handle:
+    due: float
+    callback: Callable[[], None]
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@dataclass
+class FakeTime:
+    """Clock and timers the test moves by hand; ``honour_cancel=False`` models a timer already
+    dispatched by the loop when the grant arrives (the race a real loop can produce)."""
+
+    now: float = 0.0
+    honour_cancel: bool = True
+    timers: list[_Handle] = field(default_factory=list)
+
+    def clock(self) -> float:
+        return self.now
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> _Handle:
+        handle = _Handle(self.now + delay, callback)
+        self.timers.append(handle)
+        return handle
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        due = [h for h in self.timers if h.due <= self.now]
+        self.timers = [h for h in self.timers if h.due > self.now]
+        for handle in due:
+            if not handle.cancelled or not self.honour_cancel:
+                handle.callback()
+
+
+def new_log() -> list[str]:
+    return []
+
+
+def new_events() -> list[AdmissionEvent]:
+    return []
+
+
+async def settle() -> None:
+    """Let every ready task run (no real time passes)."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+def make(fake: FakeTime, events: list[AdmissionEvent] | None = None, **kwargs: object) -> Bulkhead:
+    options: dict[str, object] = {"limit": 1, "max_queue": 4, "max_wait_s": 3.0}
+    options.update(kwargs)
+    return Bulkhead(
+        clock=fake.clock,
+        call_later=fake.call_later,
+        on_event=events.append if events is not None else None,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+async def hold(bulkhead: Bulkhead, gate: asyncio.Event, log: list[str], name: str) -> Permit:
+    async with bulkhead.admit() as permit:
+        log.append(name)
+        await gate.wait()
+    return permit
+
+
+async def test_uncontended_admit_releases_completed_on_exit() -> None:
+    """A free permit is granted without waiting and released as completed."""
+    bulkhead = make(FakeTime())
+    async with bulkhead.admit() as permit:
+        assert permit.wait_s == 0.0
+        assert bulkhead.snapshot().in_use == 1
+    snap = bulkhead.snapshot()
+    assert (snap.in_use, snap.released) == (0, {"completed": 1})
+
+
+@pytest.mark.parametrize(
+    ("error", "outcome"),
+    [
+        pytest.param(RuntimeError("boom"), "failed", id="exception-is-failed"),
+        pytest.param(asyncio.CancelledError(), "cancelled", id="cancel-is-cancelled"),
+    ],
+)
+async def test_exit_by_exception_reports_outcome_and_reraises(
+    error: BaseException, outcome: str
+) -> None:
+    """Errors leave the block unchanged and the release says how the work ended."""
+    bulkhead = make(FakeTime())
+    with pytest.raises(type(error)):
+        async with bulkhead.admit():
+            raise error
+    assert bulkhead.snapshot().released == {outcome: 1}
+
+
+async def test_handler_can_mark_client_gone() -> None:
+    """A handler that saw the client go away marks the permit; the release counts it cancelled."""
+    bulkhead = make(FakeTime())
+    async with bulkhead.admit() as permit:
+        permit.outcome = "cancelled"
+    assert bulkhead.snapshot().released == {"cancelled": 1}
+
+
+async def test_waiter_times_out_at_max_wait() -> None:
+    """With the permit held, a waiter is refused with 'timeout' after exactly max_wait_s."""
+    fake, gate, log = FakeTime(), asyncio.Event(), new_log()
+    bulkhead = make(fake)
+    holder = asyncio.create_task(hold(bulkhead, gate, log, "holder"))
+    await settle()
+    waiter = asyncio.create_task(hold(bulkhead, gate, log, "waiter"))
+    await settle()
+    fake.advance(2.99)
+    await settle()
+    assert not waiter.done()
+    fake.advance(0.01)
+    with pytest.raises(AdmissionRejectedError) as caught:
+        await waiter
+    assert caught.value.reason == "timeout"
+    assert 0.5 <= caught.value.retry_after_s <= 60
+    gate.set()
+    await holder
+    snap = bulkhead.snapshot()
+    assert (snap.in_use, snap.queued, snap.rejected) == (0, 0, {"timeout": 1})
+    assert log == ["holder"]
+
+
+async def test_waiter_is_granted_on_release_with_its_wait_time() -> None:
+    """A waiter gets the permit the moment it is released and reports how long it waited."""
+    fake, gate, log = FakeTime(), asyncio.Event(), new_log()
+    bulkhead = make(fake)
+    holder = asyncio.create_task(hold(bulkhead, gate, log, "holder"))
+    await settle()
+    waiter = asyncio.create_task(hold(bulkhead, asyncio.Event(), log, "waiter"))
+    await settle()
+    fake.advance(1.25)
+    gate.set()
+    await holder
+    await settle()
+    assert log == ["holder", "waiter"]
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert bulkhead.snapshot().released == {"completed": 1, "cancelled": 1}
+
+
+async def test_cancel_while_queued_leaves_no_trace() -> None:
+    """A queued waiter cancelled is gone: not in the queue, not counted, never granted."""
+    fake, gate, log = FakeTime(), asyncio.Event(), new_log()
+    bulkhead = make(fake)
+    holder = asyncio.create_task(hold(bulkhead, gate, log, "holder"))
+    await settle()
+    waiter = asyncio.create_task(hold(bulkhead, gate, log, "waiter"))
+    await settle()
+    waiter.cancel()
+    await settle()
+    assert bulkhead.snapshot().queued == 0
+    gate.set()
+    await holder
+    snap = bulkhead.snapshot()
+    assert (snap.in_use, snap.granted, snap.rejected) == (0, 1, {})
+    assert waiter.cancelled()
+
+
+@pytest.mark.parametrize(
+    "cancel_first",
+    [
+        pytest.param(True, id="cancel-then-grant"),
+        pytest.param(False, id="grant-then-cancel"),
+    ],
+)
+async def test_grant_and_cancel_in_the_same_tick_leak_nothing(cancel_first: bool) -> None:
+    """Whichever of grant and cancel comes first, the permit ends up free and released once."""
+    fake, log = FakeTime(), new_log()
+    bulkhead = make(fake)
+    holding = bulkhead.admit()
+    permit = await holding.__aenter__()
+    waiter = asyncio.create_task(hold(bulkhead, asyncio.Event(), log, "waiter"))
+    third = asyncio.create_task(hold(bulkhead, asyncio.Event(), log, "third"))
+    await settle()
+    # Both happen before the waiter's task runs again: the race a real loop can produce.
+    if cancel_first:
+        waiter.cancel()
+        permit.release()
+    else:
+        permit.release()
+        waiter.cancel()
+    await settle()
+    assert waiter.cancelled()
+    assert log == ["third"], "the cancelled waiter's grant went on to the next one"
+    third.cancel()
+    await settle()
+    await holding.__aexit__(None, None, None)
+    snap = bulkhead.snapshot()
+    assert (snap.in_use, snap.queued) == (0, 0)
+    assert snap.released == {"completed": 1, "cancelled": 2}
+
+
+async def test_timeout_after_grant_loses_the_race() -> None:
+    """A timer that fires after the grant (already dispatched) does not undo it."""
+    fake, gate, log = FakeTime(honour_cancel=False), asyncio.Event(), new_log()
+    events = new_events()
+    bulkhead = make(fake, events)
+    holder = asyncio.create_task(hold(bulkhead, gate, log, "holder"))
+    await settle()
+    release_waiter = asyncio.Event()
+    waiter = asyncio.create_task(hold(bulkhead, release_waiter, log, "waiter"))
+    await settle()
+    gate.set()
+    await holder
+    fake.advance(3.0)  # the waiter's timer fires now, after its grant
+    await settle()
+    assert log == ["holder", "waiter"]
+    release_waiter.set()
+    await waiter
+    snap = bulkhead.snapshot()
+    assert (snap.in_use, snap.rejected, snap.released) == (0, {}, {"completed": 2})
+    assert [e.kind for e in events if e.kind == "rejected"] == []
+
+
+async def test_growing_wakes_waiters_in_fifo_order() -> None:
+    """Resize 1 -> 3 admits the two oldest waiters at once, in arrival order."""
+    fake, gate, log = FakeTime(), asyncio.Event(), new_log()
+    bulkhead = make(fake)
+    tasks = [asyncio.create_task(hold(bulkhead, gate, log, f"w{i}")) for i in range(4)]
+    await settle()
+    assert log == ["w0"]
+    bulkhead.resize(3)
+    await settle()
+    assert log == ["w0", "w1", "w2"]
+    gate.set()
+    await asyncio.gather(*tasks)
+    assert bulkhead.snapshot().released == {"completed": 4}
+
+
+async def test_shrink_to_zero_keeps_running_work_and_admits_nobody() -> None:
+    """Limit 0 while one runs: it finishes; the waiter is granted only when the limit returns."""
+    fake, gate, log = FakeTime(), asyncio.Event(), new_log()
+    bulkhead = make(fake)
+    tasks = [asyncio.create_task(hold(bulkhead, gate, log, f"w{i}")) for i in range(2)]
+    await settle()
+    bulkhead.resize(0)
+    gate.set()
+    await settle()
+    assert log == ["w0"]
+    assert bulkhead.snapshot().queued == 1
+    bulkhead.resize(1)
+    await asyncio.gather(*tasks)
+    assert log == ["w0", "w1"]
+
+
+async def test_drain_refuses_waiters_and_newcomers_and_idle_waits_for_running() -> None:
+    """Drain: the waiter and a newcomer get 'draining'; idle() returns once the runner ends."""
+    fake, gate, log = FakeTime(), asyncio.Event(), new_log()
+    bulkhead = make(fake)
+    holder = asyncio.create_task(hold(bulkhead, gate, log, "holder"))
+    await settle()
+    waiter = asyncio.create_task(hold(bulkhead, gate, log, "waiter"))
+    await settle()
+    bulkhead.drain()
+    with pytest.raises(AdmissionRejectedError, match="shutting down") as caught:
+        await waiter
+    assert caught.value.reason == "draining"
+    with pytest.raises(AdmissionRejectedError):
+        await hold(bulkhead, gate, log, "late")
+    idle = asyncio.create_task(bulkhead.idle())
+    await settle()
+    assert not idle.done()
+    gate.set()
+    await holder
+    await asyncio.wait_for(idle, 1)
+    assert bulkhead.snapshot().rejected == {"draining": 2}
+
+
+async def test_shadow_mode_counts_a_rejection_but_lets_the_request_run() -> None:
+    """Shadow: the would-be queue_full is counted and shown on the permit; nobody is refused."""
+    fake, events = FakeTime(), new_events()
+    bulkhead = make(fake, events, max_queue=0, shadow=True)
+    async with bulkhead.admit() as first, bulkhead.admit() as second:
+        assert first.shadow_rejected is None
+        assert second.shadow_rejected == "queue_full"
+        assert bulkhead.snapshot().in_use == 1, "the shadow-rejected one holds no permit"
+    snap = bulkhead.snapshot()
+    assert (snap.rejected, snap.released, snap.in_use) == ({"queue_full": 1}, {"completed": 1}, 0)
+    assert all(e.shadow for e in events)
+
+
+async def test_shadow_mode_does_not_delay_and_records_a_would_be_timeout() -> None:
+    """Shadow: a would-be waiter runs at once; after max_wait it is marked as a timeout."""
+    fake = FakeTime()
+    bulkhead = make(fake, shadow=True)
+    async with bulkhead.admit(), bulkhead.admit() as second:
+        assert second.shadow_rejected is None
+        fake.advance(3.0)
+        assert second.shadow_rejected == "timeout"
+    snap = bulkhead.snapshot()
+    assert (snap.rejected, snap.queued, snap.in_use) == ({"timeout": 1}, 0, 0)
+    await asyncio.wait_for(bulkhead.idle(), 1)
+
+
+async def test_token_mode_rejects_too_large_at_once_and_charges_bytes() -> None:
+    """Token mode: 600 + 400 bytes fit in 1000; a 1001-byte request is too_large at once."""
+    bulkhead = make(FakeTime(), limit=1000, mode="tokens")
+    async with bulkhead.admit(600) as big, bulkhead.admit(400) as small:
+        assert (big.cost, small.cost) == (600, 400)
+        assert bulkhead.snapshot().in_use_cost == 1000
+        with pytest.raises(AdmissionRejectedError) as caught:
+            async with bulkhead.admit(1001):
+                pass
+    assert caught.value.reason == "too_large"
+    assert caught.value.retry_after_s == 60.0
+
+
+async def test_compartments_route_unknown_tenants_to_default() -> None:
+    """A tenant the spec does not name lands in 'default'; a named one in its own compartment."""
+    comps = parse_compartments("gold=50%")
+    bulkhead = make(FakeTime(), limit=4, compartments=comps)
+    async with bulkhead.admit(compartment="gold") as gold, bulkhead.admit(compartment="x") as x:
+        assert (gold.compartment, x.compartment) == ("gold", "default")
+        in_use = {c.name: c.in_use for c in bulkhead.snapshot().compartments}
+        assert in_use == {"gold": 1, "default": 1}
+
+
+async def test_retry_hint_follows_the_release_rate_and_queue() -> None:
+    """Two releases a second and 2 queued ahead: come back in about (2 + 1) / 2 = 1.5 s."""
+    fake = FakeTime()
+    bulkhead = make(fake, max_queue=2)
+    for _ in range(5):
+        async with bulkhead.admit():
+            fake.advance(0.5)
+    gate, log = asyncio.Event(), new_log()
+    tasks = [asyncio.create_task(hold(bulkhead, gate, log, f"w{i}")) for i in range(3)]
+    await settle()
+    with pytest.raises(AdmissionRejectedError) as caught:
+        await hold(bulkhead, gate, log, "late")
+    assert caught.value.reason == "queue_full"
+    assert caught.value.retry_after_s == pytest.approx(1.5)
+    gate.set()
+    await asyncio.gather(*tasks)
+
+
+async def test_events_describe_every_decision() -> None:
+    """The observer sees granted, queued, rejected and released, with wait and hold times."""
+    fake, events, gate, log = FakeTime(), new_events(), asyncio.Event(), new_log()
+    bulkhead = make(fake, events, max_queue=1)
+    holder = asyncio.create_task(hold(bulkhead, gate, log, "holder"))
+    await settle()
+    waiter = asyncio.create_task(hold(bulkhead, gate, log, "waiter"))
+    await settle()
+    with pytest.raises(AdmissionRejectedError):
+        await hold(bulkhead, gate, log, "late")
+    fake.advance(2.0)
+    gate.set()
+    await asyncio.gather(holder, waiter)
+    kinds = [(e.kind, e.reason or e.outcome) for e in events]
+    assert kinds == [
+        ("granted", None),
+        ("queued", None),
+        ("rejected", "queue_full"),
+        ("released", "completed"),
+        ("granted", None),
+        ("released", "completed"),
+    ]
+    assert events[3].held_s == 2.0
+    assert events[4].wait_s == 2.0
+
+
+async def test_failing_observer_is_logged_and_admission_goes_on() -> None:
+    """An observer that raises is logged; the permit is still granted and released."""
+
+    def broken(event: AdmissionEvent) -> None:
+        raise ValueError("metrics broke")
+
+    bulkhead = make(FakeTime())
+    bulkhead.on_event = broken
+    with capture_logs() as logs:
+        async with bulkhead.admit():
+            pass
+    assert bulkhead.snapshot().released == {"completed": 1}
+    assert logs[0]["event"] == "admission_observer_failed"
+
+
+async def test_default_timer_uses_the_running_loop() -> None:
+    """Without an injected timer, max_wait_s=0 times a waiter out on the loop's next turn."""
+    bulkhead = Bulkhead(limit=1, max_queue=1, max_wait_s=0.0)
+    async with bulkhead.admit():
+        with pytest.raises(AdmissionRejectedError) as caught:
+            async with bulkhead.admit():
+                pass
+    assert caught.value.reason == "timeout"
+
+
+def test_from_settings_reads_the_admission_settings() -> None:
+    """SIDECAR_* admission settings shape the bulkhead."""
+    settings = load_settings(
+        {
+            "SIDECAR_ADMISSION": "tokens",
+            "SIDECAR_SHADOW": "true",
+            "SIDECAR_MAX_CONCURRENT_CALLS": "7",
+            "SIDECAR_COMPARTMENTS": "gold=60%",
+        }
+    )
+    snap = Bulkhead.from_settings(settings, limit=1000).snapshot()
+    assert (snap.mode, snap.shadow, snap.max_in_flight) == ("tokens", True, 7)
+    assert [(c.name, c.guaranteed) for c in snap.compartments] == [("gold", 600), ("default", 400)]

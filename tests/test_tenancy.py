@@ -1,0 +1,72 @@
+"""Tenant and compartment keys from request headers; API keys never appear in clear."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from sidecar.tenancy import compartment_key, hash_api_key, tenant_id
+
+SECRET = "sk-live-do-not-leak-0123456789"
+HASHED = "key-" + hashlib.sha256(SECRET.encode()).hexdigest()[:12]
+
+
+@pytest.mark.parametrize(
+    ("headers", "kwargs", "expected"),
+    [
+        pytest.param({"x-tenant-id": "acme"}, {}, "acme", id="tenant-header"),
+        pytest.param({"X-Tenant-ID": "acme"}, {}, "acme", id="header-any-case"),
+        pytest.param({"Authorization": f"Bearer {SECRET}"}, {}, HASHED, id="api-key-hashed"),
+        pytest.param({"authorization": f"bearer  {SECRET} "}, {}, HASHED, id="bearer-any-case"),
+        pytest.param(
+            {"x-tenant-id": "acme", "authorization": f"Bearer {SECRET}"},
+            {},
+            "acme",
+            id="header-wins-over-key",
+        ),
+        pytest.param(
+            {"authorization": f"Bearer {SECRET}"},
+            {"from_api_key": False},
+            None,
+            id="key-ignored-when-off",
+        ),
+        pytest.param({"authorization": "Basic abc"}, {}, None, id="not-bearer"),
+        pytest.param({"authorization": "Bearer "}, {}, None, id="empty-key"),
+        pytest.param({}, {}, None, id="nothing"),
+        pytest.param({"x-org": "acme"}, {"tenant_header": "X-Org"}, "acme", id="custom-header"),
+        pytest.param({"x-tenant-id": "a b/../c"}, {}, "a_b_.._c", id="unsafe-chars-replaced"),
+        pytest.param({"x-tenant-id": "t" * 500}, {}, "t" * 64, id="bounded-length"),
+        pytest.param({"x-tenant-id": "  "}, {}, None, id="blank-header"),
+    ],
+)
+def test_tenant_id(
+    headers: dict[str, str], kwargs: dict[str, object], expected: str | None
+) -> None:
+    """The tenant comes from the header, else a hash of the bearer key, else nobody."""
+    assert tenant_id(headers, **kwargs) == expected  # type: ignore[arg-type]
+
+
+def test_api_key_never_returned_in_clear() -> None:
+    """The key itself, or any long piece of it, never appears in the tenant id."""
+    key = tenant_id({"authorization": f"Bearer {SECRET}"})
+    assert key is not None
+    assert SECRET not in key
+    assert SECRET[3:15] not in key
+    assert key == hash_api_key(SECRET)
+    assert len(key) == len("key-") + 12
+
+
+@pytest.mark.parametrize(
+    ("headers", "by", "expected"),
+    [
+        pytest.param({"x-tenant-id": "acme"}, "tenant", "acme", id="tenant"),
+        pytest.param({}, "tenant", "default", id="no-tenant-is-default"),
+        pytest.param({"x-priority": "HIGH"}, "priority", "high", id="priority-lowercased"),
+        pytest.param({"x-tenant-id": "acme"}, "priority", "default", id="priority-ignores-tenant"),
+        pytest.param({}, "priority", "default", id="no-priority-is-default"),
+    ],
+)
+def test_compartment_key(headers: dict[str, str], by: str, expected: str) -> None:
+    """Compartments follow the configured dimension, falling back to default."""
+    assert compartment_key(headers, by=by) == expected  # type: ignore[arg-type]
