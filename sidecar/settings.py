@@ -20,7 +20,7 @@ ENV_PREFIX = "SIDECAR_"
 
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
-Port = Annotated[int, Field(ge=1, le=65535)]
+Port = Annotated[int, Field(ge=0, le=65535)]  # 0: any free port (tests)
 
 
 class Settings(BaseSettings):

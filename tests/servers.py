@@ -6,8 +6,10 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import openai
 import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
@@ -69,6 +71,26 @@ async def start_sidecar(engine: str) -> AsyncIterator[StartSidecar]:
     yield start
     for server in started:
         await server.stop()
+
+
+OpenAIFactory = Callable[..., openai.AsyncOpenAI]
+
+
+@pytest.fixture
+async def openai_client() -> AsyncIterator[OpenAIFactory]:
+    """The official async SDK pointed at a base URL; every client is closed at teardown."""
+    clients: list[openai.AsyncOpenAI] = []
+
+    def make(base: str, **kwargs: Any) -> openai.AsyncOpenAI:
+        client = openai.AsyncOpenAI(
+            base_url=f"{base}/v1", api_key="sk-test-secret", max_retries=0, **kwargs
+        )
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        await client.close()
 
 
 def proxy_url(server: SidecarServer) -> str:

@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from tests.servers import (
+    OpenAIFactory,
     StartSidecar,
     admin_url,
     error_of,
@@ -24,10 +25,10 @@ CHAT = {"model": "tiny-llama", "messages": [{"role": "user", "content": "hello t
 STALL = {"x-emulator-fault": "stall-after=1"}
 
 
-def client_for(base: str, **kwargs: object) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(
-        base_url=f"{base}/v1", api_key="sk-test-secret", max_retries=0, **kwargs
-    )  # type: ignore[arg-type]
+@pytest.fixture
+def client_for(openai_client: OpenAIFactory) -> OpenAIFactory:
+    """The openai SDK client factory, under a shorter name."""
+    return openai_client
 
 
 async def in_use(server: object) -> int:
@@ -46,7 +47,7 @@ async def hold_stream(session: aiohttp.ClientSession, base: str) -> aiohttp.Clie
 
 
 async def test_sdk_stream_through_sidecar_matches_engine(
-    start_sidecar: StartSidecar, engine: str
+    start_sidecar: StartSidecar, client_for: OpenAIFactory, engine: str
 ) -> None:
     """Streaming chat through the sidecar yields exactly the engine's tokens."""
     server = await start_sidecar()
@@ -66,7 +67,9 @@ async def test_sdk_stream_through_sidecar_matches_engine(
     assert await in_use(server) == 0
 
 
-async def test_missing_max_tokens_is_set_to_the_budget(start_sidecar: StartSidecar) -> None:
+async def test_missing_max_tokens_is_set_to_the_budget(
+    start_sidecar: StartSidecar, client_for: OpenAIFactory
+) -> None:
     """A request without max_tokens is capped at the completion budget before it is forwarded."""
     server = await start_sidecar()
     completion = await client_for(proxy_url(server)).completions.create(
@@ -76,7 +79,9 @@ async def test_missing_max_tokens_is_set_to_the_budget(start_sidecar: StartSidec
     assert completion.usage.completion_tokens == 28
 
 
-async def test_stream_fallback_raises_api_error_in_sdk(start_sidecar: StartSidecar) -> None:
+async def test_stream_fallback_raises_api_error_in_sdk(
+    start_sidecar: StartSidecar, client_for: OpenAIFactory
+) -> None:
     """With every permit held and no queue, a stream gets the fallback event; the SDK raises it."""
     server = await start_sidecar()
     async with aiohttp.ClientSession() as session:
@@ -121,7 +126,9 @@ async def test_fallback_wire_format(start_sidecar: StartSidecar) -> None:
     assert done == (None, "[DONE]")
 
 
-async def test_non_streaming_busy_is_429_rate_limit_error(start_sidecar: StartSidecar) -> None:
+async def test_non_streaming_busy_is_429_rate_limit_error(
+    start_sidecar: StartSidecar, client_for: OpenAIFactory
+) -> None:
     """A non-streaming request turned away gets 429 + Retry-After: the SDK's RateLimitError."""
     server = await start_sidecar()
     async with aiohttp.ClientSession() as session:
@@ -150,7 +157,9 @@ async def test_http_reject_mode_answers_streams_with_429(start_sidecar: StartSid
             r.close()
 
 
-async def test_queued_request_is_granted_when_a_stream_ends(start_sidecar: StartSidecar) -> None:
+async def test_queued_request_is_granted_when_a_stream_ends(
+    start_sidecar: StartSidecar, client_for: OpenAIFactory
+) -> None:
     """A request that waits in the queue runs as soon as a running stream finishes."""
     server = await start_sidecar(SIDECAR_MAX_QUEUE="4")
     async with aiohttp.ClientSession() as session:
@@ -193,7 +202,9 @@ async def test_client_disconnect_releases_permit_and_aborts_engine(
     assert metrics["sidecar_requests_total{outcome=client_gone}"] == 1
 
 
-async def test_upstream_reset_mid_stream_ends_stream_in_band(start_sidecar: StartSidecar) -> None:
+async def test_upstream_reset_mid_stream_ends_stream_in_band(
+    start_sidecar: StartSidecar, client_for: OpenAIFactory
+) -> None:
     """An engine that drops the connection mid-stream: the SDK raises a clear APIError, permit freed."""
     server = await start_sidecar()
     client = client_for(proxy_url(server), default_headers={"x-emulator-fault": "reset-after=3"})
@@ -212,7 +223,9 @@ async def test_upstream_reset_mid_stream_ends_stream_in_band(start_sidecar: Star
     assert metrics["sidecar_requests_total{outcome=upstream_unavailable}"] == 1
 
 
-async def test_upstream_stall_times_out_in_band(start_sidecar: StartSidecar) -> None:
+async def test_upstream_stall_times_out_in_band(
+    start_sidecar: StartSidecar, client_for: OpenAIFactory
+) -> None:
     """An engine that stops sending mid-stream past the read timeout: in-band error, permit freed."""
     server = await start_sidecar(SIDECAR_UPSTREAM_READ_TIMEOUT_MS="300")
     client = client_for(proxy_url(server), default_headers={"x-emulator-fault": "stall-after=2"})
@@ -243,7 +256,7 @@ async def test_slow_non_streaming_upstream_is_504(start_sidecar: StartSidecar) -
     assert await in_use(server) == 0
 
 
-async def test_upstream_down_is_502(start_sidecar: StartSidecar) -> None:
+async def test_upstream_down_is_502(start_sidecar: StartSidecar, client_for: OpenAIFactory) -> None:
     """With nothing listening upstream, completions get 502 with an OpenAI-shaped body."""
     server = await start_sidecar(SIDECAR_UPSTREAM_URL="http://127.0.0.1:9")
     with pytest.raises(openai.APIStatusError) as caught:
@@ -268,7 +281,9 @@ async def test_upstream_error_status_passes_through(start_sidecar: StartSidecar)
     assert await in_use(server) == 0
 
 
-async def test_other_paths_pass_through_without_a_permit(start_sidecar: StartSidecar) -> None:
+async def test_other_paths_pass_through_without_a_permit(
+    start_sidecar: StartSidecar, client_for: OpenAIFactory
+) -> None:
     """/v1/models is forwarded even while every permit is held."""
     server = await start_sidecar()
     async with aiohttp.ClientSession() as session:
