@@ -66,7 +66,7 @@ def capacity_document(admin: Admin) -> dict[str, Any]:
         "plan_age_s": state["plan_age_s"],
         "compartments": [asdict(part) for part in snap.compartments],
         "counters": {
-            "granted": snap.granted,
+            "granted": snap.granted_total,
             "queued": snap.queued_total,
             "rejected": snap.rejected,
             "released": snap.released,

@@ -4,11 +4,13 @@ bulkhead's state (read at scrape time). Every metric lives in the registry it is
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from sidecar.admission import CompartmentSnapshot
+from sidecar.bulkhead import BulkheadSnapshot
 
 OUTCOMES = (
     "completed",
@@ -71,32 +73,11 @@ class RequestMetrics:
         self.shadow.labels(reason).inc()
 
 
-class CompartmentView(Protocol):
-    name: str
-    guaranteed: int
-    ceiling: int
-    in_use: int
-    in_use_cost: int
-    queued: int
-
-
-class BulkheadView(Protocol):
-    mode: str
-    limit: int
-    in_use: int
-    in_use_cost: int
-    queued: int
-    shadow: bool
-
-    @property
-    def compartments(self) -> tuple[CompartmentView, ...]: ...
-
-
 class BulkheadCollector(Collector):
     """Reads the bulkhead at scrape time, so the gauges are never out of date."""
 
     def __init__(
-        self, snapshot: Callable[[], BulkheadView], plan_permits: Callable[[], int]
+        self, snapshot: Callable[[], BulkheadSnapshot], plan_permits: Callable[[], int]
     ) -> None:
         self._snapshot = snapshot
         self._plan_permits = plan_permits
@@ -136,7 +117,7 @@ def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, documentation, value=value)
 
 
-def _compartments(compartments: tuple[CompartmentView, ...]) -> Iterator[Metric]:
+def _compartments(compartments: tuple[CompartmentSnapshot, ...]) -> Iterator[Metric]:
     if not compartments:
         return
     families = {

@@ -108,7 +108,7 @@ async def get_json(url: str) -> dict[str, object]:
 
 
 async def scrape(url: str) -> dict[str, float]:
-    """Every sample of a /metrics page, keyed ``name{label=value,...}``, parsed by prometheus_client."""
+    """Every sample of a /metrics page, keyed ``name{label=value}``, read by prometheus_client."""
     async with aiohttp.ClientSession() as session, session.get(url) as response:
         text = await response.text()
     samples: dict[str, float] = {}

@@ -31,6 +31,18 @@ def client_for(openai_client: OpenAIFactory) -> OpenAIFactory:
     return openai_client
 
 
+async def consume(client: openai.AsyncOpenAI, into: list[object] | None = None) -> None:
+    """Stream a chat completion to its end through the SDK, keeping the chunks in ``into``."""
+    stream = await client.chat.completions.create(
+        model="tiny-llama",
+        messages=[{"role": "user", "content": "hello there"}],
+        stream=True,
+    )
+    async for chunk in stream:
+        if into is not None:
+            into.append(chunk)
+
+
 async def in_use(server: object) -> int:
     doc = await get_json(f"{admin_url(server)}/capacity")  # type: ignore[arg-type]
     return int(doc["in_use"])  # type: ignore[call-overload]
@@ -87,13 +99,7 @@ async def test_stream_fallback_raises_api_error_in_sdk(
     async with aiohttp.ClientSession() as session:
         held = [await hold_stream(session, proxy_url(server)) for _ in range(2)]
         with pytest.raises(openai.APIError, match="queue") as caught:
-            stream = await client_for(proxy_url(server)).chat.completions.create(
-                model="tiny-llama",
-                messages=CHAT["messages"],
-                stream=True,  # type: ignore[arg-type]
-            )
-            async for _ in stream:
-                pass
+            await consume(client_for(proxy_url(server)))
         assert caught.value.code == "queue_full"
         for response in held:
             response.close()
@@ -205,18 +211,12 @@ async def test_client_disconnect_releases_permit_and_aborts_engine(
 async def test_upstream_reset_mid_stream_ends_stream_in_band(
     start_sidecar: StartSidecar, client_for: OpenAIFactory
 ) -> None:
-    """An engine that drops the connection mid-stream: the SDK raises a clear APIError, permit freed."""
+    """An engine that drops the connection mid-stream: a clear SDK APIError, permit freed."""
     server = await start_sidecar()
     client = client_for(proxy_url(server), default_headers={"x-emulator-fault": "reset-after=3"})
     received = []
     with pytest.raises(openai.APIError, match="unreachable"):
-        stream = await client.chat.completions.create(
-            model="tiny-llama",
-            messages=CHAT["messages"],
-            stream=True,  # type: ignore[arg-type]
-        )
-        async for chunk in stream:
-            received.append(chunk)
+        await consume(client, into=received)
     assert received, "the tokens sent before the reset reached the client"
     assert await in_use(server) == 0
     metrics = await scrape(f"{admin_url(server)}/metrics")
@@ -226,17 +226,11 @@ async def test_upstream_reset_mid_stream_ends_stream_in_band(
 async def test_upstream_stall_times_out_in_band(
     start_sidecar: StartSidecar, client_for: OpenAIFactory
 ) -> None:
-    """An engine that stops sending mid-stream past the read timeout: in-band error, permit freed."""
+    """An engine that stalls mid-stream past the read timeout: in-band error, permit freed."""
     server = await start_sidecar(SIDECAR_UPSTREAM_READ_TIMEOUT_MS="300")
     client = client_for(proxy_url(server), default_headers={"x-emulator-fault": "stall-after=2"})
     with pytest.raises(openai.APIError, match="in time"):
-        stream = await client.chat.completions.create(
-            model="tiny-llama",
-            messages=CHAT["messages"],
-            stream=True,  # type: ignore[arg-type]
-        )
-        async for _ in stream:
-            pass
+        await consume(client)
     assert await in_use(server) == 0
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 
 import aiohttp
@@ -31,7 +30,7 @@ def test_every_aiohttp_client_error_is_mapped(error_class: type[BaseException]) 
 @pytest.mark.parametrize(
     ("exc", "mapped"),
     [
-        pytest.param(asyncio.TimeoutError(), UpstreamTimeoutError, id="timeout"),
+        pytest.param(TimeoutError(), UpstreamTimeoutError, id="timeout"),
         pytest.param(aiohttp.ServerTimeoutError(), UpstreamTimeoutError, id="server-timeout"),
         pytest.param(
             aiohttp.ServerDisconnectedError(), UpstreamUnavailableError, id="disconnected"
