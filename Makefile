@@ -13,14 +13,14 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/sidecar demo
+	$(BIN)/python -m demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 check: $(STAMP)
-	$(BIN)/ruff check sidecar emulator tests benchmarks scripts
-	$(BIN)/ruff format --check sidecar emulator tests benchmarks scripts
+	$(BIN)/ruff check sidecar emulator demo tests benchmarks scripts
+	$(BIN)/ruff format --check sidecar emulator demo tests benchmarks scripts
 	$(BIN)/mypy
 
 bench: $(STAMP)

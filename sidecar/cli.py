@@ -1,4 +1,4 @@
-"""The ``sidecar`` command: ``plan``, ``serve``, ``probe`` and ``demo``.
+"""The ``sidecar`` command: ``plan``, ``serve`` and ``probe`` (the demo is ``python -m demo``).
 
 Each sub-command lives in its own module exposing ``add_arguments(parser)`` and ``run(args)``;
 this module only dispatches and turns a SidecarError into one clear line and exit status 2.
@@ -18,7 +18,6 @@ COMMANDS = {
     "plan": ("sidecar.plan_command", "work out how many concurrent requests a GPU can hold"),
     "serve": ("sidecar.serve_command", "run the sidecar (configured from SIDECAR_* variables)"),
     "probe": ("sidecar.probe_command", "show what the sidecar sees now: GPUs, engine, plan"),
-    "demo": ("sidecar.demo", "simulated GPU + emulated engine + sidecar + load, live"),
 }
 
 

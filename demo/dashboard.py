@@ -1,0 +1,152 @@
+"""The demo's live text: one line per sample interval, and the summary at the end.
+
+Samples are plain values; formatting and summarising them is pure. The engine's running count is
+scraped from its ``/metrics`` like any Prometheus would, with ``prometheus_client.parser``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+RUNNING = "vllm:num_requests_running"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Everything one dashboard line shows, taken at one moment."""
+
+    t_s: float
+    phase: str
+    permits: int
+    in_use: int
+    queued: int
+    engine_running: int
+    completed: int
+    fallbacks: int
+    p50_ttft_s: float | None
+
+
+@dataclass(frozen=True)
+class PhaseSummary:
+    """One phase: the permits seen during it and what its clients got."""
+
+    name: str
+    permits_min: int
+    permits_max: int
+    outcomes: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The run, as the test and the closing lines report it."""
+
+    outcomes: dict[str, int]
+    phases: tuple[PhaseSummary, ...]
+    max_permits: int
+    final_permits: int
+    max_in_use: int
+    max_engine_running: int
+    p50_ttft_s: float | None
+
+    def phase(self, name: str) -> PhaseSummary:
+        """The summary of the phase called ``name``."""
+        return next(p for p in self.phases if p.name == name)
+
+
+def engine_running(metrics_text: str) -> int:
+    """Requests the engine runs now, summed over its engines, from a /metrics page."""
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name == RUNNING:
+            return int(sum(sample.value for sample in family.samples))
+    raise ValueError(f"the engine's /metrics has no {RUNNING}")
+
+
+async def scrape_engine_running(session: aiohttp.ClientSession, metrics_url: str) -> int:
+    """Fetch and read the engine's running count."""
+    async with session.get(metrics_url) as response:
+        response.raise_for_status()
+        return engine_running(await response.text())
+
+
+def _ms(seconds: float | None) -> str:
+    return "    -" if seconds is None else f"{seconds * 1000:5.0f}"
+
+
+HEADER = (
+    "  time  phase              permits  in use  queued  engine running  completed  fallbacks"
+    "  p50 TTFT ms"
+)
+
+
+def format_line(sample: Sample) -> str:
+    """One live line."""
+    return (
+        f"{sample.t_s:5.1f}s  {sample.phase:<17}  {sample.permits:7d}  {sample.in_use:6d}  "
+        f"{sample.queued:6d}  {sample.engine_running:14d}  {sample.completed:9d}  "
+        f"{sample.fallbacks:9d}  {_ms(sample.p50_ttft_s):>11}"
+    )
+
+
+def summarize(
+    samples: Iterable[Sample],
+    phase_names: Iterable[str],
+    outcomes: dict[str, int],
+    by_phase: dict[str, dict[str, int]],
+    p50_ttft_s: float | None,
+) -> Summary:
+    """Fold the samples and the clients' tally into the summary; needs at least one sample."""
+    taken = list(samples)
+    if not taken:
+        raise ValueError("no samples were taken")
+    phases = []
+    for name in phase_names:
+        permits = [s.permits for s in taken if s.phase == name] or [0]
+        phases.append(PhaseSummary(name, min(permits), max(permits), dict(by_phase.get(name, {}))))
+    return Summary(
+        outcomes=dict(outcomes),
+        phases=tuple(phases),
+        max_permits=max(s.permits for s in taken),
+        final_permits=taken[-1].permits,
+        max_in_use=max(s.in_use for s in taken),
+        max_engine_running=max(s.engine_running for s in taken),
+        p50_ttft_s=p50_ttft_s,
+    )
+
+
+def format_summary(summary: Summary) -> list[str]:
+    """The closing lines."""
+    total = sum(summary.outcomes.values())
+    lines = [f"requests: {total}  " + _counts(summary.outcomes)]
+    for phase in summary.phases:
+        permits = f"{phase.permits_min}" + (
+            f"..{phase.permits_max}" if phase.permits_max != phase.permits_min else ""
+        )
+        lines.append(f"  {phase.name:<17} permits {permits:<7} {_counts(phase.outcomes)}")
+    verdict = "never above" if summary.max_engine_running <= summary.max_permits else "ABOVE"
+    lines.append(
+        f"max engine running {summary.max_engine_running} vs max permits "
+        f"{summary.max_permits}: {verdict} the limit; max in use {summary.max_in_use}; "
+        f"permits at the end {summary.final_permits}; p50 TTFT {_ms(summary.p50_ttft_s).strip()} ms"
+    )
+    return lines
+
+
+def _counts(outcomes: dict[str, int]) -> str:
+    return ", ".join(f"{name} {n}" for name, n in sorted(outcomes.items())) or "no requests"
+
+
+async def watch(
+    take: Callable[[], Awaitable[Sample]],
+    on_sample: Callable[[Sample], None],
+    interval_s: float,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> None:
+    """Take a sample every ``interval_s`` until cancelled."""
+    while True:
+        on_sample(await take())
+        await sleep(interval_s)

@@ -1,0 +1,158 @@
+"""The demo's load: phases of streaming clients (the real openai SDK) that stop by themselves.
+
+Each client loops until its phase's last start, one streaming chat completion at a time, and counts
+what it saw: ``completed`` or the fallback's code (``queue_full``, ``timeout``...). A stream still
+running at a deadline finishes in the next phase: nothing is cut short to change phase.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+
+import openai
+
+COMPLETED = "completed"
+ERROR = "error"
+# The codes the sidecar's busy answer carries (sidecar.bulkhead's reject reasons).
+FALLBACK_CODES = frozenset({"queue_full", "timeout", "too_large", "draining", "no_capacity"})
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A stretch of the scenario: how many clients, for how long, and who else is on the GPU."""
+
+    name: str
+    duration_s: float
+    clients: int
+    neighbour_bytes: int = 0
+    think_s: float = 0.0  # pause between one client's requests
+    # Stop starting requests this long before the end, so the phase's streams end inside it.
+    settle_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Request:
+    """What every client asks for."""
+
+    model: str
+    max_tokens: int
+    prompt: str = "Tell me about bulkheads on ships."
+
+
+class Tally:
+    """Outcomes and times to first token, as the clients saw them, per phase."""
+
+    def __init__(self) -> None:
+        self.outcomes: Counter[str] = Counter()
+        self.by_phase: dict[str, Counter[str]] = {}
+        self._ttfts: dict[str, list[float]] = {}
+
+    def record(self, phase: str, outcome: str) -> None:
+        """Count one finished request."""
+        self.outcomes[outcome] += 1
+        self.by_phase.setdefault(phase, Counter())[outcome] += 1
+
+    def first_token(self, phase: str, ttft_s: float) -> None:
+        """A stream's first token arrived ``ttft_s`` after its request was sent."""
+        self._ttfts.setdefault(phase, []).append(ttft_s)
+
+    @property
+    def completed(self) -> int:
+        """Streams that ran to the end."""
+        return self.outcomes[COMPLETED]
+
+    @property
+    def fallbacks(self) -> int:
+        """Requests the sidecar answered with a busy fallback."""
+        return sum(n for outcome, n in self.outcomes.items() if outcome in FALLBACK_CODES)
+
+    def p50_ttft_s(self, phase: str | None = None) -> float | None:
+        """Median time to first token (queue wait included), in one phase or overall."""
+        if phase is None:
+            times = [t for ttfts in self._ttfts.values() for t in ttfts]
+        else:
+            times = self._ttfts.get(phase, [])
+        return statistics.median(times) if times else None
+
+
+def outcome_of(exc: openai.APIError) -> str:
+    """A fallback's code, or ``error`` for anything the sidecar did not decide."""
+    code = exc.code if isinstance(exc.code, str) else None
+    return code if code in FALLBACK_CODES else ERROR
+
+
+async def one_request(
+    client: openai.AsyncOpenAI,
+    request: Request,
+    clock: Callable[[], float],
+    on_first_token: Callable[[float], None],
+) -> str:
+    """Stream one chat completion; report its time to first token as it comes; its outcome."""
+    started = clock()
+    seen = False
+    try:
+        stream = await client.chat.completions.create(
+            model=request.model,
+            messages=[{"role": "user", "content": request.prompt}],
+            max_tokens=request.max_tokens,
+            stream=True,
+        )
+        async with stream:
+            async for chunk in stream:
+                if not seen and chunk.choices and chunk.choices[0].delta.content:
+                    seen = True
+                    on_first_token(clock() - started)
+    except openai.APIError as exc:
+        return outcome_of(exc)
+    return COMPLETED
+
+
+class Load:
+    """Runs the phases in order; ``on_phase`` hears each phase as it starts."""
+
+    def __init__(
+        self,
+        client: openai.AsyncOpenAI,
+        request: Request,
+        tally: Tally,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
+        backoff_s: float = 0.5,
+    ) -> None:
+        self._client, self._request, self._tally = client, request, tally
+        self._clock, self._sleep, self._backoff_s = clock, sleep, backoff_s
+
+    async def run(self, phases: tuple[Phase, ...], on_phase: Callable[[Phase], None]) -> None:
+        """Start each phase's clients, wait out its duration; return once every client is done."""
+        async with asyncio.TaskGroup() as group:
+            for phase in phases:
+                on_phase(phase)
+                deadline = self._clock() + max(0.0, phase.duration_s - phase.settle_s)
+                for number in range(phase.clients):
+                    group.create_task(
+                        self._client_loop(phase, deadline), name=f"demo-{phase.name}-{number}"
+                    )
+                await self._sleep(phase.duration_s)
+
+    async def _client_loop(self, phase: Phase, deadline: float) -> None:
+        while self._clock() < deadline:
+            outcome = await one_request(
+                self._client,
+                self._request,
+                self._clock,
+                partial(self._tally.first_token, phase.name),
+            )
+            self._tally.record(phase.name, outcome)
+            # A polite client backs off after a busy answer instead of hammering the queue.
+            pause = phase.think_s if outcome == COMPLETED else self._backoff_s
+            if pause > 0:
+                await self._sleep(pause)

@@ -1,0 +1,185 @@
+"""The demo: its simulated GPU through the sidecar's math, its dashboard, and one real short run."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+
+from demo.__main__ import (
+    BYTES_PER_TOKEN,
+    COMPLETION_BUDGET,
+    MODEL,
+    PROMPT_BUDGET,
+    WEIGHTS,
+    gpu_layout,
+    main,
+    run_demo,
+)
+from demo.dashboard import Sample, engine_running, format_line, format_summary, summarize
+from demo.load import FALLBACK_CODES, Tally, outcome_of
+from demo.simulated_gpu import ENGINE_PID, GIB, NEIGHBOUR_PID, SimulatedGpu
+from sidecar.capacity import Budget, KvCost, make_plan
+from sidecar.model_spec import load_model_spec
+from sidecar.probes.static import Declared
+from sidecar.sources import Readings, engine_process_bytes, neighbour_bytes, plan_inputs
+
+VLLM_METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="qwen2.5-7b"} 3.0
+vllm:num_requests_running{engine="1",model_name="qwen2.5-7b"} 2.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="qwen2.5-7b"} 9.0
+"""
+
+
+def _sample(t_s: float, phase: str, permits: int, running: int) -> Sample:
+    return Sample(t_s, phase, permits, running, 0, running, 0, 0, None)
+
+
+async def _permits(neighbour: int) -> int:
+    """The permits the sidecar's own NVML math gives for the simulated card."""
+    gpu = SimulatedGpu(gpu_layout(), clock=lambda: 1.0)
+    gpu.set_neighbour(neighbour)
+    declared = Declared(None, WEIGHTS, False, 2 * GIB, None, observed_at=0.0)
+    readings = Readings(declared, gpus=await gpu.read())
+    cost = KvCost(load_model_spec(MODEL), block_size=16)
+    inputs = plan_inputs("nvml", readings, cost, engine_pid=None, tolerance=0.1)
+    return make_plan(cost, inputs.memory, Budget(PROMPT_BUDGET, COMPLETION_BUDGET), 0.8).permits
+
+
+@pytest.mark.parametrize(
+    ("neighbour", "permits"),
+    [
+        pytest.param(0, 14, id="alone-on-the-card"),
+        pytest.param(4 * GIB, 7, id="4GiB-neighbour"),
+    ],
+)
+async def test_simulated_card_gives_the_documented_permits(neighbour: int, permits: int) -> None:
+    """24 GiB card, qwen2.5-7b, 8,000-token budget: 14 permits, 7 beside a 4 GiB neighbour."""
+    assert await _permits(neighbour) == permits
+
+
+async def test_neighbour_is_seen_as_a_neighbour_not_the_engine() -> None:
+    """NVML-style readings list the engine as the largest process and the neighbour beside it."""
+    gpu = SimulatedGpu(gpu_layout())
+    gpu.set_neighbour(4 * GIB)
+    reading = (await gpu.read()).gpus[0]
+    assert {p.pid for p in reading.processes} == {ENGINE_PID, NEIGHBOUR_PID}
+    assert engine_process_bytes(reading, None) == gpu.layout.engine_bytes
+    assert neighbour_bytes(reading, None) == 4 * GIB
+    assert reading.unlisted_bytes == gpu.layout.driver_bytes
+
+
+def test_engine_kv_pool_is_whole_blocks_of_the_model() -> None:
+    """The emulated engine's pool is a whole number of 16-token qwen2.5-7b blocks."""
+    layout = gpu_layout()
+    assert layout.kv_pool_bytes % (16 * BYTES_PER_TOKEN) == 0
+    assert layout.engine_bytes + layout.driver_bytes <= layout.total_bytes
+
+
+def test_negative_neighbour_is_refused() -> None:
+    """A neighbour cannot hold negative memory."""
+    with pytest.raises(ValueError, match="cannot hold"):
+        SimulatedGpu(gpu_layout()).set_neighbour(-1)
+
+
+def test_engine_running_sums_every_engine() -> None:
+    """The dashboard's engine count adds up the running gauge of every engine on the page."""
+    assert engine_running(VLLM_METRICS) == 5
+
+
+def test_engine_running_without_the_gauge_is_an_error() -> None:
+    """A /metrics page without the running gauge is reported, not read as zero."""
+    with pytest.raises(ValueError, match="num_requests_running"):
+        engine_running("# TYPE other gauge\nother 1.0\n")
+
+
+@pytest.mark.parametrize(
+    ("code", "outcome"),
+    [
+        pytest.param("queue_full", "queue_full", id="queue-full"),
+        pytest.param("timeout", "timeout", id="timeout"),
+        pytest.param("invalid_json", "error", id="not-a-fallback"),
+        pytest.param(None, "error", id="no-code"),
+    ],
+)
+def test_outcome_of_an_sdk_error(code: str | None, outcome: str) -> None:
+    """Only the sidecar's busy codes count as fallbacks; any other SDK error is an error."""
+    # The SDK's HTTP library differs between versions (httpx, httpx2); the request is not read.
+    body = {"message": "busy", "code": code}
+    exc = openai.APIError("busy", None, body=body)  # type: ignore[arg-type]
+    assert outcome_of(exc) == outcome
+
+
+def test_tally_counts_fallbacks_and_median_ttft_per_phase() -> None:
+    """Fallbacks are the busy codes only, and the p50 TTFT is per phase or overall."""
+    tally = Tally()
+    for phase, outcome in [("a", "completed"), ("a", "queue_full"), ("b", "timeout")]:
+        tally.record(phase, outcome)
+    tally.record("b", "error")
+    for phase, ttft in [("a", 0.1), ("a", 0.3), ("b", 2.0)]:
+        tally.first_token(phase, ttft)
+    assert (tally.completed, tally.fallbacks) == (1, 2)
+    assert tally.p50_ttft_s("a") == pytest.approx(0.2)
+    assert tally.p50_ttft_s() == pytest.approx(0.3)
+    assert tally.p50_ttft_s("c") is None
+
+
+def test_summary_flags_an_engine_above_the_permits() -> None:
+    """A sample with the engine running more than any permit limit makes the summary say ABOVE."""
+    samples = [_sample(0.0, "steady", 4, 2), _sample(0.5, "burst", 4, 6)]
+    summary = summarize(samples, ["steady", "burst"], {"completed": 3}, {}, None)
+    assert summary.max_engine_running > summary.max_permits
+    assert "ABOVE the limit" in format_summary(summary)[-1]
+
+
+def test_summary_needs_samples() -> None:
+    """Summarising a run that took no sample is an error, not an empty success."""
+    with pytest.raises(ValueError, match="no samples"):
+        summarize([], ["steady"], {}, {}, None)
+
+
+def test_line_shows_every_column() -> None:
+    """A live line carries time, phase, permits, in use, queued, engine running, totals, TTFT."""
+    line = format_line(Sample(1.5, "burst", 14, 13, 8, 12, 40, 7, 0.25))
+    assert line.split() == ["1.5s", "burst", "14", "13", "8", "12", "40", "7", "250"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["--duration", "0"], id="zero-duration"),
+        pytest.param(["--clients", "0"], id="no-clients"),
+    ],
+)
+def test_bad_flags_exit_2(argv: list[str]) -> None:
+    """Nonsense flags stop the demo with status 2 before anything starts."""
+    with pytest.raises(SystemExit) as raised:
+        main(argv)
+    assert raised.value.code == 2
+
+
+@pytest.mark.timeout(60)
+async def test_short_run_admits_queues_falls_back_and_follows_the_neighbour() -> None:
+    """9 s run: steady admitted, burst falls back, engine within permits, neighbour shrinks them."""
+    lines: list[str] = []
+    summary = await run_demo(duration_s=9.0, write=lines.append)
+
+    steady, burst = summary.phase("steady"), summary.phase("burst")
+    neighbour, gone = summary.phase("noisy neighbour"), summary.phase("neighbour gone")
+    assert steady.outcomes.get("completed", 0) > 0
+    assert set(steady.outcomes) == {"completed"}
+    assert burst.outcomes.get("completed", 0) > 0
+    assert sum(n for code, n in burst.outcomes.items() if code in FALLBACK_CODES) > 0
+    assert summary.max_permits == 14
+    assert summary.max_in_use == summary.max_permits
+    assert 0 < summary.max_engine_running <= summary.max_permits
+    assert neighbour.permits_min == 7
+    assert gone.permits_max == summary.final_permits == 14
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+    assert "-> 14 permits" in lines[0]
+    assert "never above the limit" in lines[-1]
