@@ -197,6 +197,9 @@ async def drive(run: Run, plan: tuple[Phase, ...]) -> None:
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
+        crash = None if watcher.cancelled() else watcher.exception()
+        if crash is not None:  # a dashboard that died must not pass for a quiet run
+            raise crash
         run.show(await run.take(session), always=True)
 
 
