@@ -15,7 +15,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Literal
 
-from sidecar.compartments import Compartments
+from sidecar.compartments import DEFAULT, Compartments
 
 Outcome = Literal["completed", "cancelled", "failed"]
 RejectReason = Literal["queue_full", "timeout", "too_large", "draining", "no_capacity"]
@@ -118,14 +118,15 @@ class Admission:
     ) -> None:
         if limit < 0 or max_queue < 0:
             raise ValueError("limit and max_queue must be >= 0")
-        self._limit = limit
         self._max_queue = max_queue
         self._compartments = compartments or Compartments()
+        self._set_limit(limit)
         self._max_in_flight = max_in_flight
         # Token mode knows a request bigger than all reachable bytes can never run.
         self._reject_oversize = reject_oversize
         self._queues: dict[str, deque[_Waiter]] = {n: deque() for n in self._compartments.names}
         self._used: Counter[str] = Counter()
+        self._used_total = 0
         self._count: Counter[str] = Counter()
         self._granted: dict[int, _Waiter] = {}
         self._queued_tickets: dict[int, _Waiter] = {}
@@ -139,11 +140,15 @@ class Admission:
 
     def request(self, cost: int, compartment: str) -> Decision:
         """Decide a new request of ``cost`` in ``compartment`` (resolved through the spec)."""
-        name = self._compartments.resolve(compartment)
+        name = compartment if compartment in self._queues else DEFAULT
         refusal = self._refusal(cost, name)
         if refusal is not None:
             return self._reject(refusal, name, cost)
         waiter = _Waiter(self._take_ticket(), name, cost)
+        if not self._queued_tickets and self._fits(waiter):
+            # Fast path, same answer as the pump: with nobody waiting, nobody is older.
+            self._grant(waiter)
+            return Granted(waiter.ticket, name, cost)
         self._queues[name].append(waiter)
         self._queued_tickets[waiter.ticket] = waiter
         if any(g.ticket == waiter.ticket for g in self._pump()):
@@ -160,6 +165,7 @@ class Admission:
         if waiter is None:
             raise UnknownTicketError(ticket)
         self._used[waiter.compartment] -= waiter.cost
+        self._used_total -= waiter.cost
         self._count[waiter.compartment] -= 1
         self._released[outcome] += 1
         return self._pump()
@@ -182,7 +188,7 @@ class Admission:
         """Set a new limit; growing grants waiters now (FIFO), shrinking revokes nothing."""
         if limit < 0:
             raise ValueError("limit must be >= 0")
-        self._limit = limit
+        self._set_limit(limit)
         return self._pump()
 
     def drain(self) -> tuple[int, ...]:
@@ -213,19 +219,19 @@ class Admission:
 
     @property
     def in_use_cost(self) -> int:
-        return sum(self._used.values())
+        return self._used_total
 
     def queued_ahead(self, compartment: str) -> int:
         """Waiters in the compartment ``compartment`` resolves to."""
-        return len(self._queues[self._compartments.resolve(compartment)])
+        return len(self._queues.get(compartment, self._queues[DEFAULT]))
 
     def snapshot(self) -> AdmissionSnapshot:
         """Freeze the current state and counters."""
         parts = tuple(
             CompartmentSnapshot(
                 name=spec.name,
-                guaranteed=spec.guaranteed(self._limit),
-                ceiling=self._ceiling(spec.name),
+                guaranteed=self._guaranteed[spec.name],
+                ceiling=self._ceiling[spec.name],
                 in_use=self._count[spec.name],
                 in_use_cost=self._used[spec.name],
                 queued=len(self._queues[spec.name]),
@@ -247,10 +253,23 @@ class Admission:
 
     # --- internals -------------------------------------------------------------------------------
 
+    def _set_limit(self, limit: int) -> None:
+        """Work out every compartment's reserve and reach once per limit, not per decision."""
+        self._limit = limit
+        specs = self._compartments.specs
+        self._guaranteed = {spec.name: spec.guaranteed(limit) for spec in specs}
+        self._cap = {spec.name: spec.ceiling(limit) for spec in specs}
+        reserved = sum(self._guaranteed.values())
+        # The most a compartment can ever hold: its cap, and never the others' reserves.
+        self._ceiling = {
+            name: min(self._cap[name], limit - reserved + self._guaranteed[name])
+            for name in self._cap
+        }
+
     def _refusal(self, cost: int, name: str) -> RejectReason | None:
         if self._draining:
             return "draining"
-        if cost <= self._ceiling(name):
+        if cost <= self._ceiling[name]:
             return None
         if self._reject_oversize and self._limit > 0:
             return "too_large"
@@ -269,42 +288,43 @@ class Admission:
         self._queues[waiter.compartment].remove(waiter)
         del self._queued_tickets[waiter.ticket]
 
-    def _ceiling(self, name: str) -> int:
-        """Most ``name`` can ever hold at this limit: its cap, and never others' reserves."""
-        others = sum(
-            spec.guaranteed(self._limit) for spec in self._compartments.specs if spec.name != name
-        )
-        return min(self._compartments.spec(name).ceiling(self._limit), self._limit - others)
-
     def _unused_reserve(self, excluding: str) -> int:
+        if len(self._guaranteed) == 1:
+            return 0  # one compartment: nobody else to keep room for
         return sum(
-            max(spec.guaranteed(self._limit) - self._used[spec.name], 0)
-            for spec in self._compartments.specs
-            if spec.name != excluding
+            max(reserve - self._used[name], 0)
+            for name, reserve in self._guaranteed.items()
+            if name != excluding
         )
 
     def _fits(self, waiter: _Waiter) -> bool:
         name, cost = waiter.compartment, waiter.cost
-        if self._max_in_flight is not None and self.in_use >= self._max_in_flight:
+        if self._max_in_flight is not None and len(self._granted) >= self._max_in_flight:
             return False
-        if self._used[name] + cost > self._compartments.spec(name).ceiling(self._limit):
+        if self._used[name] + cost > self._cap[name]:
             return False
-        free_after = self._limit - self.in_use_cost - cost
-        return free_after >= self._unused_reserve(excluding=name)
+        free_after = self._limit - self._used_total - cost
+        return free_after >= 0 and free_after >= self._unused_reserve(excluding=name)
 
     def _borrows(self, waiter: _Waiter) -> bool:
-        spec = self._compartments.spec(waiter.compartment)
-        return self._used[waiter.compartment] + waiter.cost > spec.guaranteed(self._limit)
+        return self._used[waiter.compartment] + waiter.cost > self._guaranteed[waiter.compartment]
+
+    def _grant(self, waiter: _Waiter) -> None:
+        self._granted[waiter.ticket] = waiter
+        self._used[waiter.compartment] += waiter.cost
+        self._used_total += waiter.cost
+        self._count[waiter.compartment] += 1
+        self._stats["granted"] += 1
 
     def _pump(self) -> tuple[Granted, ...]:
         """Grant every queue head that fits, oldest first (see the docstring on starvation)."""
         granted: list[Granted] = []
-        while not self._draining and (waiter := self._next_grantable()) is not None:
+        while self._queued_tickets and not self._draining:
+            waiter = self._next_grantable()
+            if waiter is None:
+                break
             self._remove_queued(waiter)
-            self._granted[waiter.ticket] = waiter
-            self._used[waiter.compartment] += waiter.cost
-            self._count[waiter.compartment] += 1
-            self._stats["granted"] += 1
+            self._grant(waiter)
             granted.append(Granted(waiter.ticket, waiter.compartment, waiter.cost))
         return tuple(granted)
 
@@ -315,6 +335,6 @@ class Admission:
             if self._fits(head):
                 if not (blocked and self._borrows(head)):
                     return head
-            elif head.cost <= self._ceiling(head.compartment):
+            elif head.cost <= self._ceiling[head.compartment]:
                 blocked = True  # an older head that can run once room frees: no borrowing past it
         return None

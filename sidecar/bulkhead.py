@@ -11,15 +11,15 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from functools import partial
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import structlog
 
 from sidecar.admission import (
     Admission,
-    CompartmentSnapshot,
+    AdmissionSnapshot,
     Granted,
     Outcome,
     Queued,
@@ -71,51 +71,27 @@ class AdmissionEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class BulkheadSnapshot:
-    """The bulkhead at one moment; counters are cumulative since start."""
+class BulkheadSnapshot(AdmissionSnapshot):
+    """The core's snapshot plus how the bulkhead enforces it; counters are cumulative."""
 
     mode: Mode
     shadow: bool
-    limit: int
     max_in_flight: int | None
-    in_use: int
-    in_use_cost: int
-    queued: int
-    draining: bool
-    compartments: tuple[CompartmentSnapshot, ...]
-    granted: int
-    queued_total: int
-    rejected: dict[str, int]
-    released: dict[str, int]
 
 
+@dataclass(eq=False, slots=True)
 class Permit:
     """A grant held by one request; released exactly once (a second release does nothing)."""
 
-    __slots__ = (
-        "_bulkhead",
-        "_granted_at",
-        "_released",
-        "_ticket",
-        "compartment",
-        "cost",
-        "outcome",
-        "shadow_rejected",
-        "wait_s",
-    )
-
-    def __init__(
-        self, bulkhead: Bulkhead, ticket: int | None, cost: int, compartment: str, wait_s: float
-    ) -> None:
-        self._bulkhead = bulkhead
-        self._ticket = ticket
-        self._granted_at = bulkhead.now()
-        self._released = False
-        self.cost = cost
-        self.compartment = compartment
-        self.wait_s = wait_s
-        self.outcome: Outcome | None = None
-        self.shadow_rejected: RejectReason | None = None
+    cost: int
+    compartment: str
+    wait_s: float
+    _ticket: int | None = field(repr=False)
+    _bulkhead: Bulkhead = field(repr=False)
+    _granted_at: float = field(repr=False)
+    outcome: Outcome | None = None
+    shadow_rejected: RejectReason | None = None
+    _released: bool = field(default=False, repr=False)
 
     def release(self, outcome: Outcome | None = None) -> None:
         """Give the capacity back with ``outcome`` (default: ``self.outcome``, else completed)."""
@@ -173,7 +149,7 @@ class Bulkhead:
         self._idle.set()
 
     @classmethod
-    def from_settings(cls, settings: Settings, *, limit: int, **seams: object) -> Bulkhead:
+    def from_settings(cls, settings: Settings, *, limit: int, **seams: Any) -> Bulkhead:
         """A bulkhead configured by SIDECAR_* settings (ConfigError on a bad compartment spec)."""
         return cls(
             limit=limit,
@@ -183,7 +159,7 @@ class Bulkhead:
             shadow=settings.shadow,
             max_in_flight=settings.max_concurrent_calls,
             compartments=parse_compartments(settings.compartments),
-            **seams,  # type: ignore[arg-type]
+            **seams,
         )
 
     def now(self) -> float:
@@ -216,19 +192,10 @@ class Bulkhead:
         """Current limit, use, queue and cumulative counters."""
         core = self._core.snapshot()
         return BulkheadSnapshot(
+            **{f.name: getattr(core, f.name) for f in fields(core)},
             mode=self._mode,
             shadow=self._shadow,
-            limit=core.limit,
             max_in_flight=self._max_in_flight,
-            in_use=core.in_use,
-            in_use_cost=core.in_use_cost,
-            queued=core.queued,
-            draining=core.draining,
-            compartments=core.compartments,
-            granted=core.granted_total,
-            queued_total=core.queued_total,
-            rejected=core.rejected,
-            released=core.released,
         )
 
     # --- acquiring -------------------------------------------------------------------------------
@@ -299,7 +266,7 @@ class Bulkhead:
     def _permit(self, ticket: int | None, cost: int, compartment: str, wait_s: float) -> Permit:
         self._open += 1
         self._idle.clear()
-        return Permit(self, ticket, cost, compartment, wait_s)
+        return Permit(cost, compartment, wait_s, ticket, self, self._clock())
 
     # --- settling waiters ------------------------------------------------------------------------
 
@@ -371,24 +338,10 @@ class Bulkhead:
             retry = self._hint.retry_after_s(self._core.queued_ahead(compartment), self._clock())
         return AdmissionRejectedError(reason, _MESSAGES[reason], retry)
 
-    def _emit(
-        self,
-        kind: EventKind,
-        compartment: str,
-        cost: int,
-        *,
-        wait_s: float = 0.0,
-        reason: RejectReason | None = None,
-        outcome: Outcome | None = None,
-        held_s: float | None = None,
-        retry_after_s: float | None = None,
-    ) -> None:
+    def _emit(self, kind: EventKind, compartment: str, cost: int, **details: Any) -> None:
         if self.on_event is None:
             return
-        event = AdmissionEvent(
-            kind, compartment, cost, self._shadow, self._core.queued,
-            wait_s, reason, outcome, held_s, retry_after_s,
-        )  # fmt: skip
+        event = AdmissionEvent(kind, compartment, cost, self._shadow, self._core.queued, **details)
         try:
             self.on_event(event)
         except Exception:

@@ -191,6 +191,7 @@ def test_max_in_flight_caps_the_count_in_token_mode() -> None:
 
 COMPARTMENTS = parse_compartments("a=40%:70%,b=30%")
 NAMES = ("a", "b", "default", "unknown")
+MAX_IN_FLIGHT = 5
 
 
 class AdmissionMachine(RuleBasedStateMachine):
@@ -201,7 +202,13 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.core = Admission(limit=6, max_queue=4, compartments=COMPARTMENTS, reject_oversize=True)
+        self.core = Admission(
+            limit=6,
+            max_queue=4,
+            compartments=COMPARTMENTS,
+            reject_oversize=True,
+            max_in_flight=MAX_IN_FLIGHT,
+        )
         self.live: set[int] = set()
         self.pending: dict[str, list[int]] = {n: [] for n in COMPARTMENTS.names}
         self.high_water = 6
@@ -264,6 +271,10 @@ class AdmissionMachine(RuleBasedStateMachine):
         assert self.core.queued <= 4
 
     @invariant()
+    def hard_cap_on_requests_held(self) -> None:
+        assert len(self.live) <= MAX_IN_FLIGHT
+
+    @invariant()
     def every_grant_accounted(self) -> None:
         snap = self.core.snapshot()
         assert snap.granted_total == sum(snap.released.values()) + len(self.live)
@@ -277,7 +288,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         # Only a resize may leave reserves uncovered (running work is never revoked).
         assert intact or not self.reserve_intact, "a grant ate into another compartment's reserve"
         self.reserve_intact = intact
-        if not intact:
+        if not intact or len(self.live) >= MAX_IN_FLIGHT:
             return
         for part in snap.compartments:
             queue = self.pending[part.name]
@@ -290,9 +301,10 @@ class AdmissionMachine(RuleBasedStateMachine):
     @invariant()
     def nobody_waits_while_the_whole_limit_is_free(self) -> None:
         if self.core.in_use_cost == 0 and self.core.queued:
+            ceiling = {c.name: c.ceiling for c in self.core.snapshot().compartments}
             heads = [self.core._queued_tickets[q[0]] for q in self.pending.values() if q]
             for head in heads:
-                assert head.cost > self.core._ceiling(head.compartment)
+                assert head.cost > ceiling[head.compartment], "waits on an idle bulkhead"
 
     def teardown(self) -> None:
         queued = sorted(t for q in self.pending.values() for t in q)

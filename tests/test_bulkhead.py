@@ -175,7 +175,7 @@ async def test_cancel_while_queued_leaves_no_trace() -> None:
     gate.set()
     await holder
     snap = bulkhead.snapshot()
-    assert (snap.in_use, snap.granted, snap.rejected) == (0, 1, {})
+    assert (snap.in_use, snap.granted_total, snap.rejected) == (0, 1, {})
     assert waiter.cancelled()
 
 

@@ -1,0 +1,1 @@
+"""Micro-benchmarks (not tests): ``python -m benchmarks`` runs every ``*_bench.py`` module."""
