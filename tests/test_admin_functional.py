@@ -1,0 +1,137 @@
+"""The admin port over real sockets: /capacity, /metrics, /healthz, /readyz, and what they count."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import aiohttp
+import structlog
+
+from sidecar.logs import configure_logging
+from tests.servers import (
+    OpenAIFactory,
+    StartSidecar,
+    admin_url,
+    error_of,
+    get_json,
+    proxy_url,
+    scrape,
+)
+
+CHAT = {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def test_capacity_shows_the_plan_with_provenance(start_sidecar: StartSidecar) -> None:
+    """/capacity reports permits, use, the KV figures and where every term came from."""
+    server = await start_sidecar()
+    doc = await get_json(f"{admin_url(server)}/capacity")
+    assert doc["permits"] == 2
+    assert (doc["in_use"], doc["queued"], doc["utilisation"]) == (0, 0, 0)
+    assert doc["kv_bytes_per_token"] == 1024
+    assert doc["kv_pool_bytes"] == 262_144
+    assert doc["request_max_bytes"] == 128 * 1024
+    assert (doc["source"], doc["stale"]) == ("static", False)
+    terms = doc["capacity"]["plan"]["terms"]  # type: ignore[index]
+    assert terms, "every term of the formula is listed"
+    assert all(term["source"] in {"declared", "measured", "engine", "derived"} for term in terms)
+
+
+async def test_metrics_expose_the_required_series(start_sidecar: StartSidecar) -> None:
+    """/metrics parses with the Prometheus parser and carries the series autoscalers read."""
+    server = await start_sidecar()
+    metrics = await scrape(f"{admin_url(server)}/metrics")
+    assert metrics["sidecar_permits_limit"] == 2
+    assert metrics["sidecar_permits_in_use"] == 0
+    assert metrics["sidecar_permit_utilisation"] == 0
+    assert metrics["sidecar_queue_depth"] == 0
+    assert metrics["sidecar_kv_pool_bytes"] == 262_144
+    assert metrics["sidecar_capacity_stale"] == 0
+    assert "sidecar_queue_wait_seconds_count" in metrics
+    assert metrics["sidecar_requests_total{outcome=completed}"] == 0
+
+
+async def test_requests_are_counted_by_outcome(
+    start_sidecar: StartSidecar, openai_client: OpenAIFactory
+) -> None:
+    """A completed request and an invalid one are each counted under their outcome."""
+    server = await start_sidecar()
+    await openai_client(proxy_url(server)).completions.create(
+        model="tiny-llama", prompt="hi", max_tokens=2
+    )
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{proxy_url(server)}/v1/completions", data=b"{oops") as response,
+    ):
+        assert response.status == 400
+    metrics = await scrape(f"{admin_url(server)}/metrics")
+    assert metrics["sidecar_requests_total{outcome=completed}"] == 1
+    assert metrics["sidecar_requests_total{outcome=invalid}"] == 1
+    assert metrics["sidecar_request_duration_seconds_count"] == 2
+
+
+async def test_bad_input_never_reaches_the_engine(start_sidecar: StartSidecar, engine: str) -> None:
+    """Invalid bodies are answered at the sidecar: 400/413, OpenAI-shaped, engine untouched."""
+    server = await start_sidecar(SIDECAR_MAX_BODY_BYTES="2KiB")
+    cases = [
+        (b"{not json", 400, "invalid_json"),
+        (b'{"model": "m", "prompt": "x", "max_tokens": 29}', 400, "max_tokens_over_budget"),
+        (b'{"model": "m", "prompt": "x", "max_tokens": -1}', 400, "invalid_value"),
+        (b'{"model": "m", "prompt": "x", "stream": "yes"}', 400, "invalid_type"),
+        (b'{"model": "m", "prompt": "' + b"x" * 4096 + b'"}', 413, "body_too_large"),
+    ]
+    async with aiohttp.ClientSession() as session:
+        for body, status, code in cases:
+            async with session.post(
+                f"{proxy_url(server)}/v1/completions",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            ) as response:
+                assert response.status == status, body[:40]
+                assert error_of(await response.read())["code"] == code, body[:60]
+    engine_metrics = await scrape(f"{engine}/metrics")
+    assert engine_metrics["vllm:prompt_tokens_total{engine=0,model_name=tiny-llama}"] == 0
+
+
+async def test_readiness_fails_while_draining(start_sidecar: StartSidecar) -> None:
+    """Draining fails /readyz at once and turns new requests away with 503."""
+    server = await start_sidecar()
+    assert (await get_json(f"{admin_url(server)}/readyz"))["ready"] is True
+    assert await server.drain(grace_s=1.0)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{admin_url(server)}/readyz") as response:
+            assert response.status == 503
+        async with session.post(f"{proxy_url(server)}/v1/chat/completions", json=CHAT) as response:
+            assert response.status == 503
+            assert error_of(await response.read())["code"] == "draining"
+            assert int(response.headers["Retry-After"]) >= 1
+
+
+async def test_healthz_is_ok_while_the_loop_runs(start_sidecar: StartSidecar) -> None:
+    """/healthz answers 200 while the capacity loop is alive."""
+    server = await start_sidecar()
+    assert (await get_json(f"{admin_url(server)}/healthz"))["status"] == "ok"
+
+
+async def test_logs_carry_decisions_but_never_the_api_key(
+    start_sidecar: StartSidecar, openai_client: OpenAIFactory
+) -> None:
+    """One event per decision and per finished request, with request id and hashed tenant."""
+    server = await start_sidecar()
+    written = io.StringIO()
+    configure_logging("info", stream=written)
+    try:
+        await openai_client(proxy_url(server)).completions.create(
+            model="tiny-llama", prompt="hi", max_tokens=2
+        )
+    finally:
+        structlog.reset_defaults()
+    events = [json.loads(line) for line in written.getvalue().splitlines()]
+    names = [event["event"] for event in events]
+    assert "admission_granted" in names
+    assert "request_finished" in names
+    finished = next(event for event in events if event["event"] == "request_finished")
+    assert finished["outcome"] == "completed"
+    assert finished["request_id"]
+    assert finished["tenant"].startswith("key-")
+    assert "sk-test-secret" not in written.getvalue()

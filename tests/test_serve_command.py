@@ -1,0 +1,114 @@
+"""`sidecar serve` as a process: bad settings fail fast by name; SIGTERM drains, exits 0."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from emulator.app import build_app
+from emulator.config import EmulatorConfig
+from tests.servers import BASE_ENV, until
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def serve(env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "sidecar", "serve"],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        pytest.param("SIDECAR_PORT", "eighty", id="port-not-a-number"),
+        pytest.param("SIDECAR_SAFETY_FACTOR", "1.5", id="alpha-above-one"),
+        pytest.param("SIDECAR_VRAM_TOTAL", "lots", id="size-unparseable"),
+        pytest.param("SIDECAR_REJECT_MODE", "smoke", id="unknown-mode"),
+        pytest.param("SIDECAR_MAX_WAIT_MS", "-1", id="negative-wait"),
+        pytest.param("SIDECAR_PROT", "8080", id="typo-in-name"),
+    ],
+)
+def test_bad_setting_fails_fast_naming_it(setting: str, value: str) -> None:
+    """A bad setting stops start-up with exit 2 and one line naming it, never a traceback."""
+    process = serve({**BASE_ENV, setting: value})
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 2
+    assert setting in stderr
+    assert "Traceback" not in stderr
+    assert len(stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture
+async def slow_engine() -> AsyncIterator[str]:
+    """An emulated engine at 20 tokens/s, so a stream is still running when SIGTERM arrives."""
+    config = EmulatorConfig(model_name="tiny-llama", tokens_per_s=20)
+    runner = web.AppRunner(build_app(config))
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    await runner.cleanup()
+
+
+async def test_sigterm_drains_in_flight_streams_then_exits_zero(slow_engine: str) -> None:
+    """On SIGTERM readiness fails at once, new requests get 503, the running stream finishes."""
+    proxy, admin = free_port(), free_port()
+    env = {
+        **BASE_ENV,
+        "SIDECAR_UPSTREAM_URL": slow_engine,
+        "SIDECAR_PORT": str(proxy),
+        "SIDECAR_ADMIN_PORT": str(admin),
+        "SIDECAR_DRAIN_GRACE_S": "20",
+    }
+    process = serve(env)
+    try:
+        async with aiohttp.ClientSession() as session:
+            assert await until(
+                lambda: _status(session, f"http://127.0.0.1:{admin}/readyz", 200), 20
+            )
+            body = {"model": "tiny-llama", "prompt": "hi", "max_tokens": 10, "stream": True}
+            async with session.post(
+                f"http://127.0.0.1:{proxy}/v1/completions", json=body
+            ) as stream:
+                first = await stream.content.readuntil(b"\n\n")
+                process.send_signal(signal.SIGTERM)
+                assert await until(
+                    lambda: _status(session, f"http://127.0.0.1:{admin}/readyz", 503)
+                )
+                async with session.post(
+                    f"http://127.0.0.1:{proxy}/v1/completions", json={**body, "stream": False}
+                ) as refused:
+                    assert refused.status == 503
+                rest = await stream.read()
+        assert first.startswith(b"data: ")
+        assert rest.rstrip().endswith(b"data: [DONE]")
+        assert await asyncio.to_thread(process.wait, 20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
+
+
+async def _status(session: aiohttp.ClientSession, url: str, expected: int) -> bool:
+    try:
+        async with session.get(url) as response:
+            return response.status == expected
+    except aiohttp.ClientError:
+        return False
