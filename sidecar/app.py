@@ -62,9 +62,12 @@ class SidecarServer:
         return plan.permits if plan is not None else 0
 
     def _on_event(self, event: AdmissionEvent) -> None:
-        if event.kind in ("granted", "timed_out") and event.wait_s > 0:
+        """Bulkhead decisions -> metrics; the proxy logs them, in each request's own context."""
+        if event.kind == "granted":
             self.metrics.waited(event.wait_s)
-        if event.shadow and event.reason is not None:
+        elif event.kind == "rejected" and event.reason == "timeout":
+            self.metrics.waited(self.settings.max_wait_ms / 1000)
+        if event.kind == "rejected" and event.shadow and event.reason is not None:
             self.metrics.shadow_rejected(event.reason)
 
     def _price(self, request: CheckedRequest) -> int:
