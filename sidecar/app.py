@@ -82,7 +82,12 @@ class SidecarServer:
     def _proxy(self) -> Proxy:
         s = self.settings
         config = ProxyConfig(
-            budget=Budget(s.max_prompt_tokens, s.max_completion_tokens, s.over_budget),
+            budget=Budget(
+                s.max_prompt_tokens,
+                s.max_completion_tokens,
+                s.over_budget,
+                s.prompt_bytes_per_token,
+            ),
             reject_mode=s.reject_mode,
             max_body_bytes=int(s.max_body_bytes),
             price=self._price,

@@ -67,6 +67,7 @@ class Settings(BaseSettings):
     shadow: bool = False
     max_concurrent_calls: PositiveInt | None = None
     over_budget: Literal["reject", "clamp"] = "reject"
+    prompt_bytes_per_token: Annotated[float, Field(gt=0)] = 4.0
     reject_mode: Literal["sse", "http"] = "sse"
     compartments: str | None = None
     compartment_by: Literal["tenant", "priority"] = "tenant"
