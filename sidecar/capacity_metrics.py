@@ -99,7 +99,7 @@ def capacity_json(state: CapacityState, requested: str, now: float) -> dict[str,
     plan = state.plan.to_dict() if state.plan else None
     if plan is not None:
         for term in plan["terms"]:
-            seen = term["observed_at"]
+            seen = term.pop("observed_at")  # monotonic seconds: only the age means anything
             term["age_s"] = None if seen is None else round(max(0.0, now - seen), 3)
     readings = state.readings
     return {
