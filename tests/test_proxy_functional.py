@@ -286,3 +286,72 @@ async def test_other_paths_pass_through_without_a_permit(
         assert [m.id for m in models.data] == ["tiny-llama"]
         for r in held:
             r.close()
+
+
+async def test_token_mode_admits_short_requests_beyond_the_count_limit(
+    start_sidecar: StartSidecar,
+) -> None:
+    """Token-weighted admission prices each request's own tokens: short streams fit 2x and more."""
+    server = await start_sidecar(SIDECAR_ADMISSION="tokens")
+    short = {**CHAT, "stream": True, "max_tokens": 4}
+    async with aiohttp.ClientSession() as session:
+        held = []
+        for _ in range(4):
+            response = await session.post(
+                f"{proxy_url(server)}/v1/chat/completions", json=short, headers=STALL
+            )
+            assert response.content_type == "text/event-stream"
+            first = await response.content.readuntil(b"\n\n")
+            assert b"fallback" not in first
+            held.append(response)
+        doc = await get_json(f"{admin_url(server)}/capacity")
+        assert doc["in_use"] == 4
+        # "hello there": 11 bytes = 3 tokens, + 4 of chat template, + max_tokens 4 = 11 tokens each
+        assert doc["in_use_cost"] == 4 * 11 * 1024
+        for response in held:
+            response.close()
+
+
+async def test_token_mode_rejects_a_request_larger_than_the_pool(
+    start_sidecar: StartSidecar,
+) -> None:
+    """A request whose worst case exceeds the whole pool is refused at once as too_large."""
+    server = await start_sidecar(SIDECAR_ADMISSION="tokens")
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{proxy_url(server)}/v1/completions",
+            json={"model": "tiny-llama", "prompt": "x" * 400, "n": 3},  # 3 x 128 tokens > 256
+        ) as response,
+    ):
+        assert response.status == 429
+        assert error_of(await response.read())["code"] == "too_large"
+
+
+async def test_shadow_mode_lets_everything_through_but_counts(start_sidecar: StartSidecar) -> None:
+    """In shadow mode a request over the limit still runs; the would-be rejection is counted."""
+    server = await start_sidecar(SIDECAR_SHADOW="true")
+    async with aiohttp.ClientSession() as session:
+        held = [await hold_stream(session, proxy_url(server)) for _ in range(3)]
+        metrics = await scrape(f"{admin_url(server)}/metrics")
+        for response in held:
+            response.close()
+    assert metrics["sidecar_shadow_rejections_total{reason=queue_full}"] == 1
+    assert metrics["sidecar_shadow_mode"] == 1
+
+
+async def test_tenant_header_selects_its_compartment(start_sidecar: StartSidecar) -> None:
+    """A request carrying x-tenant-id runs in that tenant's compartment."""
+    server = await start_sidecar(SIDECAR_COMPARTMENTS="gold=50%")
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(
+            f"{proxy_url(server)}/v1/chat/completions",
+            json={**CHAT, "stream": True},
+            headers={**STALL, "x-tenant-id": "gold"},
+        )
+        await response.content.readuntil(b"\n\n")
+        doc = await get_json(f"{admin_url(server)}/capacity")
+        response.close()
+    parts = {part["name"]: part for part in doc["compartments"]}  # type: ignore[union-attr]
+    assert parts["gold"]["in_use"] == 1
+    assert parts["default"]["in_use"] == 0
