@@ -92,9 +92,10 @@ async def _admit_and_forward(
 ) -> web.StreamResponse:
     compartment = proxy.config.compartment_of(request.headers)
     cost = proxy.config.price(checked)
-    outcome = "error"
+    outcome, queue_wait = "error", 0.0
     try:
         async with proxy.bulkhead.admit(cost=cost, compartment=compartment) as permit:
+            queue_wait = permit.wait_s
             _log_grant(permit, checked)
             response, outcome = await _forward(request, proxy, checked, permit, request_id)
             return response
@@ -119,6 +120,7 @@ async def _admit_and_forward(
             "request_finished",
             outcome=outcome,
             duration_s=round(duration, 4),
+            queue_wait_s=round(queue_wait, 4),
             prompt_tokens_est=checked.prompt_tokens,
             max_tokens=checked.completion_tokens,
         )
