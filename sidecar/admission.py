@@ -3,10 +3,16 @@
 Every call returns what happened as frozen values; the asyncio layer (``bulkhead``) turns them into
 woken waiters and timers. Costs are permits (count mode: 1 each) or bytes (token mode).
 
+Compartments borrow: capacity another compartment leaves idle, its reserve included, may be used
+up to the borrower's cap. Nothing is revoked, so borrowed capacity comes back as that work ends;
+meanwhile no new borrowing is granted while any other compartment has a request waiting within
+its own guarantee, so the owner is the next to be served.
+
 Starvation: queues are strict FIFO per compartment, so a large request at the head of a queue is
 never overtaken inside its compartment. Across compartments, once an older head is waiting for
-room, no later request may *borrow* beyond its own guarantee; borrowed capacity therefore drains
-back as running work ends and the waiting head is granted as soon as it fits.
+room, no later request may *borrow*; borrowed capacity drains back as running work ends, and the
+waiting head is granted once it fits. Only other compartments' own guarantees can still pass it,
+and those are bounded, so a head that fits within its own guarantee is never starved.
 """
 
 from __future__ import annotations
@@ -231,7 +237,7 @@ class Admission:
             CompartmentSnapshot(
                 name=spec.name,
                 guaranteed=self._guaranteed[spec.name],
-                ceiling=self._ceiling[spec.name],
+                ceiling=self._cap[spec.name],
                 in_use=self._count[spec.name],
                 in_use_cost=self._used[spec.name],
                 queued=len(self._queues[spec.name]),
@@ -258,18 +264,12 @@ class Admission:
         self._limit = limit
         specs = self._compartments.specs
         self._guaranteed = {spec.name: spec.guaranteed(limit) for spec in specs}
-        self._cap = {spec.name: spec.ceiling(limit) for spec in specs}
-        reserved = sum(self._guaranteed.values())
-        # The most a compartment can ever hold: its cap, and never the others' reserves.
-        self._ceiling = {
-            name: min(self._cap[name], limit - reserved + self._guaranteed[name])
-            for name in self._cap
-        }
+        self._cap = {spec.name: min(spec.ceiling(limit), limit) for spec in specs}
 
     def _refusal(self, cost: int, name: str) -> RejectReason | None:
         if self._draining:
             return "draining"
-        if cost <= self._ceiling[name]:
+        if cost <= self._cap[name]:
             return None
         if self._reject_oversize and self._limit > 0:
             return "too_large"
@@ -288,26 +288,16 @@ class Admission:
         self._queues[waiter.compartment].remove(waiter)
         del self._queued_tickets[waiter.ticket]
 
-    def _unused_reserve(self, excluding: str) -> int:
-        if len(self._guaranteed) == 1:
-            return 0  # one compartment: nobody else to keep room for
-        return sum(
-            max(reserve - self._used[name], 0)
-            for name, reserve in self._guaranteed.items()
-            if name != excluding
-        )
-
     def _fits(self, waiter: _Waiter) -> bool:
         name, cost = waiter.compartment, waiter.cost
         if self._max_in_flight is not None and len(self._granted) >= self._max_in_flight:
             return False
-        if self._used[name] + cost > self._cap[name]:
-            return False
-        free_after = self._limit - self._used_total - cost
-        return free_after >= 0 and free_after >= self._unused_reserve(excluding=name)
+        return self._used[name] + cost <= self._cap[name] and (
+            self._used_total + cost <= self._limit
+        )
 
-    def _borrows(self, waiter: _Waiter) -> bool:
-        return self._used[waiter.compartment] + waiter.cost > self._guaranteed[waiter.compartment]
+    def _within_guarantee(self, waiter: _Waiter) -> bool:
+        return self._used[waiter.compartment] + waiter.cost <= self._guaranteed[waiter.compartment]
 
     def _grant(self, waiter: _Waiter) -> None:
         self._granted[waiter.ticket] = waiter
@@ -330,11 +320,15 @@ class Admission:
 
     def _next_grantable(self) -> _Waiter | None:
         heads = sorted((q[0] for q in self._queues.values() if q), key=lambda w: w.ticket)
+        owners = {h.compartment for h in heads if self._within_guarantee(h)}
         blocked = False
         for head in heads:
             if self._fits(head):
-                if not (blocked and self._borrows(head)):
+                if head.compartment in owners:
                     return head
-            elif head.cost <= self._ceiling[head.compartment]:
+                # A borrower: not past an older waiting head, nor while an owner waits.
+                if not blocked and not owners:
+                    return head
+            elif head.cost <= self._cap[head.compartment]:
                 blocked = True  # an older head that can run once room frees: no borrowing past it
         return None

@@ -113,16 +113,16 @@ def test_large_head_is_not_overtaken_by_small_ones() -> None:
 
 
 def test_borrowing_stops_behind_an_older_waiting_head() -> None:
-    """b may not borrow past a's older waiting request, so borrowed room drains back to a."""
-    comps = parse_compartments("a=30%,b=30%,default=10%")  # 3 + 3 + 1 reserved, 3 to borrow
+    """A later borrower may not pass an older waiting head, so room drains back to it."""
+    comps = parse_compartments("a=50%,b=50%")  # default: 0%, everything it uses is borrowed
     core = Admission(limit=10, max_queue=10, compartments=comps, reject_oversize=True)
-    b_running = _ticket(core.request(5, "b"))  # 3 of its own + 2 borrowed
-    a_big = core.request(6, "a")  # 3 of its own + the 3 borrowable: must wait for b
-    b_more = core.request(1, "b")  # would fit by borrowing, but a waits first
-    assert isinstance(a_big, Queued)
-    assert isinstance(b_more, Queued)
-    woken = core.release(b_running, "completed")
-    assert [g.ticket for g in woken] == [a_big.ticket, b_more.ticket]
+    a_running = _ticket(core.request(3, "a"))
+    b_big = core.request(8, "b")  # 5 of its own + 3 borrowed: waits for a
+    small = core.request(1, "default")  # would fit now, but b's request is older
+    assert isinstance(b_big, Queued)
+    assert isinstance(small, Queued)
+    woken = core.release(a_running, "completed")
+    assert [g.ticket for g in woken] == [b_big.ticket, small.ticket]
 
 
 def test_compartment_at_its_cap_queues_without_touching_others_reserve() -> None:
@@ -136,15 +136,28 @@ def test_compartment_at_its_cap_queues_without_touching_others_reserve() -> None
 
 
 def test_borrowed_capacity_is_given_back_to_the_owner() -> None:
-    """Tenant a borrows the idle default share; as its work ends, default's waiter gets it."""
+    """a may borrow default's idle share; once default waits, freed room goes to default first."""
     core = Admission(limit=4, max_queue=10, compartments=parse_compartments("a=50%"))
-    a_tickets = [_ticket(core.request(1, "a")) for _ in range(2)]
-    extra = core.request(1, "a")
-    assert isinstance(extra, Queued), "default's reserve of 2 is not a's to take"
-    d1 = core.request(1, "stranger")  # unknown key -> default
-    assert isinstance(d1, Granted)
-    assert d1.compartment == "default"
-    assert [g.ticket for g in core.release(a_tickets[0], "completed")] == [extra.ticket]
+    a_tickets = [_ticket(core.request(1, "a")) for _ in range(4)]  # 2 own + 2 borrowed
+    a_more = core.request(1, "a")
+    owner = core.request(1, "stranger")  # unknown key -> default, within its 50%
+    assert isinstance(a_more, Queued)
+    assert isinstance(owner, Queued)
+    assert owner.compartment == "default"
+    assert [g.ticket for g in core.release(a_tickets[0], "completed")] == [owner.ticket]
+    assert [g.ticket for g in core.release(a_tickets[1], "completed")] == [a_more.ticket]
+
+
+def test_owner_within_guarantee_is_not_refused_while_others_borrowed() -> None:
+    """A compartment within its guarantee waits only for borrowed work to end, never times out
+    behind later borrowers: no one else is granted before it."""
+    core = Admission(limit=2, max_queue=10, compartments=parse_compartments("gold=50%"))
+    borrowed = [_ticket(core.request(1, "default")) for _ in range(2)]
+    gold = core.request(1, "gold")
+    later = core.request(1, "default")
+    assert isinstance(gold, Queued)
+    assert [g.ticket for g in core.release(borrowed[1], "completed")] == [gold.ticket]
+    assert isinstance(later, Queued)
 
 
 def test_cancel_while_queued_leaves_no_trace() -> None:
@@ -195,9 +208,12 @@ MAX_IN_FLIGHT = 5
 
 
 class AdmissionMachine(RuleBasedStateMachine):
-    """Random requests, releases, withdrawals and resizes against the invariants of the brief."""
+    """Random requests, releases, withdrawals and resizes against the invariants of the brief.
 
-    granted = Bundle("granted")
+    The machine keeps its own model (who waits where, who holds what) and checks every grant the
+    core reports against it.
+    """
+
     waiting = Bundle("waiting")
 
     def __init__(self) -> None:
@@ -210,37 +226,66 @@ class AdmissionMachine(RuleBasedStateMachine):
             max_in_flight=MAX_IN_FLIGHT,
         )
         self.live: set[int] = set()
+        self.cost: dict[int, tuple[str, int]] = {}
+        self.used: dict[str, int] = dict.fromkeys(COMPARTMENTS.names, 0)
         self.pending: dict[str, list[int]] = {n: [] for n in COMPARTMENTS.names}
         self.high_water = 6
-        self.reserve_intact = True
+
+    def _guaranteed(self) -> dict[str, int]:
+        return {spec.name: spec.guaranteed(self.core.limit) for spec in COMPARTMENTS.specs}
+
+    def _owners_waiting(self, besides: str) -> list[str]:
+        """Compartments other than ``besides`` whose first waiter fits within their guarantee."""
+        guaranteed = self._guaranteed()
+        return [
+            name
+            for name, queue in self.pending.items()
+            if queue and name != besides
+            if self.used[name] + self.cost[queue[0]][1] <= guaranteed[name]
+        ]
+
+    def _take(self, ticket: int, name: str, cost: int) -> None:
+        if self.used[name] + cost > self._guaranteed()[name]:
+            assert not self._owners_waiting(name), "borrowed while an owner waits for its share"
+            caps = {c.name: c.ceiling for c in self.core.snapshot().compartments}
+            older = [
+                q[0]
+                for n, q in self.pending.items()
+                if q and q[0] < ticket and self.cost[q[0]][1] <= caps[n]
+            ]
+            assert not older, "a borrower passed an older waiting request (starvation)"
+        self.used[name] += cost
+        self.live.add(ticket)
+        assert sum(self.used.values()) <= self.core.limit, "a grant went over the limit"
 
     def _granted(self, grants: tuple[Granted, ...]) -> None:
-        if grants:
-            assert self.core.in_use_cost <= self.core.limit, "a grant went over the limit"
         for grant in grants:
             queue = self.pending[grant.compartment]
             assert queue, "granted a ticket that was not waiting"
             assert queue[0] == grant.ticket, "FIFO broken within a compartment"
             queue.pop(0)
-            assert grant.ticket not in self.live
-            self.live.add(grant.ticket)
+            self._take(grant.ticket, grant.compartment, grant.cost)
 
     @rule(target=waiting, cost=st.integers(1, 4), name=st.sampled_from(NAMES))
     def request(self, cost: int, name: str) -> int:
         decision = self.core.request(cost, name)
+        if isinstance(decision, Rejected):
+            return -1
+        self.cost[decision.ticket] = (decision.compartment, cost)
         if isinstance(decision, Granted):
             assert not self.pending[decision.compartment], "overtook a waiter of its compartment"
-            self.live.add(decision.ticket)
-            assert self.core.in_use_cost <= self.core.limit
-        elif isinstance(decision, Queued):
+            self._take(decision.ticket, decision.compartment, cost)
+        else:
             self.pending[decision.compartment].append(decision.ticket)
-        return decision.ticket if not isinstance(decision, Rejected) else -1
+        return decision.ticket
 
     @precondition(lambda self: bool(self.live))
     @rule(data=st.data(), outcome=st.sampled_from(["completed", "cancelled", "failed"]))
     def release(self, data: st.DataObject, outcome: str) -> None:
         ticket = data.draw(st.sampled_from(sorted(self.live)))
         self.live.remove(ticket)
+        name, cost = self.cost[ticket]
+        self.used[name] -= cost
         self._granted(self.core.release(ticket, outcome))  # type: ignore[arg-type]
         with pytest.raises(UnknownTicketError):
             self.core.release(ticket, "completed")
@@ -248,27 +293,27 @@ class AdmissionMachine(RuleBasedStateMachine):
     @rule(ticket=consumes(waiting), reason=st.sampled_from(["timeout", "cancelled"]))
     def withdraw(self, ticket: int, reason: str) -> None:
         was_pending = any(ticket in q for q in self.pending.values())
-        withdrawal = self.core.withdraw(ticket, reason)  # type: ignore[arg-type]
-        assert withdrawal.removed == was_pending, "withdraw disagrees with who is queued"
         for queue in self.pending.values():
             if ticket in queue:
                 queue.remove(ticket)
+        withdrawal = self.core.withdraw(ticket, reason)  # type: ignore[arg-type]
+        assert withdrawal.removed == was_pending, "withdraw disagrees with who is queued"
         self._granted(withdrawal.granted)
 
     @rule(limit=st.integers(0, 12))
     def resize(self, limit: int) -> None:
         self._granted(self.core.resize(limit))
-        self.reserve_intact = False
         self.high_water = max(limit, self.core.in_use_cost)
 
     @invariant()
     def in_flight_within_limit_except_after_a_shrink(self) -> None:
+        assert self.core.in_use_cost == sum(self.used.values())
         assert self.core.in_use_cost <= max(self.core.limit, self.high_water)
         self.high_water = max(self.core.limit, self.core.in_use_cost)
 
     @invariant()
     def queue_bounded(self) -> None:
-        assert self.core.queued <= 4
+        assert self.core.queued == sum(len(q) for q in self.pending.values()) <= 4
 
     @invariant()
     def hard_cap_on_requests_held(self) -> None:
@@ -281,30 +326,21 @@ class AdmissionMachine(RuleBasedStateMachine):
         assert snap.in_use == len(self.live)
 
     @invariant()
-    def compartment_guarantees_held(self) -> None:
-        snap = self.core.snapshot()
-        reserve = sum(max(c.guaranteed - c.in_use_cost, 0) for c in snap.compartments)
-        intact = snap.limit - snap.in_use_cost >= reserve
-        # Only a resize may leave reserves uncovered (running work is never revoked).
-        assert intact or not self.reserve_intact, "a grant ate into another compartment's reserve"
-        self.reserve_intact = intact
-        if not intact or len(self.live) >= MAX_IN_FLIGHT:
+    def nobody_waits_while_capacity_is_free(self) -> None:
+        """The oldest waiter, and any waiter within its guarantee, waits only for real reasons."""
+        if len(self.live) >= MAX_IN_FLIGHT:
             return
-        for part in snap.compartments:
-            queue = self.pending[part.name]
-            if queue:
-                head_cost = self.core._queued_tickets[queue[0]].cost
-                assert part.in_use_cost + head_cost > part.guaranteed, (
-                    f"{part.name} waits although its guarantee has room"
-                )
-
-    @invariant()
-    def nobody_waits_while_the_whole_limit_is_free(self) -> None:
-        if self.core.in_use_cost == 0 and self.core.queued:
-            ceiling = {c.name: c.ceiling for c in self.core.snapshot().compartments}
-            heads = [self.core._queued_tickets[q[0]] for q in self.pending.values() if q]
-            for head in heads:
-                assert head.cost > ceiling[head.compartment], "waits on an idle bulkhead"
+        caps = {c.name: c.ceiling for c in self.core.snapshot().compartments}
+        free = self.core.limit - sum(self.used.values())
+        heads = sorted(q[0] for q in self.pending.values() if q)
+        owners = self._owners_waiting(besides="")
+        for position, ticket in enumerate(heads):
+            name, cost = self.cost[ticket]
+            fits = cost <= free and self.used[name] + cost <= caps[name]
+            if name in owners:
+                assert not fits, f"{name} waits within its guarantee while room is free"
+            elif position == 0:
+                assert not fits or owners, "the oldest waiter waits while room is free"
 
     def teardown(self) -> None:
         queued = sorted(t for q in self.pending.values() for t in q)
