@@ -319,6 +319,9 @@ class Admission:
         return tuple(granted)
 
     def _next_grantable(self) -> _Waiter | None:
+        if len(self._queues) == 1:  # no compartments: plain FIFO
+            head = self._queues[DEFAULT][0]
+            return head if self._fits(head) else None
         heads = sorted((q[0] for q in self._queues.values() if q), key=lambda w: w.ticket)
         owners = {h.compartment for h in heads if self._within_guarantee(h)}
         blocked = False

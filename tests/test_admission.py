@@ -15,7 +15,7 @@ from hypothesis.stateful import (
 )
 
 from sidecar.admission import Admission, Granted, Queued, Rejected, UnknownTicketError
-from sidecar.compartments import parse_compartments
+from sidecar.compartments import Compartments, parse_compartments
 
 
 def _ticket(decision: object) -> int:
@@ -215,24 +215,25 @@ class AdmissionMachine(RuleBasedStateMachine):
     """
 
     waiting = Bundle("waiting")
+    spec = COMPARTMENTS
 
     def __init__(self) -> None:
         super().__init__()
         self.core = Admission(
             limit=6,
             max_queue=4,
-            compartments=COMPARTMENTS,
+            compartments=self.spec,
             reject_oversize=True,
             max_in_flight=MAX_IN_FLIGHT,
         )
         self.live: set[int] = set()
         self.cost: dict[int, tuple[str, int]] = {}
-        self.used: dict[str, int] = dict.fromkeys(COMPARTMENTS.names, 0)
-        self.pending: dict[str, list[int]] = {n: [] for n in COMPARTMENTS.names}
+        self.used: dict[str, int] = dict.fromkeys(self.spec.names, 0)
+        self.pending: dict[str, list[int]] = {n: [] for n in self.spec.names}
         self.high_water = 6
 
     def _guaranteed(self) -> dict[str, int]:
-        return {spec.name: spec.guaranteed(self.core.limit) for spec in COMPARTMENTS.specs}
+        return {spec.name: spec.guaranteed(self.core.limit) for spec in self.spec.specs}
 
     def _owners_waiting(self, besides: str) -> list[str]:
         """Compartments other than ``besides`` whose first waiter fits within their guarantee."""
@@ -350,7 +351,17 @@ class AdmissionMachine(RuleBasedStateMachine):
         assert self.core.in_use_cost == 0
 
 
+class PlainAdmissionMachine(AdmissionMachine):
+    """The same invariants without compartments (the plain FIFO path)."""
+
+    spec = Compartments()
+
+
 AdmissionMachine.TestCase.settings = settings(
     max_examples=100, stateful_step_count=30, deadline=None
 )
+PlainAdmissionMachine.TestCase.settings = settings(
+    max_examples=50, stateful_step_count=30, deadline=None
+)
 TestAdmissionMachine = AdmissionMachine.TestCase
+TestPlainAdmissionMachine = PlainAdmissionMachine.TestCase
