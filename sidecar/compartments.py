@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 
 from sidecar.errors import ConfigError
 
@@ -19,13 +20,22 @@ DEFAULT = "default"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
+def _exact(value: Fraction | float) -> Fraction:
+    return Fraction(str(value)) if isinstance(value, float) else Fraction(value)
+
+
 @dataclass(frozen=True, slots=True)
 class CompartmentSpec:
     """One compartment: its guaranteed fraction of the limit and the fraction it may reach."""
 
     name: str
-    share: float
-    cap: float = 1.0
+    share: Fraction | float
+    cap: Fraction | float = 1
+
+    def __post_init__(self) -> None:
+        # Exact fractions: 29% of 100 permits is 29, not floor(28.999999999999996).
+        object.__setattr__(self, "share", _exact(self.share))
+        object.__setattr__(self, "cap", _exact(self.cap))
 
     def guaranteed(self, limit: int) -> int:
         """Units of ``limit`` reserved for this compartment (rounded down, never over the limit)."""
@@ -40,7 +50,7 @@ class CompartmentSpec:
 class Compartments:
     """The set of compartments; always holds ``default``, shares sum to at most 1."""
 
-    specs: tuple[CompartmentSpec, ...] = (CompartmentSpec(DEFAULT, 1.0),)
+    specs: tuple[CompartmentSpec, ...] = (CompartmentSpec(DEFAULT, 1),)
 
     def __post_init__(self) -> None:
         names = [spec.name for spec in self.specs]
@@ -48,7 +58,7 @@ class Compartments:
             raise ConfigError(f"compartments must include {DEFAULT!r}")
         if len(set(names)) != len(names):
             raise ConfigError(f"compartment named twice in {names}")
-        if sum(spec.share for spec in self.specs) > 1.0 + 1e-9:
+        if sum(Fraction(spec.share) for spec in self.specs) > 1:
             raise ConfigError("compartment shares add up to more than 100%")
 
     @property
@@ -76,11 +86,13 @@ def parse_compartments(text: str | None) -> Compartments:
     if text is None or not text.strip():
         return Compartments()
     specs = [_parse_entry(part.strip()) for part in text.split(",") if part.strip()]
-    given = sum(spec.share for spec in specs)
-    if given > 1.0 + 1e-9:
-        raise ConfigError(f"compartment shares add up to {given:.0%}, more than 100%: {text!r}")
+    given = sum(Fraction(spec.share) for spec in specs)
+    if given > 1:
+        raise ConfigError(
+            f"compartment shares add up to {float(given):.0%}, more than 100%: {text!r}"
+        )
     if DEFAULT not in {spec.name for spec in specs}:
-        specs.append(CompartmentSpec(DEFAULT, max(0.0, 1.0 - given)))
+        specs.append(CompartmentSpec(DEFAULT, 1 - given))
     return Compartments(tuple(specs))
 
 
@@ -91,17 +103,19 @@ def _parse_entry(entry: str) -> CompartmentSpec:
         raise ConfigError(f"compartment entry {entry!r}: expected name=share[:cap], e.g. gold=50%")
     share_text, _, cap_text = value.partition(":")
     share = _fraction(share_text, entry)
-    cap = _fraction(cap_text, entry) if cap_text.strip() else 1.0
+    cap = _fraction(cap_text, entry) if cap_text.strip() else Fraction(1)
     if cap < share:
-        raise ConfigError(f"compartment entry {entry!r}: cap {cap:.0%} is below share {share:.0%}")
+        raise ConfigError(
+            f"compartment entry {entry!r}: cap {float(cap):.0%} is below share {float(share):.0%}"
+        )
     return CompartmentSpec(name, share, cap)
 
 
-def _fraction(text: str, entry: str) -> float:
+def _fraction(text: str, entry: str) -> Fraction:
     raw = text.strip()
     try:
-        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
-    except ValueError:
+        value = Fraction(raw[:-1].strip()) / 100 if raw.endswith("%") else Fraction(raw)
+    except (ValueError, ZeroDivisionError):
         raise ConfigError(f"compartment entry {entry!r}: {raw!r} is not a fraction") from None
     if not 0.0 <= value <= 1.0:
         raise ConfigError(f"compartment entry {entry!r}: {raw!r} is outside 0..1 (or 0%..100%)")

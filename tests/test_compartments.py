@@ -15,7 +15,7 @@ from sidecar.errors import ConfigError
         pytest.param("  ", [("default", 1.0, 1.0)], id="blank-one-for-all"),
         pytest.param(
             "gold=50%,silver=0.3",
-            [("gold", 0.5, 1.0), ("silver", 0.3, 1.0), ("default", pytest.approx(0.2), 1.0)],
+            [("gold", 0.5, 1.0), ("silver", 0.3, 1.0), ("default", 0.2, 1.0)],
             id="default-gets-the-rest",
         ),
         pytest.param(
@@ -29,7 +29,7 @@ from sidecar.errors import ConfigError
 def test_parse(text: str | None, expected: list[tuple[str, float, float]]) -> None:
     """A spec becomes named shares and caps; whatever is unclaimed goes to default."""
     parsed = parse_compartments(text)
-    assert [(s.name, s.share, s.cap) for s in parsed.specs] == expected
+    assert [(s.name, float(s.share), float(s.cap)) for s in parsed.specs] == expected
 
 
 @pytest.mark.parametrize(
@@ -40,7 +40,7 @@ def test_parse(text: str | None, expected: list[tuple[str, float, float]]) -> No
         pytest.param("gold=lots", "not a fraction", id="not-a-number"),
         pytest.param("gold=150%", "outside 0..1", id="over-one"),
         pytest.param("gold=-0.1", "outside 0..1", id="negative"),
-        pytest.param("gold=nan", "outside 0..1", id="nan"),
+        pytest.param("gold=nan", "not a fraction", id="nan"),
         pytest.param("gold=50%:20%", "below share", id="cap-below-share"),
         pytest.param("gold=10%,gold=20%", "named twice", id="duplicate"),
         pytest.param("a b=10%", "expected name=share", id="bad-name"),
@@ -73,6 +73,20 @@ def test_share_arithmetic(
     """Guarantees and ceilings are whole units of the limit, rounded down."""
     spec = CompartmentSpec("x", share, cap)
     assert (spec.guaranteed(limit), spec.ceiling(limit)) == (guaranteed, ceiling)
+
+
+@pytest.mark.parametrize(
+    ("text", "limit", "expected"),
+    [
+        pytest.param("a=29%", 100, {"a": 29, "default": 71}, id="29-percent-of-100"),
+        pytest.param("a=50%,b=0.3", 10, {"a": 5, "b": 3, "default": 2}, id="remainder-exact"),
+        pytest.param("a=0.1,b=0.2", 30, {"a": 3, "b": 6, "default": 21}, id="tenths"),
+    ],
+)
+def test_shares_are_exact(text: str, limit: int, expected: dict[str, int]) -> None:
+    """Shares are exact fractions: no permit is lost to floating-point rounding."""
+    parsed = parse_compartments(text)
+    assert {s.name: s.guaranteed(limit) for s in parsed.specs} == expected
 
 
 def test_resolve_sends_unknown_keys_to_default() -> None:
