@@ -21,11 +21,12 @@ export E2E_MAX_MODEL_LEN=1024
 export E2E_KV_CACHE_BYTES=$((4 * 1024 * 1024))
 export E2E_MAX_NUM_SEQS=4
 export E2E_SERVED_MODEL=tiny-llama
-# The sidecar: a 512-token budget (1 KiB/token) at alpha 0.3 -> floor(8 x 0.3) = 2 permits, a
-# short queue and a short wait, so a burst of 8 shows every outcome within a few seconds.
+# The sidecar: a 768-token budget (1 KiB/token) at alpha 0.4 -> floor(5.33 x 0.4) = 2 permits, a
+# short queue and a short wait, so a burst of 8 shows every outcome within a few seconds. The
+# completion budget is long enough (a few seconds on CPU) for a test to hang up mid-stream.
 export E2E_MAX_PROMPT_TOKENS=256
-export E2E_MAX_COMPLETION_TOKENS=256
-export E2E_SAFETY_FACTOR=0.3
+export E2E_MAX_COMPLETION_TOKENS=512
+export E2E_SAFETY_FACTOR=0.4
 export E2E_MAX_QUEUE=2
 export E2E_MAX_WAIT_MS=1000
 
@@ -122,5 +123,15 @@ env SIDECAR_UPSTREAM_URL="$E2E_VLLM_URL" \
     setsid "$SIDECAR" serve >"$LOGS/sidecar.log" 2>&1 &
 SIDECAR_PID=$!
 wait_ready "$E2E_ADMIN_URL/readyz" "$SIDECAR_PID" sidecar
+
+# What each side says about the KV cache before the suite checks that they agree.
+grep -h "KV cache size" "$LOGS/vllm.log" | sed 's/^/test_vllm: vllm: /' >&2 || true
+"$ROOT/.venv/bin/python" - "$E2E_ADMIN_URL/capacity" >&2 <<'PY' || true
+import json, sys, urllib.request
+doc = json.load(urllib.request.urlopen(sys.argv[1], timeout=5))
+keys = ("source", "permits", "kv_bytes_per_token", "kv_pool_bytes", "kv_pool_tokens",
+        "request_max_tokens", "stale")
+print("test_vllm: sidecar /capacity:", json.dumps({k: doc.get(k) for k in keys}))
+PY
 
 "$PYTEST" -q -p no:cacheprovider tests_vllm "$@"

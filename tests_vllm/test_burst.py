@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +14,8 @@ import openai
 import scrape
 from conftest import Stack
 
-GENERATED = 96
+# Long enough (a second or more on CPU) for the engine to be seen busy on a loaded machine.
+GENERATED = 192
 POLL_S = 0.05
 
 
@@ -48,21 +51,30 @@ async def _one(client: openai.AsyncOpenAI, stack: Stack, index: int) -> Outcome:
         return Outcome(busy_error=exc.body if isinstance(exc.body, Mapping) else {})
 
 
-async def _watch_engine(
-    http: aiohttp.ClientSession, stack: Stack, done: asyncio.Event
-) -> list[tuple[float, float]]:
-    """(running, waiting) as vLLM reports them, sampled until ``done`` is set."""
+def _watch_engine(metrics_url: str, done: threading.Event) -> list[tuple[float, float]]:
+    """(running, waiting) as vLLM reports them, sampled until ``done`` is set.
+
+    It runs in a thread with a blocking client: the openai SDK's first calls do enough
+    synchronous work to starve a watcher on the test's event loop for the whole burst.
+    """
     seen: list[tuple[float, float]] = []
     while not done.is_set():
-        text = await scrape.fetch_text(http, f"{stack.vllm_url}/metrics")
-        seen.append(
-            (
-                scrape.total(text, "vllm:num_requests_running"),
-                scrape.total(text, "vllm:num_requests_waiting"),
-            )
-        )
-        await asyncio.sleep(POLL_S)
+        with urllib.request.urlopen(metrics_url, timeout=5) as response:
+            text = response.read().decode()
+        running = scrape.total(text, "vllm:num_requests_running")
+        seen.append((running, scrape.total(text, "vllm:num_requests_waiting")))
+        done.wait(POLL_S)
     return seen
+
+
+async def _outcomes(http: aiohttp.ClientSession, stack: Stack) -> dict[str, float]:
+    """The sidecar's own count of finished requests, by outcome, from its /metrics."""
+    text = await scrape.fetch_text(http, f"{stack.admin_url}/metrics")
+    return {
+        sample.labels["outcome"]: sample.value
+        for sample in scrape.samples(text)
+        if sample.name == "sidecar_requests_total"
+    }
 
 
 async def _capacity(http: aiohttp.ClientSession, stack: Stack) -> dict[str, Any]:
@@ -74,8 +86,10 @@ async def _capacity(http: aiohttp.ClientSession, stack: Stack) -> dict[str, Any]
 async def _run_burst(
     via_sidecar: openai.AsyncOpenAI, http: aiohttp.ClientSession, stack: Stack, size: int
 ) -> tuple[list[Outcome], list[tuple[float, float]]]:
-    done = asyncio.Event()
-    watcher = asyncio.create_task(_watch_engine(http, stack, done), name="watch-engine")
+    done = threading.Event()
+    watcher = asyncio.create_task(
+        asyncio.to_thread(_watch_engine, f"{stack.vllm_url}/metrics", done), name="watch-engine"
+    )
     try:
         outcomes = await asyncio.wait_for(
             asyncio.gather(*(_one(via_sidecar, stack, i) for i in range(size))), timeout=120
@@ -92,9 +106,12 @@ async def test_burst_is_held_at_the_permit_count(
     """vLLM never runs more than the permits, never queues, admitted finish, the rest are busy."""
     permits = (await _capacity(http, stack))["permits"]
     assert 1 <= permits < stack.max_num_seqs, "vLLM must be able to run more than the permits"
+    counted_before = await _outcomes(http, stack)
     outcomes, seen = await _run_burst(via_sidecar, http, stack, size=4 * permits)
+    counted = await _outcomes(http, stack)
 
-    assert max(running for running, _ in seen) == permits
+    report = f"outcomes {outcomes}, vLLM (running, waiting) {seen}"
+    assert 1 <= max(running for running, _ in seen) <= permits, report
     assert max(waiting for _, waiting in seen) == 0
     completed = [o for o in outcomes if o.busy_error is None]
     busy = [o for o in outcomes if o.busy_error is not None]
@@ -103,6 +120,9 @@ async def test_burst_is_held_at_the_permit_count(
     assert all(o.completion_tokens == GENERATED for o in completed)
     assert len(busy) >= 4 * permits - permits - stack.max_queue
     assert all({"message", "type", "code"} <= set(o.busy_error or {}) for o in busy)
+    grown = {k: counted[k] - counted_before.get(k, 0) for k in counted if counted[k]}
+    assert grown.get("completed", 0) == len(completed)
+    assert grown.get("queue_full", 0) + grown.get("timeout", 0) == len(busy)
 
 
 async def test_burst_returns_every_permit(

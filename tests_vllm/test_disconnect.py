@@ -50,15 +50,17 @@ async def test_disconnect_aborts_the_request_in_vllm(
         chunks += 1
         if chunks == 4:
             break
-    assert (await _engine(http, stack))[0] == 1, "the request should be running in vLLM"
+    # Close at once: on a busy CI machine even one metrics scrape first can outlast the stream.
     await stream.close()
+    assert chunks == 4
 
     await _within(1.0, lambda: _idle(http, stack), "vLLM's running count back to 0")
     _, tokens_at_abort = await _engine(http, stack)
     await asyncio.sleep(0.5)  # the real engine's own pace; no clock to inject here
     _, tokens_later = await _engine(http, stack)
     assert tokens_later == tokens_at_abort
-    assert tokens_at_abort - tokens_before < stack.max_completion_tokens
+    # The first chat chunk carries only the assistant role, no token.
+    assert chunks - 1 <= tokens_at_abort - tokens_before < stack.max_completion_tokens
 
 
 async def test_disconnect_returns_the_permit(
