@@ -104,6 +104,7 @@ class Permit:
 
 @dataclass(slots=True)
 class _Wait:
+    queued: Queued
     started: float
     future: asyncio.Future[float] | None
     permit: Permit | None = None
@@ -181,8 +182,7 @@ class Bulkhead:
     def drain(self) -> None:
         """Refuse new requests and queued waiters with ``draining``; running work continues."""
         for ticket in self._core.drain():
-            wait = self._waiters.pop(ticket)
-            self._refuse_waiter(wait, ticket, "draining")
+            self._refuse_waiter(self._waiters.pop(ticket), "draining")
 
     async def idle(self) -> None:
         """Return once no permit is held (graceful shutdown waits on this after ``drain``)."""
@@ -244,11 +244,11 @@ class Bulkhead:
         if self._shadow:
             # Shadow: run now, but leave the ticket queued so every later decision is the same.
             permit = self._permit(ticket, queued.cost, queued.compartment, 0.0)
-            self._waiters[ticket] = _Wait(started, None, permit)
+            self._waiters[ticket] = _Wait(queued, started, None, permit)
             self._waiters[ticket].timer = self._timer(ticket)
             return permit
         future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-        wait = self._waiters[ticket] = _Wait(started, future)
+        wait = self._waiters[ticket] = _Wait(queued, started, future)
         wait.timer = self._timer(ticket)
         try:
             granted_at = await future
@@ -284,18 +284,17 @@ class Bulkhead:
     def _expire(self, ticket: int) -> None:
         withdrawal = self._core.withdraw(ticket, "timeout")
         if withdrawal.removed:  # else the grant won the race and stands
-            self._refuse_waiter(self._waiters.pop(ticket), ticket, "timeout")
+            self._refuse_waiter(self._waiters.pop(ticket), "timeout")
         self._wake(withdrawal.granted)
 
-    def _refuse_waiter(self, wait: _Wait, ticket: int, reason: RejectReason) -> None:
+    def _refuse_waiter(self, wait: _Wait, reason: RejectReason) -> None:
         if wait.timer is not None:
             wait.timer.cancel()
-        permit = wait.permit
-        compartment = permit.compartment if permit else DEFAULT
-        error = self._error(reason, compartment)
-        self._emit("rejected", compartment, 0, reason=reason, retry_after_s=error.retry_after_s)
-        if permit is not None:
-            permit.shadow_rejected = reason
+        name, cost = wait.queued.compartment, wait.queued.cost
+        error = self._error(reason, name)
+        self._emit("rejected", name, cost, reason=reason, retry_after_s=error.retry_after_s)
+        if wait.permit is not None:
+            wait.permit.shadow_rejected = reason
         if wait.future is not None and not wait.future.done():
             wait.future.set_exception(error)
 

@@ -121,8 +121,8 @@ async def test_handler_can_mark_client_gone() -> None:
 
 async def test_waiter_times_out_at_max_wait() -> None:
     """With the permit held, a waiter is refused with 'timeout' after exactly max_wait_s."""
-    fake, gate, log = FakeTime(), asyncio.Event(), new_log()
-    bulkhead = make(fake)
+    fake, gate, log, events = FakeTime(), asyncio.Event(), new_log(), new_events()
+    bulkhead = make(fake, events)
     holder = asyncio.create_task(hold(bulkhead, gate, log, "holder"))
     await settle()
     waiter = asyncio.create_task(hold(bulkhead, gate, log, "waiter"))
@@ -140,6 +140,8 @@ async def test_waiter_times_out_at_max_wait() -> None:
     snap = bulkhead.snapshot()
     assert (snap.in_use, snap.queued, snap.rejected) == (0, 0, {"timeout": 1})
     assert log == ["holder"]
+    timeout = next(e for e in events if e.kind == "rejected")
+    assert (timeout.reason, timeout.compartment, timeout.cost) == ("timeout", "default", 1)
 
 
 async def test_waiter_is_granted_on_release_with_its_wait_time() -> None:
