@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -14,8 +15,6 @@ import openai
 import scrape
 from conftest import Stack
 
-# Long enough (a second or more on CPU) for the engine to be seen busy on a loaded machine.
-GENERATED = 192
 POLL_S = 0.05
 
 
@@ -29,13 +28,15 @@ class Outcome:
 
 
 async def _one(client: openai.AsyncOpenAI, stack: Stack, index: int) -> Outcome:
+    # The whole completion budget: seconds on CPU, so that even a starved metrics endpoint (vLLM's
+    # API server shares two cores with everything else in CI) is sampled while the engine is busy.
     try:
         stream = await client.chat.completions.create(
             model=stack.served_model,
             messages=[{"role": "user", "content": f"Client {index} asks about the weather."}],
             stream=True,
             stream_options={"include_usage": True},
-            max_tokens=GENERATED,
+            max_tokens=stack.max_completion_tokens,
             temperature=0,
             extra_body={"ignore_eos": True},
         )
@@ -51,18 +52,20 @@ async def _one(client: openai.AsyncOpenAI, stack: Stack, index: int) -> Outcome:
         return Outcome(busy_error=exc.body if isinstance(exc.body, Mapping) else {})
 
 
-def _watch_engine(metrics_url: str, done: threading.Event) -> list[tuple[float, float]]:
-    """(running, waiting) as vLLM reports them, sampled until ``done`` is set.
+def _watch_engine(metrics_url: str, done: threading.Event) -> list[tuple[float, float, float]]:
+    """(seconds, running, waiting) as vLLM reports them, sampled until ``done`` is set.
 
     It runs in a thread with a blocking client: the openai SDK's first calls do enough
     synchronous work to starve a watcher on the test's event loop for the whole burst.
     """
-    seen: list[tuple[float, float]] = []
+    seen: list[tuple[float, float, float]] = []
+    start = time.monotonic()
     while not done.is_set():
         with urllib.request.urlopen(metrics_url, timeout=5) as response:
             text = response.read().decode()
         running = scrape.total(text, "vllm:num_requests_running")
-        seen.append((running, scrape.total(text, "vllm:num_requests_waiting")))
+        waiting = scrape.total(text, "vllm:num_requests_waiting")
+        seen.append((round(time.monotonic() - start, 2), running, waiting))
         done.wait(POLL_S)
     return seen
 
@@ -85,7 +88,7 @@ async def _capacity(http: aiohttp.ClientSession, stack: Stack) -> dict[str, Any]
 
 async def _run_burst(
     via_sidecar: openai.AsyncOpenAI, http: aiohttp.ClientSession, stack: Stack, size: int
-) -> tuple[list[Outcome], list[tuple[float, float]]]:
+) -> tuple[list[Outcome], list[tuple[float, float, float]]]:
     done = threading.Event()
     watcher = asyncio.create_task(
         asyncio.to_thread(_watch_engine, f"{stack.vllm_url}/metrics", done), name="watch-engine"
@@ -110,14 +113,14 @@ async def test_burst_is_held_at_the_permit_count(
     outcomes, seen = await _run_burst(via_sidecar, http, stack, size=4 * permits)
     counted = await _outcomes(http, stack)
 
-    report = f"outcomes {outcomes}, vLLM (running, waiting) {seen}"
-    assert 1 <= max(running for running, _ in seen) <= permits, report
-    assert max(waiting for _, waiting in seen) == 0
+    report = f"outcomes {outcomes}, vLLM (seconds, running, waiting) {seen}"
+    assert 1 <= max(running for _, running, _ in seen) <= permits, report
+    assert max(waiting for _, _, waiting in seen) == 0, report
     completed = [o for o in outcomes if o.busy_error is None]
     busy = [o for o in outcomes if o.busy_error is not None]
     assert len(completed) >= permits
     assert all(o.finish_reason == "length" for o in completed)
-    assert all(o.completion_tokens == GENERATED for o in completed)
+    assert all(o.completion_tokens == stack.max_completion_tokens for o in completed)
     assert len(busy) >= 4 * permits - permits - stack.max_queue
     assert all({"message", "type", "code"} <= set(o.busy_error or {}) for o in busy)
     grown = {k: counted[k] - counted_before.get(k, 0) for k in counted if counted[k]}
