@@ -19,8 +19,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 check: $(STAMP)
-	$(BIN)/ruff check sidecar emulator demo tests benchmarks scripts
-	$(BIN)/ruff format --check sidecar emulator demo tests benchmarks scripts
+	$(BIN)/ruff check sidecar emulator demo tests benchmarks scripts tests_vllm
+	$(BIN)/ruff format --check sidecar emulator demo tests benchmarks scripts tests_vllm
 	$(BIN)/mypy
 
 bench: $(STAMP)
