@@ -39,10 +39,19 @@ async def _engine_cache(stack: Stack, http: aiohttp.ClientSession) -> dict[str, 
 
 
 async def _capacity(stack: Stack, http: aiohttp.ClientSession) -> dict[str, Any]:
-    async with http.get(f"{stack.admin_url}/capacity") as response:
-        assert response.status == 200
-        body: dict[str, Any] = await response.json()
-        return body
+    """/capacity once its plan is fresh; fails if it stays stale for 10 s.
+
+    A probe that timed out on a starved CPU marks the plan stale until the next one succeeds.
+    """
+    deadline = asyncio.get_running_loop().time() + 10.0
+    while True:
+        async with http.get(f"{stack.admin_url}/capacity") as response:
+            assert response.status == 200
+            body: dict[str, Any] = await response.json()
+        if body["stale"] is False:
+            return body
+        assert asyncio.get_running_loop().time() < deadline, f"plan still stale: {body}"
+        await asyncio.sleep(0.2)
 
 
 async def _sidecar_plan(*args: str) -> dict[str, Any]:
@@ -70,7 +79,6 @@ async def test_capacity_pool_matches_vllm(stack: Stack, http: aiohttp.ClientSess
     cache = await _engine_cache(stack, http)
     capacity = await _capacity(stack, http)
     assert capacity["source"] == "vllm"
-    assert capacity["stale"] is False
     assert capacity["kv_bytes_per_token"] == TINY_BYTES_PER_TOKEN
     assert capacity["kv_pool_bytes"] == int(cache["kv_cache_memory_bytes"])
     assert capacity["kv_pool_tokens"] == int(cache["kv_cache_size_tokens"])
