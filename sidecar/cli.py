@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
+import os
 import sys
 from collections.abc import Sequence
 
@@ -22,11 +22,13 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sidecar", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="sidecar",
+        description="GPU-aware admission controller for LLM inference servers "
+        "(the demo is `python -m demo`).",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
-        if importlib.util.find_spec(module_name) is None:
-            continue
         sub = commands.add_parser(name, help=help_text, description=help_text)
         module = importlib.import_module(module_name)
         module.add_arguments(sub)
@@ -44,6 +46,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`sidecar plan --json | head`): say nothing more, as cat would.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return status
 
 
