@@ -71,9 +71,10 @@ class SidecarServer:
             self.metrics.shadow_rejected(event.reason)
 
     def _price(self, request: CheckedRequest) -> int:
-        """Count mode: one permit per sequence. Token mode: each sequence's own worst case."""
+        """Token mode: every sequence's own worst case in KV bytes. Count mode: one permit per
+        request, as the plan counts them (use token mode where `n` > 1 or batches are common)."""
         if self.settings.admission == "count":
-            return request.sequences
+            return 1
         per_sequence = self.controller.cost.request_bytes(
             request.prompt_tokens + request.completion_tokens
         )
