@@ -101,9 +101,9 @@ def admin_url(server: SidecarServer) -> str:
     return f"http://127.0.0.1:{server.admin_port}"
 
 
-async def get_json(url: str) -> dict[str, object]:
+async def get_json(url: str) -> dict[str, Any]:
     async with aiohttp.ClientSession() as session, session.get(url) as response:
-        data: dict[str, object] = await response.json()
+        data: dict[str, Any] = await response.json()
         return data
 
 
@@ -141,8 +141,8 @@ def sse_events(body: bytes) -> list[tuple[str | None, str]]:
     return events
 
 
-def error_of(body: bytes) -> dict[str, object]:
+def error_of(body: bytes) -> dict[str, Any]:
     data = json.loads(body)
     assert set(data["error"]) == {"message", "type", "param", "code"}, data
-    error: dict[str, object] = data["error"]
+    error: dict[str, Any] = data["error"]
     return error

@@ -32,7 +32,7 @@ async def test_capacity_shows_the_plan_with_provenance(start_sidecar: StartSidec
     assert doc["kv_pool_bytes"] == 262_144
     assert doc["request_max_bytes"] == 128 * 1024
     assert (doc["source"], doc["stale"]) == ("static", False)
-    terms = doc["capacity"]["plan"]["terms"]  # type: ignore[index]
+    terms = doc["capacity"]["plan"]["terms"]
     assert terms, "every term of the formula is listed"
     assert all(term["source"] in {"declared", "measured", "engine", "derived"} for term in terms)
 

@@ -80,7 +80,7 @@ async def test_first_refresh_plans_the_worked_example() -> None:
 
 async def test_a_neighbour_shrinks_the_limit_and_leaving_grows_it() -> None:
     """A neighbour taking 0.5 GiB costs permits; when it leaves they come back, one resize each."""
-    gpu, resized = ScriptedGpu(), []
+    gpu, resized = ScriptedGpu(), list[int]()
     loop = controller(gpu, Clock(), resized)
     await loop.refresh()
     gpu.neighbour = GIB // 2
@@ -93,7 +93,7 @@ async def test_a_neighbour_shrinks_the_limit_and_leaving_grows_it() -> None:
 
 async def test_failed_read_keeps_the_plan_then_floors_then_recovers() -> None:
     """Stale inside the grace period, the floor after it, fresh again when the GPU is back."""
-    gpu, clock, resized = ScriptedGpu(), Clock(), []
+    gpu, clock, resized = ScriptedGpu(), Clock(), list[int]()
     loop = controller(gpu, clock, resized)
     await loop.refresh()
     gpu.failure = ProbeTemporaryError("NVML: the GPU is lost")

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,7 +64,7 @@ def double_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def read_timeline(
     library_dir: Path, tmp_path: Path, frames: list[str], selection: str = ""
-) -> list[dict[str, object]]:
+) -> list[dict[str, Any]]:
     """Run the real binding over the double, one probe read per scripted frame."""
     script = tmp_path / "gpu.txt"
     env = os.environ | {
@@ -101,7 +102,7 @@ def test_timeline_neighbour_growth_loss_and_return(double_dir: Path, tmp_path: P
         frame(21 * GIB, [(100, 20 * GIB)]),
     ]
     reads = read_timeline(double_dir, tmp_path, frames)
-    gpus = [r["gpus"][0] if "gpus" in r else r for r in reads]  # type: ignore[index]
+    gpus = [r["gpus"][0] if "gpus" in r else r for r in reads]
     assert [len(g["processes"]) for g in gpus if "processes" in g] == [1, 2, 2, 1]
     assert gpus[1]["processes"][1] == {"pid": 200, "used_bytes": 4 * GIB}
     assert [g.get("used_bytes") for g in gpus] == [20 * GIB, 24 * GIB, 30 * GIB, None, 21 * GIB]
@@ -120,7 +121,7 @@ def test_old_driver_falls_back_to_memory_info_v1(double_dir: Path, tmp_path: Pat
     """Without nvmlDeviceGetMemoryInfo_v2 the probe reads v1 and reports no reserved figure."""
     old = frame(GIB, []).replace(" 536870912 1 ", " 536870912 0 ")
     [reading] = read_timeline(double_dir, tmp_path, [old])
-    gpu = reading["gpus"][0]  # type: ignore[index]
+    gpu = reading["gpus"][0]
     assert (gpu["total_bytes"], gpu["used_bytes"], gpu["reserved_bytes"]) == (80 * GIB, GIB, None)
 
 
@@ -136,7 +137,7 @@ def test_gpu_selection(double_dir: Path, tmp_path: Path, selection: str, names: 
     """SIDECAR_GPUS picks GPUs by index or UUID; empty means every visible GPU."""
     two = "gpu 100 10 90 0 1 -1 GPU-A First\ngpu 200 20 180 0 1 1 GPU-B Second\n"
     [reading] = read_timeline(double_dir, tmp_path, [two], selection)
-    gpus = reading["gpus"]  # type: ignore[index]
+    gpus = reading["gpus"]
     assert [g["uuid"] for g in gpus] == names
     assert {g["uuid"]: g["mig_enabled"] for g in gpus}.get("GPU-B", True) is True
 

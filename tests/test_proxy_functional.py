@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable
 
 import aiohttp
 import openai
 import pytest
 
+from sidecar.app import SidecarServer
 from tests.servers import (
     OpenAIFactory,
     StartSidecar,
@@ -43,9 +45,9 @@ async def consume(client: openai.AsyncOpenAI, into: list[object] | None = None) 
             into.append(chunk)
 
 
-async def in_use(server: object) -> int:
-    doc = await get_json(f"{admin_url(server)}/capacity")  # type: ignore[arg-type]
-    return int(doc["in_use"])  # type: ignore[call-overload]
+async def in_use(server: SidecarServer) -> int:
+    doc = await get_json(f"{admin_url(server)}/capacity")
+    return int(doc["in_use"])
 
 
 async def hold_stream(session: aiohttp.ClientSession, base: str) -> aiohttp.ClientResponse:
@@ -67,9 +69,9 @@ async def test_sdk_stream_through_sidecar_matches_engine(
     async def collect(base: str) -> str:
         stream = await client_for(base).chat.completions.create(
             model="tiny-llama",
-            messages=CHAT["messages"],
+            messages=[{"role": "user", "content": "hello there"}],
             stream=True,
-            max_tokens=12,  # type: ignore[arg-type]
+            max_tokens=12,
         )
         return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
 
@@ -106,8 +108,8 @@ async def test_stream_fallback_raises_api_error_in_sdk(
     assert await until(lambda: _is(in_use(server), 0))
 
 
-async def _is(value: asyncio.Future[int] | object, expected: int) -> bool:
-    return await value == expected  # type: ignore[misc]
+async def _is(value: Awaitable[int], expected: int) -> bool:
+    return await value == expected
 
 
 async def test_fallback_wire_format(start_sidecar: StartSidecar) -> None:
@@ -182,9 +184,9 @@ async def test_queued_request_is_granted_when_a_stream_ends(
         held[1].close()
 
 
-async def _queued(server: object, expected: int) -> bool:
-    doc = await get_json(f"{admin_url(server)}/capacity")  # type: ignore[arg-type]
-    return doc["queued"] == expected
+async def _queued(server: SidecarServer, expected: int) -> bool:
+    doc = await get_json(f"{admin_url(server)}/capacity")
+    return bool(doc["queued"] == expected)
 
 
 async def test_client_disconnect_releases_permit_and_aborts_engine(
@@ -214,7 +216,7 @@ async def test_upstream_reset_mid_stream_ends_stream_in_band(
     """An engine that drops the connection mid-stream: a clear SDK APIError, permit freed."""
     server = await start_sidecar()
     client = client_for(proxy_url(server), default_headers={"x-emulator-fault": "reset-after=3"})
-    received = []
+    received: list[object] = []
     with pytest.raises(openai.APIError, match="unreachable"):
         await consume(client, into=received)
     assert received, "the tokens sent before the reset reached the client"
@@ -352,6 +354,6 @@ async def test_tenant_header_selects_its_compartment(start_sidecar: StartSidecar
         await response.content.readuntil(b"\n\n")
         doc = await get_json(f"{admin_url(server)}/capacity")
         response.close()
-    parts = {part["name"]: part for part in doc["compartments"]}  # type: ignore[union-attr]
+    parts = {part["name"]: part for part in doc["compartments"]}
     assert parts["gold"]["in_use"] == 1
     assert parts["default"]["in_use"] == 0
