@@ -63,7 +63,7 @@ async def serve(config: EmulatorConfig, host: str, port: int) -> None:
         await site.start()
         structlog.get_logger("emulator").info(
             "emulator_ready",
-            url=f"http://{host}:{port}",
+            url=f"http://{host}:{runner.addresses[0][1]}",  # the bound port, also for --port 0
             model_name=config.model_name,
             num_gpu_blocks=config.num_gpu_blocks,
             block_size=config.block_size,
