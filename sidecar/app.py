@@ -18,6 +18,7 @@ from sidecar.capacity_metrics import register_capacity_metrics
 from sidecar.control_loop import CapacityController, build_controller
 from sidecar.metrics import BulkheadCollector, RequestMetrics
 from sidecar.probes import GpuProbe
+from sidecar.prompt_count import EnginePromptCounter
 from sidecar.proxy import Proxy, ProxyConfig, build_proxy_app
 from sidecar.request_checks import Budget, CheckedRequest
 from sidecar.settings import Settings
@@ -88,6 +89,7 @@ class SidecarServer:
                 s.max_completion_tokens,
                 s.over_budget,
                 s.prompt_bytes_per_token,
+                count_from_engine=s.prompt_tokens == "engine",
             ),
             reject_mode=s.reject_mode,
             max_body_bytes=int(s.max_body_bytes),
@@ -103,7 +105,8 @@ class SidecarServer:
                 tenant_id, tenant_header=s.tenant_header, from_api_key=s.tenant_from_api_key
             ),
         )
-        return Proxy(config, self.bulkhead, self.upstream, self.metrics, self.clock)
+        counter = EnginePromptCounter(self.upstream) if s.prompt_tokens == "engine" else None
+        return Proxy(config, self.bulkhead, self.upstream, self.metrics, self.clock, counter)
 
     def _admin(self) -> Admin:
         return Admin(

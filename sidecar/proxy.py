@@ -24,8 +24,16 @@ from sidecar.errors import (
 )
 from sidecar.http_errors import error_response
 from sidecar.metrics import RequestMetrics
+from sidecar.prompt_count import EnginePromptCounter
 from sidecar.relay import RelayResult, relay_stream
-from sidecar.request_checks import Budget, CheckedRequest, Endpoint, check_request
+from sidecar.request_checks import (
+    Budget,
+    CheckedRequest,
+    Endpoint,
+    check_request,
+    enforce_prompt_budget,
+    with_prompt_tokens,
+)
 from sidecar.upstream import Upstream, end_to_end
 
 log = structlog.get_logger("sidecar.proxy")
@@ -55,6 +63,7 @@ class Proxy:
     upstream: Upstream
     metrics: RequestMetrics
     clock: Callable[[], float] = time.monotonic
+    counter: EnginePromptCounter | None = None
 
 
 PROXY = web.AppKey("proxy", Proxy)
@@ -77,14 +86,25 @@ async def completions(request: web.Request) -> web.StreamResponse:
     with structlog.contextvars.bound_contextvars(request_id=request_id, tenant=tenant):
         started = proxy.clock()
         try:
-            checked = check_request(
-                await _read_body(request), ENDPOINTS[request.path], proxy.config.budget
-            )
+            checked = await _checked(request, proxy, request_id)
         except RequestError as exc:
             proxy.metrics.finished("invalid", proxy.clock() - started)
             log.info("request_invalid", code=exc.code, param=exc.param, status=exc.status)
             return error_response(exc)
         return await _admit_and_forward(request, proxy, checked, request_id, started)
+
+
+async def _checked(request: web.Request, proxy: Proxy, request_id: str) -> CheckedRequest:
+    """The request, validated and budgeted; its prompt counted by the engine where configured."""
+    budget = proxy.config.budget
+    checked = check_request(await _read_body(request), ENDPOINTS[request.path], budget)
+    if checked.tokenize is None or proxy.counter is None:
+        return checked
+    tokens = await proxy.counter.count(checked.tokenize, _upstream_headers(request, request_id))
+    if tokens is None:  # the engine could not say: the estimate prices it, and bounds it
+        enforce_prompt_budget(checked.prompt_tokens, checked.prompt_param, budget)
+        return checked
+    return with_prompt_tokens(checked, tokens, budget)
 
 
 async def _admit_and_forward(

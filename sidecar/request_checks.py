@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from sidecar.errors import RequestError
@@ -28,6 +28,8 @@ class Budget:
     max_completion_tokens: int
     over_budget: Literal["reject", "clamp"] = "reject"
     prompt_bytes_per_token: float = 4.0
+    # When the engine counts the prompt, the estimate only prices a request the count could not.
+    count_from_engine: bool = False
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ class CheckedRequest:
     prompt_tokens: int
     sequences: int
     model: str | None
+    prompt_param: str = "messages"
+    tokenize: dict[str, Any] | None = None  # what to ask the engine's /tokenize, when it can say
 
     @property
     def total_tokens(self) -> int:
@@ -51,14 +55,46 @@ def check_request(raw: bytes, endpoint: Endpoint, budget: Budget) -> CheckedRequ
     """Validate ``raw`` and return it with a bounded token budget; RequestError otherwise."""
     body = _parse_object(raw)
     stream = _optional_bool(body, "stream")
-    prompt_tokens, prompts = _estimate_prompt(body, endpoint, budget)
+    prompt_tokens, prompts, param = _estimate_prompt(body, endpoint, budget)
+    if not budget.count_from_engine:
+        enforce_prompt_budget(prompt_tokens, param, budget)
     sequences = _positive_int(body, "n", default=1) * prompts
     completion, changed = _completion_tokens(body, budget)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise RequestError("'model' must be a string", param="model", code="invalid_type")
     forwarded = json.dumps(body).encode() if changed else raw
-    return CheckedRequest(forwarded, stream, completion, prompt_tokens, sequences, model)
+    tokenize = _tokenize_payload(body, endpoint) if budget.count_from_engine else None
+    return CheckedRequest(
+        forwarded, stream, completion, prompt_tokens, sequences, model, param, tokenize
+    )
+
+
+def with_prompt_tokens(checked: CheckedRequest, tokens: int, budget: Budget) -> CheckedRequest:
+    """The request priced with the engine's own prompt count; RequestError if over the budget."""
+    enforce_prompt_budget(tokens, checked.prompt_param, budget, exact=True)
+    return replace(checked, prompt_tokens=tokens)
+
+
+def enforce_prompt_budget(tokens: int, param: str, budget: Budget, *, exact: bool = False) -> None:
+    if tokens > budget.max_prompt_tokens:
+        size = f"{tokens}" if exact else f"about {tokens}"
+        raise RequestError(
+            f"the prompt is {size} tokens, above this server's prompt budget of "
+            f"{budget.max_prompt_tokens} tokens",
+            param=param,
+            code="prompt_over_budget",
+        )
+
+
+def _tokenize_payload(body: dict[str, Any], endpoint: Endpoint) -> dict[str, Any] | None:
+    """vLLM's /tokenize request for this prompt; None where the estimate is exact or must do."""
+    base = {"model": body["model"]} if isinstance(body.get("model"), str) else {}
+    if endpoint == "chat":
+        return {**base, "messages": body["messages"], "add_generation_prompt": True}
+    if isinstance(body.get("prompt"), str):
+        return {**base, "prompt": body["prompt"]}
+    return None  # token ids are counted exactly already; batches keep the estimate
 
 
 def _parse_object(raw: bytes) -> dict[str, Any]:
@@ -115,21 +151,14 @@ def _completion_tokens(body: dict[str, Any], budget: Budget) -> tuple[int, bool]
     return limit, True
 
 
-def _estimate_prompt(body: dict[str, Any], endpoint: Endpoint, budget: Budget) -> tuple[int, int]:
-    """The largest prompt's estimated tokens, and how many prompts the request carries."""
+def _estimate_prompt(
+    body: dict[str, Any], endpoint: Endpoint, budget: Budget
+) -> tuple[int, int, str]:
+    """The largest prompt's estimated tokens, how many prompts there are, and their field."""
     if endpoint == "chat":
-        tokens, prompts, param = _chat_prompt_tokens(body, budget), 1, "messages"
-    else:
-        tokens, prompts = _completion_prompt_tokens(body, budget)
-        param = "prompt"
-    if tokens > budget.max_prompt_tokens:
-        raise RequestError(
-            f"the prompt is about {tokens} tokens, above this server's prompt budget of "
-            f"{budget.max_prompt_tokens} tokens",
-            param=param,
-            code="prompt_over_budget",
-        )
-    return tokens, prompts
+        return _chat_prompt_tokens(body, budget), 1, "messages"
+    tokens, prompts = _completion_prompt_tokens(body, budget)
+    return tokens, prompts, "prompt"
 
 
 def _chat_prompt_tokens(body: dict[str, Any], budget: Budget) -> int:

@@ -68,6 +68,7 @@ class Settings(BaseSettings):
     max_concurrent_calls: PositiveInt | None = None
     over_budget: Literal["reject", "clamp"] = "reject"
     prompt_bytes_per_token: Annotated[float, Field(gt=0)] = 4.0
+    prompt_tokens: Literal["estimate", "engine"] = "estimate"
     reject_mode: Literal["sse", "http"] = "sse"
     compartments: str | None = None
     compartment_by: Literal["tenant", "priority"] = "tenant"
