@@ -1,0 +1,49 @@
+"""The sidecar's exact prompt count (SIDECAR_PROMPT_TOKENS=engine) agrees with vLLM's own usage."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from conftest import Stack
+from openai.types.chat import ChatCompletionMessageParam
+
+from sidecar.prompt_count import EnginePromptCounter
+from sidecar.upstream import Upstream
+
+MESSAGES: list[ChatCompletionMessageParam] = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Name three prime numbers and nothing else."},
+]
+
+
+@pytest.mark.parametrize(
+    ("payload", "request_kind"),
+    [
+        pytest.param({"messages": MESSAGES, "add_generation_prompt": True}, "chat", id="chat"),
+        pytest.param({"prompt": "The capital of France is"}, "completions", id="completions"),
+    ],
+)
+async def test_tokenize_count_equals_the_prompt_tokens_vllm_bills(
+    stack: Stack, direct: openai.AsyncOpenAI, payload: dict[str, object], request_kind: str
+) -> None:
+    """What the sidecar asks /tokenize for is exactly the prompt_tokens vLLM reports in usage."""
+    upstream = Upstream(stack.vllm_url, connect_timeout_s=5, read_timeout_s=30)
+    await upstream.start()
+    try:
+        counted = await EnginePromptCounter(upstream).count(
+            {"model": stack.served_model, **payload}, {}
+        )
+    finally:
+        await upstream.close()
+    if request_kind == "chat":
+        chat = await direct.chat.completions.create(
+            model=stack.served_model, messages=MESSAGES, max_tokens=1
+        )
+        usage = chat.usage
+    else:
+        text = await direct.completions.create(
+            model=stack.served_model, prompt="The capital of France is", max_tokens=1
+        )
+        usage = text.usage
+    assert usage is not None
+    assert counted == usage.prompt_tokens
