@@ -124,8 +124,10 @@ class CapacityController:
 
     @property
     def cost(self) -> KvCost:
-        """What one token and one request cost in KV bytes (token-mode admission prices with it)."""
-        return self._cost
+        """What one token and one request cost in KV bytes (token-mode admission prices with it),
+        as the plan in force counts it (the engine's block size included)."""
+        plan = self._state.plan
+        return plan.cost if plan is not None else self._cost
 
     def running(self) -> bool:
         """True while the loop's task is alive (liveness reports a dead loop)."""
@@ -140,15 +142,16 @@ class CapacityController:
         """One tick: read, plan, resize, publish. Never raises for a probe or plan failure."""
         readings = await self._read()
         now = self._clock()
+        cost = self._cost_for(readings)
         try:
             inputs = plan_inputs(
                 self._wanted,
                 readings,
-                self._cost,
+                cost,
                 engine_pid=self._engine_pid,
                 tolerance=self._tolerance,
             )
-            plan = make_plan(self._cost, inputs.memory, self._budget, self._alpha)
+            plan = make_plan(cost, inputs.memory, self._budget, self._alpha)
         except (ProbeError, PlanError) as exc:
             failed = degrade(self._state, now, self._stale_after_s, self._floor)
             new = replace(failed, readings=readings, error=str(exc))
@@ -163,6 +166,13 @@ class CapacityController:
             )
         self._publish(new)
         return new
+
+    def _cost_for(self, readings: Readings) -> KvCost:
+        """SIDECAR_BLOCK_SIZE when declared, else the block size the engine pages its cache in."""
+        cache = readings.engine.cache if readings.engine is not None else None
+        if self._cost.block_size is not None or cache is None or cache.block_size is None:
+            return self._cost
+        return replace(self._cost, block_size=cache.block_size)
 
     def start(self) -> None:
         """Run ``refresh()`` every SIDECAR_REFRESH_MS in a named, guarded task."""

@@ -18,7 +18,13 @@ from sidecar.control_loop import (
 )
 from sidecar.errors import ProbeError, ProbeTemporaryError
 from sidecar.model_spec import load_model_spec
-from sidecar.probes import GpuReading, GpuSnapshot, ProcessMemory
+from sidecar.probes import (
+    EngineCacheConfig,
+    EngineReading,
+    GpuReading,
+    GpuSnapshot,
+    ProcessMemory,
+)
 from sidecar.probes.static import Declared
 from sidecar.settings import load_settings
 
@@ -229,3 +235,44 @@ async def test_capacity_json_and_metrics_show_terms_and_gpu_memory() -> None:
     assert 'sidecar_gpu_memory_total_bytes{gpu="GPU-0"} 8.589934592e+09' in text
     assert "sidecar_capacity_stale 0.0" in text
     assert "sidecar_kv_pool_bytes 1.073741824e+09" in text
+
+
+class ScriptedEngine:
+    """An engine probe reporting vLLM's cache_config_info with a given block size."""
+
+    def __init__(self, block_size: int | None) -> None:
+        self.block_size = block_size
+
+    async def read(self) -> EngineReading:
+        cache = EngineCacheConfig(8192, self.block_size, 1_048_576, GIB, "auto", 0.9)
+        return EngineReading(cache, 0.0, 0.0, 0.0, 0.0, observed_at=0.0)
+
+
+@pytest.mark.parametrize(
+    ("declared_block", "engine_block", "permits"),
+    [
+        pytest.param(None, 128, 4096, id="engine-block-rounds-129-up-to-256-tokens"),
+        pytest.param(None, None, 8128, id="no-block-anywhere-no-rounding"),
+        pytest.param(64, 128, 5461, id="declared-block-wins-192-tokens"),
+    ],
+)
+async def test_requests_are_rounded_to_the_engines_blocks(
+    declared_block: int | None, engine_block: int | None, permits: int
+) -> None:
+    """Without SIDECAR_BLOCK_SIZE the engine's own block size rounds each request up."""
+    tiny = KvCost(load_model_spec("tests/configs/tiny-llama.json"), block_size=declared_block)
+    loop = CapacityController(
+        source="vllm",
+        cost=tiny,
+        budget=Budget(100, 29),  # 129 tokens of 1,024 B
+        alpha=1.0,
+        declared=Declared(None, None, False, 0, None, observed_at=0.0),
+        resize=lambda _: None,
+        limit_of=lambda plan: plan.permits,
+        floor=Floor(None, 1),
+        engine_probe=ScriptedEngine(engine_block),
+        clock=Clock(),
+    )
+    state = await loop.refresh()
+    assert state.limit == permits
+    assert loop.cost.block_size == (declared_block or engine_block)
