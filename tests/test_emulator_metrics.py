@@ -13,9 +13,7 @@ from emulator.config import EmulatorConfig
 from emulator.kv_pool import KVPool
 from emulator.metrics import build_registry
 
-FIXTURE = (
-    Path(__file__).parents[2] / "shared" / "fixtures" / "vllm-0.32" / "metrics-after-traffic.txt"
-)
+FIXTURE = Path(__file__).parent / "fixtures" / "vllm-0.32" / "metrics-after-traffic.txt"
 FAMILIES = [
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",

@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestServer
 from sidecar.errors import ProbeTemporaryError
 from sidecar.probes.engine import VllmMetricsProbe, parse_metrics
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "vllm-0.32"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32"  # captured from vLLM 0.32
 
 TWO_ENGINES = """\
 # TYPE vllm:num_requests_running gauge
