@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from sidecar.metrics import gauge
+
 if TYPE_CHECKING:
     from sidecar.control_loop import CapacityController, CapacityState
 
@@ -24,29 +26,29 @@ class _CapacityCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         state = self._controller.state
-        yield _gauge(
+        yield gauge(
             "sidecar_capacity_stale", "1 while the plan is stale or on the floor", int(state.stale)
         )
-        yield _gauge(
+        yield gauge(
             "sidecar_capacity_on_floor",
             "1 while the conservative floor is in force",
             int(state.on_floor),
         )
-        yield _gauge("sidecar_capacity_limit", "the limit handed to the bulkhead", state.limit)
+        yield gauge("sidecar_capacity_limit", "the limit handed to the bulkhead", state.limit)
         age = state.age_s(self._clock())
-        yield _gauge(
+        yield gauge(
             "sidecar_plan_age_seconds",
             "seconds since the last good plan",
             float("nan") if age is None else age,
         )
         if state.plan is not None:
-            yield _gauge("sidecar_kv_pool_bytes", "KV pool of the group", state.plan.kv_pool_bytes)
-            yield _gauge(
+            yield gauge("sidecar_kv_pool_bytes", "KV pool of the group", state.plan.kv_pool_bytes)
+            yield gauge(
                 "sidecar_kv_bytes_per_token",
                 "KV bytes per token, whole model",
                 state.plan.kv_bytes_per_token,
             )
-            yield _gauge(
+            yield gauge(
                 "sidecar_request_max_bytes",
                 "one request's worst case, whole model",
                 state.plan.request_max_bytes,
@@ -68,7 +70,7 @@ def _reading_metrics(state: CapacityState) -> Iterator[Metric]:
         yield family
     engine = readings.engine if readings else None
     if engine is not None and engine.kv_usage_ratio is not None:
-        yield _gauge(
+        yield gauge(
             "sidecar_engine_kv_usage_ratio",
             "the engine's KV cache usage, 0..1",
             engine.kv_usage_ratio,
@@ -81,10 +83,6 @@ def _reading_metrics(state: CapacityState) -> Iterator[Metric]:
     for check in state.disagreements:
         ratio.add_metric([check.gpu], check.ratio)
     yield ratio
-
-
-def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, documentation, value=value)
 
 
 def register_capacity_metrics(

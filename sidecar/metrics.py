@@ -85,27 +85,27 @@ class BulkheadCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
         limit = snap.limit if snap.mode == "count" else self._plan_permits()
-        yield _gauge("sidecar_permits_limit", "Requests allowed in flight now.", limit)
-        yield _gauge("sidecar_permits_in_use", "Requests in flight now.", snap.in_use)
-        yield _gauge(
+        yield gauge("sidecar_permits_limit", "Requests allowed in flight now.", limit)
+        yield gauge("sidecar_permits_in_use", "Requests in flight now.", snap.in_use)
+        yield gauge(
             "sidecar_permit_utilisation",
             "Share of the admission limit in use (permits, or KV bytes in token mode); "
             "the scale-out signal.",
             snap.in_use_cost / snap.limit if snap.limit else (1.0 if snap.in_use_cost else 0.0),
         )
-        yield _gauge("sidecar_queue_depth", "Requests waiting for a permit.", snap.queued)
-        yield _gauge(
+        yield gauge("sidecar_queue_depth", "Requests waiting for a permit.", snap.queued)
+        yield gauge(
             "sidecar_shadow_mode",
             "1 when decisions are computed but not enforced.",
             int(snap.shadow),
         )
         if snap.mode == "tokens":
-            yield _gauge(
+            yield gauge(
                 "sidecar_kv_reserved_bytes",
                 "KV bytes reserved by requests in flight.",
                 snap.in_use_cost,
             )
-            yield _gauge(
+            yield gauge(
                 "sidecar_kv_admissible_bytes",
                 "KV bytes admission may reserve (alpha x pool).",
                 snap.limit,
@@ -113,7 +113,8 @@ class BulkheadCollector(Collector):
         yield from _compartments(snap.compartments)
 
 
-def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    """One unlabelled gauge sample, for collectors that read state at scrape time."""
     return GaugeMetricFamily(name, documentation, value=value)
 
 

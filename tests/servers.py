@@ -40,7 +40,8 @@ BASE_ENV = {
 StartSidecar = Callable[..., Awaitable[SidecarServer]]
 
 
-async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
+async def serve_app(app: web.Application) -> tuple[web.AppRunner, str]:
+    """Run ``app`` on a free loopback port; the runner (to clean up) and its base URL."""
     runner = web.AppRunner(app, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -51,7 +52,7 @@ async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
 @pytest.fixture
 async def engine() -> AsyncIterator[str]:
     """The emulated engine, generating as fast as it can, on a free port."""
-    runner, url = await _serve(build_app(EmulatorConfig(model_name="tiny-llama")))
+    runner, url = await serve_app(build_app(EmulatorConfig(model_name="tiny-llama")))
     yield url
     await runner.cleanup()
 

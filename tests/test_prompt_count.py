@@ -11,7 +11,7 @@ from aiohttp import web
 
 from sidecar.prompt_count import EnginePromptCounter
 from sidecar.upstream import Upstream
-from tests.servers import StartSidecar, admin_url, error_of, get_json, proxy_url
+from tests.servers import StartSidecar, admin_url, error_of, get_json, proxy_url, serve_app
 
 MESSAGES = [{"role": "user", "content": "count these five words"}]
 
@@ -64,12 +64,8 @@ async def test_exact_count_over_the_prompt_budget_is_refused(
 @pytest.fixture
 async def no_tokenize() -> AsyncIterator[Upstream]:
     """An OpenAI-compatible server without /tokenize (every path 404s)."""
-    runner = web.AppRunner(web.Application())
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    upstream = Upstream(
-        f"http://127.0.0.1:{runner.addresses[0][1]}", connect_timeout_s=1, read_timeout_s=1
-    )
+    runner, url = await serve_app(web.Application())
+    upstream = Upstream(url, connect_timeout_s=1, read_timeout_s=1)
     await upstream.start()
     yield upstream
     await upstream.close()

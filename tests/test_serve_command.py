@@ -12,11 +12,10 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from emulator.app import build_app
 from emulator.config import EmulatorConfig
-from tests.servers import BASE_ENV, until
+from tests.servers import BASE_ENV, serve_app, until
 
 
 def free_port() -> int:
@@ -59,11 +58,10 @@ def test_bad_setting_fails_fast_naming_it(setting: str, value: str) -> None:
 @pytest.fixture
 async def slow_engine() -> AsyncIterator[str]:
     """An emulated engine at 20 tokens/s, so a stream is still running when SIGTERM arrives."""
-    config = EmulatorConfig(model_name="tiny-llama", tokens_per_s=20)
-    runner = web.AppRunner(build_app(config))
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    runner, url = await serve_app(
+        build_app(EmulatorConfig(model_name="tiny-llama", tokens_per_s=20))
+    )
+    yield url
     await runner.cleanup()
 
 
