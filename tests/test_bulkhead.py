@@ -83,6 +83,20 @@ async def hold(bulkhead: Bulkhead, gate: asyncio.Event, log: list[str], name: st
     return permit
 
 
+async def holder_and_waiter(
+    bulkhead: Bulkhead,
+    gate: asyncio.Event,
+    log: list[str],
+    waiter_gate: asyncio.Event | None = None,
+) -> tuple[asyncio.Task[Permit], asyncio.Task[Permit]]:
+    """One task holding the only permit until ``gate``, and one queued behind it."""
+    holder = asyncio.create_task(hold(bulkhead, gate, log, "holder"))
+    await settle()
+    waiter = asyncio.create_task(hold(bulkhead, waiter_gate or gate, log, "waiter"))
+    await settle()
+    return holder, waiter
+
+
 async def test_uncontended_admit_releases_completed_on_exit() -> None:
     """A free permit is granted without waiting and released as completed."""
     bulkhead = make(FakeTime())
@@ -123,10 +137,7 @@ async def test_waiter_times_out_at_max_wait() -> None:
     """With the permit held, a waiter is refused with 'timeout' after exactly max_wait_s."""
     fake, gate, log, events = FakeTime(), asyncio.Event(), new_log(), new_events()
     bulkhead = make(fake, events)
-    holder = asyncio.create_task(hold(bulkhead, gate, log, "holder"))
-    await settle()
-    waiter = asyncio.create_task(hold(bulkhead, gate, log, "waiter"))
-    await settle()
+    holder, waiter = await holder_and_waiter(bulkhead, gate, log)
     fake.advance(2.99)
     await settle()
     assert not waiter.done()
@@ -148,10 +159,7 @@ async def test_waiter_is_granted_on_release_with_its_wait_time() -> None:
     """A waiter gets the permit the moment it is released and reports how long it waited."""
     fake, gate, log = FakeTime(), asyncio.Event(), new_log()
     bulkhead = make(fake)
-    holder = asyncio.create_task(hold(bulkhead, gate, log, "holder"))
-    await settle()
-    waiter = asyncio.create_task(hold(bulkhead, asyncio.Event(), log, "waiter"))
-    await settle()
+    holder, waiter = await holder_and_waiter(bulkhead, gate, log, waiter_gate=asyncio.Event())
     fake.advance(1.25)
     gate.set()
     await holder
@@ -167,10 +175,7 @@ async def test_cancel_while_queued_leaves_no_trace() -> None:
     """A queued waiter cancelled is gone: not in the queue, not counted, never granted."""
     fake, gate, log = FakeTime(), asyncio.Event(), new_log()
     bulkhead = make(fake)
-    holder = asyncio.create_task(hold(bulkhead, gate, log, "holder"))
-    await settle()
-    waiter = asyncio.create_task(hold(bulkhead, gate, log, "waiter"))
-    await settle()
+    holder, waiter = await holder_and_waiter(bulkhead, gate, log)
     waiter.cancel()
     await settle()
     assert bulkhead.snapshot().queued == 0
@@ -220,11 +225,8 @@ async def test_timeout_after_grant_loses_the_race() -> None:
     fake, gate, log = FakeTime(honour_cancel=False), asyncio.Event(), new_log()
     events = new_events()
     bulkhead = make(fake, events)
-    holder = asyncio.create_task(hold(bulkhead, gate, log, "holder"))
-    await settle()
     release_waiter = asyncio.Event()
-    waiter = asyncio.create_task(hold(bulkhead, release_waiter, log, "waiter"))
-    await settle()
+    holder, waiter = await holder_and_waiter(bulkhead, gate, log, waiter_gate=release_waiter)
     gate.set()
     await holder
     fake.advance(3.0)  # the waiter's timer fires now, after its grant
@@ -272,10 +274,7 @@ async def test_drain_refuses_waiters_and_newcomers_and_idle_waits_for_running() 
     """Drain: the waiter and a newcomer get 'draining'; idle() returns once the runner ends."""
     fake, gate, log = FakeTime(), asyncio.Event(), new_log()
     bulkhead = make(fake)
-    holder = asyncio.create_task(hold(bulkhead, gate, log, "holder"))
-    await settle()
-    waiter = asyncio.create_task(hold(bulkhead, gate, log, "waiter"))
-    await settle()
+    holder, waiter = await holder_and_waiter(bulkhead, gate, log)
     bulkhead.drain()
     with pytest.raises(AdmissionRejectedError, match="shutting down") as caught:
         await waiter
@@ -362,10 +361,7 @@ async def test_events_describe_every_decision() -> None:
     """The observer sees granted, queued, rejected and released, with wait and hold times."""
     fake, events, gate, log = FakeTime(), new_events(), asyncio.Event(), new_log()
     bulkhead = make(fake, events, max_queue=1)
-    holder = asyncio.create_task(hold(bulkhead, gate, log, "holder"))
-    await settle()
-    waiter = asyncio.create_task(hold(bulkhead, gate, log, "waiter"))
-    await settle()
+    holder, waiter = await holder_and_waiter(bulkhead, gate, log)
     with pytest.raises(AdmissionRejectedError):
         await hold(bulkhead, gate, log, "late")
     fake.advance(2.0)
