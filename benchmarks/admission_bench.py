@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from sidecar.admission import Admission, Granted
-from sidecar.bulkhead import Bulkhead
+from sidecar.core.admission import Admission, Granted
+from sidecar.limiter.bulkhead import Bulkhead
 
 UNCONTENDED_OPS = 50_000
 PERMITS = 8

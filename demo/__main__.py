@@ -31,9 +31,9 @@ from demo.load import Load, Phase, Request, Tally
 from demo.simulated_gpu import GIB, GpuLayout, SimulatedGpu
 from emulator.app import build_app
 from emulator.config import EmulatorConfig
-from sidecar.app import SidecarServer
-from sidecar.logs import configure_logging
-from sidecar.settings import Settings, load_settings
+from sidecar.entry.app import SidecarServer
+from sidecar.entry.logs import configure_logging
+from sidecar.entry.settings import Settings, load_settings
 
 MODEL = "qwen2.5-7b"
 BYTES_PER_TOKEN = 57_344  # qwen2.5-7b, fp16 KV: 2 x 28 layers x 4 KV heads x 128 x 2 bytes

@@ -19,7 +19,7 @@ import openai
 
 COMPLETED = "completed"
 ERROR = "error"
-# The codes the sidecar's busy answer carries (sidecar.bulkhead's reject reasons).
+# The codes the sidecar's busy answer carries (sidecar.limiter.bulkhead's reject reasons).
 FALLBACK_CODES = frozenset({"queue_full", "timeout", "too_large", "draining", "no_capacity"})
 
 Sleep = Callable[[float], Awaitable[None]]

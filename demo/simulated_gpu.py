@@ -1,7 +1,8 @@
 """A simulated GPU for the demo: one card, an engine process, and a neighbour that comes and goes.
 
-It is a :class:`sidecar.probes.GpuProbe`, so the sidecar reads it through its real NVML capacity
-path (``SIDECAR_CAPACITY_SOURCE=nvml``): total - weights - overhead - other processes' memory.
+It is a :class:`sidecar.live.probes.GpuProbe`, so the sidecar reads it through its real NVML
+capacity path (``SIDECAR_CAPACITY_SOURCE=nvml``): total - weights - overhead - other
+processes' memory.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sidecar.probes import GpuReading, GpuSnapshot, ProcessMemory
+from sidecar.live.probes import GpuReading, GpuSnapshot, ProcessMemory
 
 GIB = 1024**3
 ENGINE_PID = 4242

@@ -2,6 +2,6 @@
 
 import sys
 
-from sidecar.cli import main
+from sidecar.entry.cli import main
 
 sys.exit(main())

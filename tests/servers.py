@@ -16,8 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from emulator.app import build_app
 from emulator.config import EmulatorConfig
-from sidecar.app import SidecarServer
-from sidecar.settings import load_settings
+from sidecar.entry.app import SidecarServer
+from sidecar.entry.settings import load_settings
 
 TINY_MODEL = Path(__file__).parent / "configs" / "tiny-llama.json"
 # The tiny model keeps 1,024 KV bytes per token; 100 + 28 tokens = 131,072 bytes per request.

@@ -8,7 +8,7 @@ import json
 import aiohttp
 import structlog
 
-from sidecar.logs import configure_logging
+from sidecar.entry.logs import configure_logging
 from tests.servers import (
     OpenAIFactory,
     StartSidecar,

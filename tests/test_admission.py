@@ -14,8 +14,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from sidecar.admission import Admission, Granted, Queued, Rejected, UnknownTicketError
-from sidecar.compartments import Compartments, parse_compartments
+from sidecar.core.admission import Admission, Granted, Queued, Rejected, UnknownTicketError
+from sidecar.core.compartments import Compartments, parse_compartments
 
 
 def _ticket(decision: object) -> int:

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 import pytest
 from structlog.testing import capture_logs
 
-from sidecar.bulkhead import AdmissionEvent, Bulkhead, Permit
-from sidecar.compartments import parse_compartments
-from sidecar.errors import AdmissionRejectedError
-from sidecar.settings import load_settings
+from sidecar.core.compartments import parse_compartments
+from sidecar.core.errors import AdmissionRejectedError
+from sidecar.entry.settings import load_settings
+from sidecar.limiter.bulkhead import AdmissionEvent, Bulkhead, Permit
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Tests for sidecar.capacity: bytes per token and per request, pools and permits."""
+"""Tests for sidecar.core.capacity: bytes per token and per request, pools and permits."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.capacity import Budget, KvCost, MemoryInputs, Source, Term, make_plan
-from sidecar.errors import ConfigError, PlanError
-from sidecar.model_spec import ModelSpec, load_model_spec, spec_from_config
+from sidecar.core.capacity import Budget, KvCost, MemoryInputs, Source, Term, make_plan
+from sidecar.core.errors import ConfigError, PlanError
+from sidecar.core.model_spec import ModelSpec, load_model_spec, spec_from_config
 
 CONFIGS = Path(__file__).parent / "configs"
 GiB = 1024**3

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.compartments import Compartments, CompartmentSpec, parse_compartments
-from sidecar.errors import ConfigError
+from sidecar.core.compartments import Compartments, CompartmentSpec, parse_compartments
+from sidecar.core.errors import ConfigError
 
 
 @pytest.mark.parametrize(

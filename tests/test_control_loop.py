@@ -8,25 +8,25 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from structlog.testing import capture_logs
 
-from sidecar.capacity import Budget, KvCost
-from sidecar.control_loop import (
+from sidecar.core.capacity import Budget, KvCost
+from sidecar.core.errors import ProbeError, ProbeTemporaryError
+from sidecar.core.model_spec import load_model_spec
+from sidecar.entry.settings import load_settings
+from sidecar.live.control_loop import (
     TASK_NAME,
     CapacityController,
     Floor,
     build_controller,
     register_capacity_metrics,
 )
-from sidecar.errors import ProbeError, ProbeTemporaryError
-from sidecar.model_spec import load_model_spec
-from sidecar.probes import (
+from sidecar.live.probes import (
     EngineCacheConfig,
     EngineReading,
     GpuReading,
     GpuSnapshot,
     ProcessMemory,
 )
-from sidecar.probes.static import Declared
-from sidecar.settings import load_settings
+from sidecar.live.probes.static import Declared
 
 GIB = 1024**3
 REQUEST = 229_376_000  # qwen2.5-7b, 4,000 tokens, fp16: 57,344 B/token

@@ -20,10 +20,10 @@ from demo.__main__ import (
 from demo.dashboard import Sample, engine_running, format_line, format_summary, summarize
 from demo.load import FALLBACK_CODES, Tally, outcome_of
 from demo.simulated_gpu import ENGINE_PID, GIB, NEIGHBOUR_PID, SimulatedGpu
-from sidecar.capacity import Budget, KvCost, make_plan
-from sidecar.model_spec import load_model_spec
-from sidecar.probes.static import Declared
-from sidecar.sources import Readings, engine_process_bytes, neighbour_bytes, plan_inputs
+from sidecar.core.capacity import Budget, KvCost, make_plan
+from sidecar.core.model_spec import load_model_spec
+from sidecar.core.sources import Readings, engine_process_bytes, neighbour_bytes, plan_inputs
+from sidecar.live.probes.static import Declared
 
 VLLM_METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

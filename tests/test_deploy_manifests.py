@@ -10,8 +10,8 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from sidecar.app import SidecarServer
-from sidecar.settings import load_settings
+from sidecar.entry.app import SidecarServer
+from sidecar.entry.settings import load_settings
 
 DEPLOY = Path(__file__).parent.parent / "deploy" / "k8s"
 

@@ -9,8 +9,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from sidecar.errors import ProbeTemporaryError
-from sidecar.probes.engine import VllmMetricsProbe, parse_metrics
+from sidecar.core.errors import ProbeTemporaryError
+from sidecar.live.probes.engine import VllmMetricsProbe, parse_metrics
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32"  # captured from vLLM 0.32
 

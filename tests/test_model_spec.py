@@ -1,4 +1,4 @@
-"""Tests for sidecar.model_spec: reading KV-cache shapes from real-shaped config.json files."""
+"""Tests for sidecar.core.model_spec: reading KV-cache shapes from real-shaped config.json files."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from sidecar.errors import ModelConfigError
-from sidecar.model_spec import (
+from sidecar.core.errors import ModelConfigError
+from sidecar.core.model_spec import (
     LayerKind,
     ModelSpec,
     load_model_spec,

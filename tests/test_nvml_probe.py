@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from sidecar.errors import ProbeTemporaryError, ProbeUnavailableError
-from sidecar.probes import nvml_errors
-from sidecar.probes.nvml import NvmlProbe, parse_gpu_selection
+from sidecar.core.errors import ProbeTemporaryError, ProbeUnavailableError
+from sidecar.live.probes import nvml_errors
+from sidecar.live.probes.nvml import NvmlProbe, parse_gpu_selection
 
 DOUBLE_SOURCE = Path(__file__).parent / "nvml_double" / "nvml_double.c"
 GIB = 1024**3
@@ -27,8 +27,8 @@ GIB = 1024**3
 DRIVER = """
 import dataclasses, json, sys
 from pathlib import Path
-from sidecar.errors import ProbeError
-from sidecar.probes.nvml import NvmlProbe, parse_gpu_selection
+from sidecar.core.errors import ProbeError
+from sidecar.live.probes.nvml import NvmlProbe, parse_gpu_selection
 script, selection, frames = Path(sys.argv[1]), sys.argv[2], json.loads(sys.stdin.read())
 probe = NvmlProbe(parse_gpu_selection(selection), clock=lambda: 0.0)
 for frame in frames:

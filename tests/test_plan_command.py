@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.cli import main
+from sidecar.entry.cli import main
 
 CONFIGS = Path(__file__).parent / "configs"
 BRIEF_8GIB = ["--model", "qwen2.5-7b", "--vram", "8GiB", "--weights", "5.0GiB"]

@@ -10,7 +10,7 @@ import aiohttp
 import openai
 import pytest
 
-from sidecar.app import SidecarServer
+from sidecar.entry.app import SidecarServer
 from tests.servers import (
     OpenAIFactory,
     StartSidecar,

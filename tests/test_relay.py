@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from sidecar.errors import UpstreamTimeoutError, UpstreamUnavailableError
-from sidecar.relay import EventFramer, in_band_error
+from sidecar.core.errors import UpstreamTimeoutError, UpstreamUnavailableError
+from sidecar.edge.relay import EventFramer, in_band_error
 
 
 @pytest.mark.parametrize(

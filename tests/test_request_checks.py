@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from sidecar.errors import RequestError
-from sidecar.request_checks import Budget, check_request
+from sidecar.core.errors import RequestError
+from sidecar.core.request_checks import Budget, check_request
 
 BUDGET = Budget(max_prompt_tokens=100, max_completion_tokens=50)
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.retry_hint import HintBounds, ReleaseRate
+from sidecar.core.retry_hint import HintBounds, ReleaseRate
 
 
 def feed(times: list[float]) -> ReleaseRate:

@@ -1,11 +1,11 @@
-"""Tests for sidecar.sizes: reading and showing memory sizes."""
+"""Tests for sidecar.core.sizes: reading and showing memory sizes."""
 
 from __future__ import annotations
 
 import pytest
 
-from sidecar.errors import ConfigError
-from sidecar.sizes import format_size, parse_size
+from sidecar.core.errors import ConfigError
+from sidecar.core.sizes import format_size, parse_size
 
 
 @pytest.mark.parametrize(

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.capacity import KvCost, MemoryInputs, Source, Term
-from sidecar.errors import ProbeTemporaryError, ProbeUnavailableError
-from sidecar.model_spec import load_model_spec
-from sidecar.probes import EngineCacheConfig, EngineReading, GpuReading, GpuSnapshot, ProcessMemory
-from sidecar.probes.static import Declared
-from sidecar.sources import Readings, pick_source, plan_inputs
+from sidecar.core.capacity import KvCost, MemoryInputs, Source, Term
+from sidecar.core.errors import ProbeTemporaryError, ProbeUnavailableError
+from sidecar.core.model_spec import load_model_spec
+from sidecar.core.sources import Readings, pick_source, plan_inputs
+from sidecar.live.probes import (
+    EngineCacheConfig,
+    EngineReading,
+    GpuReading,
+    GpuSnapshot,
+    ProcessMemory,
+)
+from sidecar.live.probes.static import Declared
 
 GIB = 1024**3
 COST = KvCost(load_model_spec("qwen2.5-7b"))  # 57,344 B/token

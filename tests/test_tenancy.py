@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from sidecar.tenancy import compartment_key, hash_api_key, tenant_id
+from sidecar.core.tenancy import compartment_key, hash_api_key, tenant_id
 
 SECRET = "sk-live-do-not-leak-0123456789"
 HASHED = "key-" + hashlib.sha256(SECRET.encode()).hexdigest()[:12]

@@ -8,8 +8,8 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict
 
-from sidecar.errors import UpstreamTimeoutError, UpstreamUnavailableError
-from sidecar.upstream import UPSTREAM_ERRORS, end_to_end, translate
+from sidecar.core.errors import UpstreamTimeoutError, UpstreamUnavailableError
+from sidecar.edge.engine_client import UPSTREAM_ERRORS, end_to_end, translate
 
 AIOHTTP_ERRORS = sorted(
     (

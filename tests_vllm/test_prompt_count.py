@@ -7,8 +7,8 @@ import pytest
 from conftest import Stack
 from openai.types.chat import ChatCompletionMessageParam
 
-from sidecar.prompt_count import EnginePromptCounter
-from sidecar.upstream import Upstream
+from sidecar.edge.engine_client import Upstream
+from sidecar.edge.prompt_count import EnginePromptCounter
 
 MESSAGES: list[ChatCompletionMessageParam] = [
     {"role": "system", "content": "You are terse."},

@@ -1,0 +1,337 @@
+"""The admission state machine: limit, in-flight work, bounded FIFO queues; no clock, no I/O.
+
+Every call returns what happened as frozen values; the asyncio layer (``bulkhead``) turns them into
+woken waiters and timers. Costs are permits (count mode: 1 each) or bytes (token mode).
+
+Compartments borrow: capacity another compartment leaves idle, its reserve included, may be used
+up to the borrower's cap. Nothing is revoked, so borrowed capacity comes back as that work ends;
+meanwhile no new borrowing is granted while any other compartment has a request waiting within
+its own guarantee, so the owner is the next to be served.
+
+Starvation: queues are strict FIFO per compartment, so a large request at the head of a queue is
+never overtaken inside its compartment. Across compartments, once an older head is waiting for
+room, no later request may *borrow*; borrowed capacity drains back as running work ends, and the
+waiting head is granted once it fits. Only other compartments' own guarantees can still pass it,
+and those are bounded, so a head that fits within its own guarantee is never starved.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Literal
+
+from sidecar.core.compartments import DEFAULT, Compartments
+
+Outcome = Literal["completed", "cancelled", "failed"]
+RejectReason = Literal["queue_full", "timeout", "too_large", "draining", "no_capacity"]
+WithdrawReason = Literal["timeout", "cancelled", "draining"]
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    """The request may run now; ``ticket`` must be released exactly once."""
+
+    ticket: int
+    compartment: str
+    cost: int
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """The request waits; ``ahead`` requests of its compartment are before it."""
+
+    ticket: int
+    compartment: str
+    cost: int
+    ahead: int
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """The request is refused at once."""
+
+    reason: RejectReason
+    compartment: str
+    cost: int
+    queued: int
+
+
+Decision = Granted | Queued | Rejected
+
+
+@dataclass(frozen=True, slots=True)
+class Withdrawal:
+    """``removed``: the waiter was still queued (False: the grant won, or it was gone already).
+
+    ``granted``: waiters its leaving lets in (a blocked head gone frees later borrowers).
+    """
+
+    removed: bool
+    granted: tuple[Granted, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CompartmentSnapshot:
+    """One compartment's reserve, ceiling and current use."""
+
+    name: str
+    guaranteed: int
+    ceiling: int
+    in_use: int
+    in_use_cost: int
+    queued: int
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionSnapshot:
+    """The whole state machine at one moment, with cumulative counters."""
+
+    limit: int
+    in_use: int
+    in_use_cost: int
+    queued: int
+    draining: bool
+    compartments: tuple[CompartmentSnapshot, ...]
+    granted_total: int
+    queued_total: int
+    rejected: dict[str, int]
+    released: dict[str, int]
+
+
+class UnknownTicketError(KeyError):
+    """A ticket released twice, or never granted: a bug in the caller, never a client's fault."""
+
+
+@dataclass(slots=True)
+class _Waiter:
+    ticket: int
+    compartment: str
+    cost: int
+
+
+class Admission:
+    """Admission decisions for one bulkhead; all methods are synchronous and O(compartments)."""
+
+    def __init__(
+        self,
+        *,
+        limit: int,
+        max_queue: int,
+        compartments: Compartments | None = None,
+        max_in_flight: int | None = None,
+        reject_oversize: bool = False,
+    ) -> None:
+        if limit < 0 or max_queue < 0:
+            raise ValueError("limit and max_queue must be >= 0")
+        self._max_queue = max_queue
+        self._compartments = compartments or Compartments()
+        self._set_limit(limit)
+        self._max_in_flight = max_in_flight
+        # Token mode knows a request bigger than all reachable bytes can never run.
+        self._reject_oversize = reject_oversize
+        self._queues: dict[str, deque[_Waiter]] = {n: deque() for n in self._compartments.names}
+        self._used: Counter[str] = Counter()
+        self._used_total = 0
+        self._count: Counter[str] = Counter()
+        self._granted: dict[int, _Waiter] = {}
+        self._queued_tickets: dict[int, _Waiter] = {}
+        self._next_ticket = 0
+        self._draining = False
+        self._stats: Counter[str] = Counter()
+        self._rejected: Counter[str] = Counter()
+        self._released: Counter[str] = Counter()
+
+    # --- decisions -------------------------------------------------------------------------------
+
+    def request(self, cost: int, compartment: str) -> Decision:
+        """Decide a new request of ``cost`` in ``compartment`` (resolved through the spec)."""
+        name = compartment if compartment in self._queues else DEFAULT
+        refusal = self._refusal(cost, name)
+        if refusal is not None:
+            return self._reject(refusal, name, cost)
+        waiter = _Waiter(self._take_ticket(), name, cost)
+        if not self._queued_tickets and self._fits(waiter):
+            # Fast path, same answer as the pump: with nobody waiting, nobody is older.
+            self._grant(waiter)
+            return Granted(waiter.ticket, name, cost)
+        self._queues[name].append(waiter)
+        self._queued_tickets[waiter.ticket] = waiter
+        if any(g.ticket == waiter.ticket for g in self._pump()):
+            return Granted(waiter.ticket, name, cost)
+        if self.queued > self._max_queue:
+            self._remove_queued(waiter)
+            return self._reject("queue_full", name, cost)
+        self._stats["queued"] += 1
+        return Queued(waiter.ticket, name, cost, len(self._queues[name]) - 1)
+
+    def release(self, ticket: int, outcome: Outcome) -> tuple[Granted, ...]:
+        """End granted work; returns the waiters this frees room for, in grant order."""
+        waiter = self._granted.pop(ticket, None)
+        if waiter is None:
+            raise UnknownTicketError(ticket)
+        self._used[waiter.compartment] -= waiter.cost
+        self._used_total -= waiter.cost
+        self._count[waiter.compartment] -= 1
+        self._released[outcome] += 1
+        return self._pump()
+
+    def withdraw(self, ticket: int, reason: WithdrawReason) -> Withdrawal:
+        """Take a waiter out of its queue (timed out, cancelled, draining).
+
+        Not removed means the grant won the race (or the waiter is already gone): the caller then
+        owns a grant to release, if ``is_granted(ticket)``.
+        """
+        waiter = self._queued_tickets.get(ticket)
+        if waiter is None:
+            return Withdrawal(removed=False)
+        self._remove_queued(waiter)
+        if reason != "cancelled":
+            self._rejected[reason] += 1
+        return Withdrawal(removed=True, granted=self._pump())
+
+    def resize(self, limit: int) -> tuple[Granted, ...]:
+        """Set a new limit; growing grants waiters now (FIFO), shrinking revokes nothing."""
+        if limit < 0:
+            raise ValueError("limit must be >= 0")
+        self._set_limit(limit)
+        return self._pump()
+
+    def drain(self) -> tuple[int, ...]:
+        """Refuse everything from now on; returns the queued tickets, now rejected ("draining")."""
+        self._draining = True
+        tickets = tuple(sorted(self._queued_tickets))
+        for ticket in tickets:
+            self.withdraw(ticket, "draining")
+        return tickets
+
+    def is_granted(self, ticket: int) -> bool:
+        """True while ``ticket`` holds a grant not yet released."""
+        return ticket in self._granted
+
+    # --- state -----------------------------------------------------------------------------------
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def queued(self) -> int:
+        return len(self._queued_tickets)
+
+    @property
+    def in_use(self) -> int:
+        return len(self._granted)
+
+    @property
+    def in_use_cost(self) -> int:
+        return self._used_total
+
+    def queued_ahead(self, compartment: str) -> int:
+        """Waiters in the compartment ``compartment`` resolves to."""
+        return len(self._queues.get(compartment, self._queues[DEFAULT]))
+
+    def snapshot(self) -> AdmissionSnapshot:
+        """Freeze the current state and counters."""
+        parts = tuple(
+            CompartmentSnapshot(
+                name=spec.name,
+                guaranteed=self._guaranteed[spec.name],
+                ceiling=self._cap[spec.name],
+                in_use=self._count[spec.name],
+                in_use_cost=self._used[spec.name],
+                queued=len(self._queues[spec.name]),
+            )
+            for spec in self._compartments.specs
+        )
+        return AdmissionSnapshot(
+            limit=self._limit,
+            in_use=self.in_use,
+            in_use_cost=self.in_use_cost,
+            queued=self.queued,
+            draining=self._draining,
+            compartments=parts,
+            granted_total=self._stats["granted"],
+            queued_total=self._stats["queued"],
+            rejected=dict(self._rejected),
+            released=dict(self._released),
+        )
+
+    # --- internals -------------------------------------------------------------------------------
+
+    def _set_limit(self, limit: int) -> None:
+        """Work out every compartment's reserve and reach once per limit, not per decision."""
+        self._limit = limit
+        specs = self._compartments.specs
+        self._guaranteed = {spec.name: spec.guaranteed(limit) for spec in specs}
+        self._cap = {spec.name: min(spec.ceiling(limit), limit) for spec in specs}
+
+    def _refusal(self, cost: int, name: str) -> RejectReason | None:
+        if self._draining:
+            return "draining"
+        if cost <= self._cap[name]:
+            return None
+        if self._reject_oversize and self._limit > 0:
+            return "too_large"
+        # Cannot run at the present limit; waiting only makes sense if a queue is allowed.
+        return "no_capacity" if self._max_queue == 0 else None
+
+    def _reject(self, reason: RejectReason, name: str, cost: int) -> Rejected:
+        self._rejected[reason] += 1
+        return Rejected(reason, name, cost, self.queued)
+
+    def _take_ticket(self) -> int:
+        self._next_ticket += 1
+        return self._next_ticket
+
+    def _remove_queued(self, waiter: _Waiter) -> None:
+        self._queues[waiter.compartment].remove(waiter)
+        del self._queued_tickets[waiter.ticket]
+
+    def _fits(self, waiter: _Waiter) -> bool:
+        name, cost = waiter.compartment, waiter.cost
+        if self._max_in_flight is not None and len(self._granted) >= self._max_in_flight:
+            return False
+        return self._used[name] + cost <= self._cap[name] and (
+            self._used_total + cost <= self._limit
+        )
+
+    def _within_guarantee(self, waiter: _Waiter) -> bool:
+        return self._used[waiter.compartment] + waiter.cost <= self._guaranteed[waiter.compartment]
+
+    def _grant(self, waiter: _Waiter) -> None:
+        self._granted[waiter.ticket] = waiter
+        self._used[waiter.compartment] += waiter.cost
+        self._used_total += waiter.cost
+        self._count[waiter.compartment] += 1
+        self._stats["granted"] += 1
+
+    def _pump(self) -> tuple[Granted, ...]:
+        """Grant every queue head that fits, oldest first (see the docstring on starvation)."""
+        granted: list[Granted] = []
+        while self._queued_tickets and not self._draining:
+            waiter = self._next_grantable()
+            if waiter is None:
+                break
+            self._remove_queued(waiter)
+            self._grant(waiter)
+            granted.append(Granted(waiter.ticket, waiter.compartment, waiter.cost))
+        return tuple(granted)
+
+    def _next_grantable(self) -> _Waiter | None:
+        if len(self._queues) == 1:  # no compartments: plain FIFO
+            head = self._queues[DEFAULT][0]
+            return head if self._fits(head) else None
+        heads = sorted((q[0] for q in self._queues.values() if q), key=lambda w: w.ticket)
+        owners = {h.compartment for h in heads if self._within_guarantee(h)}
+        blocked = False
+        for head in heads:
+            if self._fits(head):
+                if head.compartment in owners:
+                    return head
+                # A borrower: not past an older waiting head, nor while an owner waits.
+                if not blocked and not owners:
+                    return head
+            elif head.cost <= self._cap[head.compartment]:
+                blocked = True  # an older head that can run once room frees: no borrowing past it
+        return None

@@ -1,0 +1,311 @@
+"""The capacity math: KV bytes per token and per request, the KV pool, and the permits that fit.
+
+Pure: values in, frozen dataclasses out; every byte count is an int and every ratio a Fraction.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+from fractions import Fraction
+from typing import Any
+
+from sidecar.core.errors import ConfigError, PlanError
+from sidecar.core.model_spec import DTYPE_BYTES, LayerKind, ModelSpec
+
+
+class Source(StrEnum):
+    """Where a number in the plan came from."""
+
+    MEASURED = "measured"
+    ENGINE = "engine"
+    DECLARED = "declared"
+    DERIVED = "derived"
+
+
+@dataclass(frozen=True)
+class Term:
+    """One term of the capacity formula, with its provenance and (for live readings) its time."""
+
+    name: str
+    bytes: int
+    source: Source
+    observed_at: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "name": self.name,
+            "bytes": self.bytes,
+            "source": str(self.source),
+            "observed_at": self.observed_at,
+        }
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The most tokens one request may hold: its prompt plus its completion."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 0 or self.completion_tokens < 0 or self.total <= 0:
+            msg = (
+                f"token budget must be positive, got {self.prompt_tokens} prompt + "
+                f"{self.completion_tokens} completion tokens"
+            )
+            raise ConfigError(msg)
+
+    @property
+    def total(self) -> int:
+        """Prompt and completion tokens together."""
+        return self.prompt_tokens + self.completion_tokens
+
+
+def kv_dtype_bytes(kv_dtype: str, spec: ModelSpec) -> int:
+    """Bytes per KV element: "auto" is the model's dtype, any fp8 variant is one byte."""
+    name = kv_dtype.strip().lower()
+    if name == "auto":
+        if spec.dtype_bytes is None:
+            msg = f"{spec.name}: config.json gives no torch_dtype; pass --kv-dtype (e.g. bf16)"
+            raise ConfigError(msg)
+        return spec.dtype_bytes
+    if name.startswith("fp8"):
+        return 1
+    if name in DTYPE_BYTES:
+        return DTYPE_BYTES[name]
+    known = ", ".join(["auto", "fp8 (any variant)", *DTYPE_BYTES])
+    raise ConfigError(f"unknown KV cache dtype {kv_dtype!r} (known: {known})")
+
+
+@dataclass(frozen=True)
+class KvCost:
+    """What tokens cost in KV cache for one model, cache dtype, TP degree and block size.
+
+    "Whole model" figures add up every GPU of the tensor-parallel group, replicas included.
+    """
+
+    spec: ModelSpec
+    kv_dtype: str = "auto"
+    tp: int = 1
+    block_size: int | None = None
+    element_bytes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.tp < 1:
+            raise ConfigError(f"tensor parallel size must be at least 1, got {self.tp}")
+        if self.block_size is not None and self.block_size < 1:
+            raise ConfigError(f"block size must be at least 1 token, got {self.block_size}")
+        object.__setattr__(self, "element_bytes", kv_dtype_bytes(self.kv_dtype, self.spec))
+
+    @property
+    def layer_bytes_per_token_per_gpu(self) -> int:
+        """One token in one attention layer on one GPU."""
+        if self.spec.mla_latent_dim is not None:  # one latent, replicated on every rank
+            return self.spec.mla_latent_dim * self.element_bytes
+        heads_per_gpu = max(1, math.ceil(self.spec.num_kv_heads / self.tp))
+        return 2 * heads_per_gpu * self.spec.head_dim * self.element_bytes
+
+    @property
+    def bytes_per_token_per_gpu(self) -> int:
+        """One token across every attention layer, on the fullest GPU."""
+        return self.spec.attention_layers * self.layer_bytes_per_token_per_gpu
+
+    @property
+    def bytes_per_token(self) -> int:
+        """One token across every attention layer, all GPUs of the group together."""
+        return self.bytes_per_token_per_gpu * self.tp
+
+    @property
+    def state_bytes_per_gpu(self) -> int:
+        """Constant mamba / linear-attention state of one request on one GPU."""
+        return math.ceil(self.spec.state_bytes_per_request / self.tp)
+
+    def tokens_held(self, kind: LayerKind, tokens: int) -> int:
+        """Token slots a request of `tokens` occupies in one layer of `kind`, in whole blocks."""
+        block = self.block_size or 1
+        blocks = math.ceil(tokens / block)
+        window = self.spec.sliding_window
+        if kind is LayerKind.SLIDING and window is not None:
+            # A window that starts mid-block straddles one more block than it fills.
+            blocks = min(blocks, math.ceil((window - 1) / block) + 1)
+        return blocks * block
+
+    def request_bytes_per_gpu(self, tokens: int) -> int:
+        """Worst case of one request of `tokens` on the fullest GPU."""
+        per_layer = self.layer_bytes_per_token_per_gpu
+        attention = sum(
+            self.tokens_held(kind, tokens) * per_layer
+            for kind in self.spec.layers
+            if kind in (LayerKind.FULL, LayerKind.SLIDING)
+        )
+        return attention + self.state_bytes_per_gpu
+
+    def request_bytes(self, tokens: int) -> int:
+        """Worst case of one request of `tokens`, all GPUs of the group together."""
+        return self.request_bytes_per_gpu(tokens) * self.tp
+
+    def usable_pool_bytes_per_gpu(self, pool_bytes_per_gpu: int) -> int:
+        """The part of a GPU's pool that whole blocks can use."""
+        block_bytes = (self.block_size or 0) * self.bytes_per_token_per_gpu
+        if block_bytes == 0:  # no paging: every byte counts
+            return max(0, pool_bytes_per_gpu)
+        return max(0, pool_bytes_per_gpu) // block_bytes * block_bytes
+
+    def tokens_in_pool(self, pool_bytes_per_gpu: int) -> int:
+        """How many tokens (in whole blocks) a GPU's pool holds."""
+        if self.bytes_per_token_per_gpu == 0:
+            return 0
+        return self.usable_pool_bytes_per_gpu(pool_bytes_per_gpu) // self.bytes_per_token_per_gpu
+
+
+_NO_NEIGHBOURS = Term("neighbours", 0, Source.DECLARED)
+
+
+@dataclass(frozen=True)
+class MemoryInputs:
+    """GPU memory split: VRAM, overhead and neighbours per GPU; weights for the whole model."""
+
+    vram_total: Term
+    weights: Term
+    overhead: Term
+    neighbours: Term = _NO_NEIGHBOURS
+
+    def pool_terms(self, tp: int) -> tuple[Term, ...]:
+        """Every term of the formula, ending with the derived KV pool of one GPU."""
+        weights_per_gpu = Term(
+            "weights_per_gpu", math.ceil(self.weights.bytes / tp), Source.DERIVED
+        )
+        taken = weights_per_gpu.bytes + self.overhead.bytes + self.neighbours.bytes
+        if taken >= self.vram_total.bytes:
+            msg = (
+                f"no room for a KV cache: weights per GPU {weights_per_gpu.bytes:,} B + overhead "
+                f"{self.overhead.bytes:,} B + neighbours {self.neighbours.bytes:,} B = {taken:,} B"
+                f" >= VRAM {self.vram_total.bytes:,} B"
+            )
+            raise PlanError(msg)
+        pool = Term("kv_pool_per_gpu", self.vram_total.bytes - taken, Source.DERIVED)
+        return (
+            self.vram_total,
+            self.weights,
+            weights_per_gpu,
+            self.overhead,
+            self.neighbours,
+            pool,
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How many requests of the budget fit in the KV pool, with every number that led there."""
+
+    permits: int
+    permits_exact: Fraction  # before flooring, for the derivation
+    kv_pool_bytes_per_gpu: int
+    kv_pool_tokens: int  # per GPU, in whole blocks
+    alpha: float
+    budget: Budget
+    cost: KvCost
+    terms: tuple[Term, ...]
+
+    @property
+    def kv_pool_bytes(self) -> int:
+        """The pool of the whole TP group (with tp=1, the GPU's pool)."""
+        return self.kv_pool_bytes_per_gpu * self.cost.tp
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """One token across every attention layer of the whole model."""
+        return self.cost.bytes_per_token
+
+    @property
+    def request_max_tokens(self) -> int:
+        """The token budget of one request."""
+        return self.budget.total
+
+    @property
+    def request_max_bytes(self) -> int:
+        """One request's worst case, whole model, windows and blocks honoured."""
+        return self.cost.request_bytes(self.budget.total)
+
+    @property
+    def admissible_bytes(self) -> int:
+        """floor(alpha x pool): the limit for token-weighted admission, whole group."""
+        return math.floor(_exact(self.alpha) * self.kv_pool_bytes)
+
+    def _inputs(self) -> dict[str, Any]:
+        return {
+            "alpha": self.alpha,
+            "max_prompt_tokens": self.budget.prompt_tokens,
+            "max_completion_tokens": self.budget.completion_tokens,
+            "kv_dtype": self.cost.kv_dtype,
+            "kv_dtype_bytes": self.cost.element_bytes,
+            "tensor_parallel_size": self.cost.tp,
+            "block_size_tokens": self.cost.block_size,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form; key suffixes carry units (_bytes, _tokens)."""
+        spec = self.cost.spec
+        return {
+            "model": spec.name,
+            "model_type": spec.model_type,
+            "permits": self.permits,
+            "permits_exact": float(self.permits_exact),
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_bytes_per_token_per_gpu": self.cost.bytes_per_token_per_gpu,
+            "request_max_tokens": self.request_max_tokens,
+            "request_max_bytes": self.request_max_bytes,
+            "request_max_bytes_per_gpu": self.cost.request_bytes_per_gpu(self.budget.total),
+            "kv_pool_bytes": self.kv_pool_bytes,
+            "kv_pool_bytes_per_gpu": self.kv_pool_bytes_per_gpu,
+            "kv_pool_tokens": self.kv_pool_tokens,
+            "admissible_bytes": self.admissible_bytes,
+            "inputs": self._inputs(),
+            "model_spec": _spec_dict(spec),
+            "terms": [term.to_dict() for term in self.terms],
+        }
+
+
+def _spec_dict(spec: ModelSpec) -> dict[str, Any]:
+    return {
+        "attention_layers": spec.attention_layers,
+        "layers": len(spec.layers),
+        "num_kv_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "mla_latent_dim": spec.mla_latent_dim,
+        "sliding_window_tokens": spec.sliding_window,
+        "dtype": spec.dtype,
+        "state_bytes_per_request": spec.state_bytes_per_request,
+    }
+
+
+def _exact(alpha: float) -> Fraction:
+    # repr() is the shortest decimal that round-trips, i.e. what the user typed: 0.8 -> 4/5.
+    return Fraction(repr(alpha))
+
+
+def make_plan(cost: KvCost, memory: MemoryInputs | Term, budget: Budget, alpha: float) -> Plan:
+    """Work out the permits: floor(usable pool per GPU / request bytes per GPU x alpha)."""
+    if not 0 < alpha <= 1:  # also rejects NaN
+        raise ConfigError(f"alpha (safety factor) must be in (0, 1], got {alpha}")
+    terms = (memory,) if isinstance(memory, Term) else memory.pool_terms(cost.tp)
+    pool = terms[-1].bytes
+    if pool <= 0:
+        raise PlanError(f"the KV pool must be positive, got {pool:,} B")
+    request = cost.request_bytes_per_gpu(budget.total)
+    if request == 0:
+        raise PlanError(f"{cost.spec.name} keeps no per-request state to size permits by")
+    exact = Fraction(cost.usable_pool_bytes_per_gpu(pool)) / request * _exact(alpha)
+    return Plan(
+        permits=math.floor(exact),
+        permits_exact=exact,
+        kv_pool_bytes_per_gpu=pool,
+        kv_pool_tokens=cost.tokens_in_pool(pool),
+        alpha=alpha,
+        budget=budget,
+        cost=cost,
+        terms=terms,
+    )

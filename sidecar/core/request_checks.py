@@ -1,0 +1,209 @@
+"""Checks a completion request before admission and fixes its token budget (pure, no I/O).
+
+A request the engine could run past the budget never reaches it: a missing ``max_tokens`` is set to
+the completion budget, one above it is refused (or clamped, if configured), and the prompt is
+estimated from its text so token-weighted admission can price it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from sidecar.core.errors import RequestError
+
+Endpoint = Literal["chat", "completions"]
+TOKEN_KEYS = ("max_completion_tokens", "max_tokens")
+# Chat templates add a few tokens per message (role markers, separators).
+MESSAGE_OVERHEAD_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The per-request token budget the plan was made for."""
+
+    max_prompt_tokens: int
+    max_completion_tokens: int
+    over_budget: Literal["reject", "clamp"] = "reject"
+    prompt_bytes_per_token: float = 4.0
+    # When the engine counts the prompt, the estimate only prices a request the count could not.
+    count_from_engine: bool = False
+
+
+@dataclass(frozen=True)
+class CheckedRequest:
+    """A valid request, ready to admit and forward."""
+
+    body: bytes
+    stream: bool
+    completion_tokens: int
+    prompt_tokens: int
+    sequences: int
+    model: str | None
+    prompt_param: str = "messages"
+    tokenize: dict[str, Any] | None = None  # what to ask the engine's /tokenize, when it can say
+
+    @property
+    def total_tokens(self) -> int:
+        """The worst case the request can pin: every sequence at its full length."""
+        return (self.prompt_tokens + self.completion_tokens) * self.sequences
+
+
+def check_request(raw: bytes, endpoint: Endpoint, budget: Budget) -> CheckedRequest:
+    """Validate ``raw`` and return it with a bounded token budget; RequestError otherwise."""
+    body = _parse_object(raw)
+    stream = _optional_bool(body, "stream")
+    prompt_tokens, prompts, param = _estimate_prompt(body, endpoint, budget)
+    if not budget.count_from_engine:
+        enforce_prompt_budget(prompt_tokens, param, budget)
+    sequences = _positive_int(body, "n", default=1) * prompts
+    completion, changed = _completion_tokens(body, budget)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise RequestError("'model' must be a string", param="model", code="invalid_type")
+    forwarded = json.dumps(body).encode() if changed else raw
+    tokenize = _tokenize_payload(body, endpoint) if budget.count_from_engine else None
+    return CheckedRequest(
+        forwarded, stream, completion, prompt_tokens, sequences, model, param, tokenize
+    )
+
+
+def with_prompt_tokens(checked: CheckedRequest, tokens: int, budget: Budget) -> CheckedRequest:
+    """The request priced with the engine's own prompt count; RequestError if over the budget."""
+    enforce_prompt_budget(tokens, checked.prompt_param, budget, exact=True)
+    return replace(checked, prompt_tokens=tokens)
+
+
+def enforce_prompt_budget(tokens: int, param: str, budget: Budget, *, exact: bool = False) -> None:
+    if tokens > budget.max_prompt_tokens:
+        size = f"{tokens}" if exact else f"about {tokens}"
+        raise RequestError(
+            f"the prompt is {size} tokens, above this server's prompt budget of "
+            f"{budget.max_prompt_tokens} tokens",
+            param=param,
+            code="prompt_over_budget",
+        )
+
+
+def _tokenize_payload(body: dict[str, Any], endpoint: Endpoint) -> dict[str, Any] | None:
+    """vLLM's /tokenize request for this prompt; None where the estimate is exact or must do."""
+    base = {"model": body["model"]} if isinstance(body.get("model"), str) else {}
+    if endpoint == "chat":
+        return {**base, "messages": body["messages"], "add_generation_prompt": True}
+    if isinstance(body.get("prompt"), str):
+        return {**base, "prompt": body["prompt"]}
+    return None  # token ids are counted exactly already; batches keep the estimate
+
+
+def _parse_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RequestError(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if not isinstance(body, dict):
+        raise RequestError("request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def _optional_bool(body: dict[str, Any], key: str) -> bool:
+    value = body.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise RequestError(f"'{key}' must be a boolean", param=key, code="invalid_type")
+    return value
+
+
+def _positive_int(body: dict[str, Any], key: str, default: int) -> int:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(f"'{key}' must be an integer", param=key, code="invalid_type")
+    if value <= 0:
+        raise RequestError(
+            f"'{key}' must be at least 1, got {value}", param=key, code="invalid_value"
+        )
+    return value
+
+
+def _completion_tokens(body: dict[str, Any], budget: Budget) -> tuple[int, bool]:
+    """The completion budget the engine will honour, and whether the body had to change."""
+    limit = budget.max_completion_tokens
+    given = {key: _positive_int(body, key, 0) for key in TOKEN_KEYS if body.get(key) is not None}
+    if not given:
+        body["max_tokens"] = limit
+        return limit, True
+    over = {key: value for key, value in given.items() if value > limit}
+    if not over:
+        return max(given.values()), False
+    if budget.over_budget == "reject":
+        key, value = next(iter(over.items()))
+        raise RequestError(
+            f"'{key}' is {value}, above this server's completion budget of {limit} tokens",
+            param=key,
+            code="max_tokens_over_budget",
+        )
+    for key in over:
+        body[key] = limit
+    return limit, True
+
+
+def _estimate_prompt(
+    body: dict[str, Any], endpoint: Endpoint, budget: Budget
+) -> tuple[int, int, str]:
+    """The largest prompt's estimated tokens, how many prompts there are, and their field."""
+    if endpoint == "chat":
+        return _chat_prompt_tokens(body, budget), 1, "messages"
+    tokens, prompts = _completion_prompt_tokens(body, budget)
+    return tokens, prompts, "prompt"
+
+
+def _chat_prompt_tokens(body: dict[str, Any], budget: Budget) -> int:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("'messages' must be a non-empty array", param="messages")
+    total = 0
+    for message in messages:
+        if not isinstance(message, dict):
+            raise RequestError("each message must be an object", param="messages")
+        total += MESSAGE_OVERHEAD_TOKENS + _text_tokens(_message_text(message), budget)
+    return total
+
+
+def _message_text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    raise RequestError("message 'content' must be a string or an array", param="messages")
+
+
+def _completion_prompt_tokens(body: dict[str, Any], budget: Budget) -> tuple[int, int]:
+    """A completions prompt is text, token ids, or a batch of either (one sequence each)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return _text_tokens(prompt, budget), 1
+    if isinstance(prompt, list) and prompt:
+        if all(_is_token_id(item) for item in prompt):
+            return len(prompt), 1
+        if all(isinstance(item, str) for item in prompt):
+            return max(_text_tokens(item, budget) for item in prompt), len(prompt)
+        if all(isinstance(item, list) and all(map(_is_token_id, item)) for item in prompt):
+            return max(len(item) for item in prompt), len(prompt)
+    raise RequestError(
+        "'prompt' must be a string, an array of strings, or token ids", param="prompt"
+    )
+
+
+def _is_token_id(item: object) -> bool:
+    return isinstance(item, int) and not isinstance(item, bool)
+
+
+def _text_tokens(text: str, budget: Budget) -> int:
+    if not text:
+        return 0
+    return math.ceil(len(text.encode()) / budget.prompt_bytes_per_token)

@@ -1,0 +1,75 @@
+"""Which compartment a request belongs to, read from its headers.
+
+An API key is a secret: it becomes ``key-`` + 12 hex digits of its SHA-256 here and is never kept,
+returned or logged in clear. Header values are trimmed and bounded so a hostile client cannot mint
+unbounded label values (unknown keys land in ``default`` anyway; see ``compartments``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from typing import Literal
+
+from sidecar.core.compartments import DEFAULT
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]")
+_MAX_LEN = 64
+_BEARER = "bearer "
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    """Case-insensitive lookup that also works for a plain dict (aiohttp's headers already are)."""
+    value = headers.get(name)
+    if value is None:
+        wanted = name.lower()
+        value = next((v for k, v in headers.items() if k.lower() == wanted), None)
+    return value
+
+
+def _clean(value: str | None) -> str | None:
+    if value is None:
+        return None
+    cleaned = _SAFE.sub("_", value.strip())[:_MAX_LEN]
+    return cleaned or None
+
+
+def hash_api_key(key: str) -> str:
+    """The public name of an API key: ``key-`` + the first 12 hex digits of its SHA-256."""
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def tenant_id(
+    headers: Mapping[str, str],
+    *,
+    tenant_header: str = "x-tenant-id",
+    from_api_key: bool = True,
+) -> str | None:
+    """The tenant of a request: the tenant header if set, else the hashed bearer key, else None."""
+    declared = _clean(_header(headers, tenant_header))
+    if declared is not None:
+        return declared
+    if not from_api_key:
+        return None
+    auth = _header(headers, "authorization") or ""
+    if not auth.lower().startswith(_BEARER):
+        return None
+    key = auth[len(_BEARER) :].strip()
+    return hash_api_key(key) if key else None
+
+
+def compartment_key(
+    headers: Mapping[str, str],
+    *,
+    by: Literal["tenant", "priority"] = "tenant",
+    tenant_header: str = "x-tenant-id",
+    tenant_from_api_key: bool = True,
+    priority_header: str = "x-priority",
+) -> str:
+    """The compartment key of a request (``default`` when the request names none)."""
+    if by == "priority":
+        priority = _clean(_header(headers, priority_header))
+        return priority.lower() if priority else DEFAULT
+    tenant = tenant_id(headers, tenant_header=tenant_header, from_api_key=tenant_from_api_key)
+    return tenant or DEFAULT

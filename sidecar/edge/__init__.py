@@ -1,0 +1,1 @@
+"""The edge: the streaming proxy, the engine client, the busy answer, errors, the admin app."""

@@ -1,0 +1,1 @@
+"""Entry points: the CLI and its commands, settings, logging and the composition root."""

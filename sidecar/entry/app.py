@@ -1,0 +1,170 @@
+"""The composition root: builds the bulkhead, the capacity loop, the proxy and admin apps from the
+settings, starts them in order, drains and stops them in reverse."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from functools import partial
+
+import structlog
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from sidecar.core.request_checks import Budget, CheckedRequest
+from sidecar.core.tenancy import compartment_key, tenant_id
+from sidecar.edge.admin import Admin, build_admin_app
+from sidecar.edge.engine_client import Upstream
+from sidecar.edge.prompt_count import EnginePromptCounter
+from sidecar.edge.proxy import Proxy, ProxyConfig, build_proxy_app
+from sidecar.entry.settings import Settings
+from sidecar.limiter.bulkhead import AdmissionEvent, Bulkhead
+from sidecar.live.control_loop import CapacityController, build_controller
+from sidecar.live.probes import GpuProbe
+from sidecar.telemetry.capacity_metrics import register_capacity_metrics
+from sidecar.telemetry.metrics import BulkheadCollector, RequestMetrics
+
+log = structlog.get_logger("sidecar")
+
+
+class SidecarServer:
+    """Both ports of one sidecar, and everything behind them."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        gpu_probe: GpuProbe | None = None,
+    ) -> None:
+        self.settings, self.clock = settings, clock
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.metrics = RequestMetrics(self.registry)
+        self.bulkhead = Bulkhead.from_settings(
+            settings, limit=0, clock=clock, on_event=self._on_event
+        )
+        self.controller: CapacityController = build_controller(
+            settings, self.bulkhead.resize, clock=clock, nvml=gpu_probe
+        )
+        self.upstream = Upstream(
+            settings.upstream_url,
+            connect_timeout_s=settings.upstream_connect_timeout_ms / 1000,
+            read_timeout_s=settings.upstream_read_timeout_ms / 1000,
+        )
+        self.draining = False
+        self._runners: list[web.AppRunner] = []
+        self.proxy_port = self.admin_port = 0
+        register_capacity_metrics(self.registry, self.controller, clock)
+        self.registry.register(BulkheadCollector(self.bulkhead.snapshot, self._plan_permits))
+
+    def _plan_permits(self) -> int:
+        plan = self.controller.state.plan
+        return plan.permits if plan is not None else 0
+
+    def _on_event(self, event: AdmissionEvent) -> None:
+        """Bulkhead decisions -> metrics; the proxy logs them, in each request's own context."""
+        if event.kind == "granted":
+            self.metrics.waited(event.wait_s)
+        elif event.kind == "rejected" and event.reason == "timeout":
+            self.metrics.waited(self.settings.max_wait_ms / 1000)
+        if event.kind == "rejected" and event.shadow and event.reason is not None:
+            self.metrics.shadow_rejected(event.reason)
+
+    def _price(self, request: CheckedRequest) -> int:
+        """Token mode: every sequence's own worst case in KV bytes. Count mode: one permit per
+        request, as the plan counts them (use token mode where `n` > 1 or batches are common)."""
+        if self.settings.admission == "count":
+            return 1
+        per_sequence = self.controller.cost.request_bytes(
+            request.prompt_tokens + request.completion_tokens
+        )
+        return per_sequence * request.sequences
+
+    def _proxy(self) -> Proxy:
+        s = self.settings
+        config = ProxyConfig(
+            budget=Budget(
+                s.max_prompt_tokens,
+                s.max_completion_tokens,
+                s.over_budget,
+                s.prompt_bytes_per_token,
+                count_from_engine=s.prompt_tokens == "engine",
+            ),
+            reject_mode=s.reject_mode,
+            max_body_bytes=int(s.max_body_bytes),
+            price=self._price,
+            compartment_of=partial(
+                compartment_key,
+                by=s.compartment_by,
+                tenant_header=s.tenant_header,
+                tenant_from_api_key=s.tenant_from_api_key,
+                priority_header=s.priority_header,
+            ),
+            tenant_of=partial(
+                tenant_id, tenant_header=s.tenant_header, from_api_key=s.tenant_from_api_key
+            ),
+        )
+        counter = EnginePromptCounter(self.upstream) if s.prompt_tokens == "engine" else None
+        return Proxy(config, self.bulkhead, self.upstream, self.metrics, self.clock, counter)
+
+    def _admin(self) -> Admin:
+        return Admin(
+            self.bulkhead,
+            self.controller,
+            self.registry,
+            self.clock,
+            draining=lambda: self.draining,
+            loop_alive=self.controller.running,
+        )
+
+    async def start(self) -> None:
+        """Plan once, start the loop, then open the admin port and the proxy port."""
+        await self.upstream.start()
+        state = await self.controller.refresh()
+        log.info("capacity_initial", source=state.source, limit=state.limit, mode=state.mode)
+        self.controller.start()
+        s = self.settings
+        self.admin_port = await self._listen(
+            build_admin_app(self._admin()), s.admin_host, s.admin_port
+        )
+        self.proxy_port = await self._listen(build_proxy_app(self._proxy()), s.host, s.port)
+        log.info(
+            "sidecar_listening",
+            proxy_port=self.proxy_port,
+            admin_port=self.admin_port,
+            upstream=s.upstream_url,
+            admission=s.admission,
+            shadow=s.shadow,
+        )
+
+    async def _listen(self, app: web.Application, host: str, port: int) -> int:
+        # handler_cancellation: a client that hangs up cancels its handler at once, so a queued
+        # waiter leaves the queue and a stream's upstream connection is closed.
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        self._runners.append(runner)
+        return int(runner.addresses[0][1])  # the real port, also when 0 asked for any
+
+    async def drain(self, grace_s: float) -> bool:
+        """Fail readiness, refuse new work, let running streams finish; True if all finished."""
+        self.draining = True
+        self.bulkhead.drain()
+        log.info("drain_started", in_flight=self.bulkhead.snapshot().in_use, grace_s=grace_s)
+        try:
+            await asyncio.wait_for(self.bulkhead.idle(), grace_s)
+        except TimeoutError:
+            log.warning("drain_grace_expired", in_flight=self.bulkhead.snapshot().in_use)
+            return False
+        log.info("drain_finished")
+        return True
+
+    async def stop(self) -> None:
+        """Close the ports (proxy first), stop the loop, close the upstream client."""
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+        self._runners.clear()
+        await self.controller.stop()
+        await self.upstream.close()

@@ -1,0 +1,60 @@
+"""The ``sidecar`` command: ``plan``, ``serve`` and ``probe`` (the demo is ``python -m demo``).
+
+Each sub-command lives in its own module exposing ``add_arguments(parser)`` and ``run(args)``;
+this module only dispatches and turns a SidecarError into one clear line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+from sidecar.core.errors import SidecarError
+
+COMMANDS = {
+    "plan": ("sidecar.entry.plan_command", "work out how many concurrent requests a GPU can hold"),
+    "serve": (
+        "sidecar.entry.serve_command",
+        "run the sidecar (configured from SIDECAR_* variables)",
+    ),
+    "probe": ("sidecar.entry.probe_command", "show what the sidecar sees now: GPUs, engine, plan"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sidecar",
+        description="GPU-aware admission controller for LLM inference servers "
+        "(the demo is `python -m demo`).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        module = importlib.import_module(module_name)
+        module.add_arguments(sub)
+        sub.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        status: int = args._run(args)
+    except SidecarError as exc:
+        print(f"sidecar {args.command}: error: {exc}", file=sys.stderr)  # noqa: T201
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`sidecar plan --json | head`): say nothing more, as cat would.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

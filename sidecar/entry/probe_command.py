@@ -1,0 +1,79 @@
+"""``sidecar probe``: what the sidecar sees right now (GPUs, processes, engine cache) and its plan.
+
+Configured from the same SIDECAR_* variables as ``serve``; exits 1 when nothing can be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+from sidecar.core.sizes import format_size
+from sidecar.entry.logs import configure_logging
+from sidecar.entry.settings import Settings, load_settings
+from sidecar.live.control_loop import CapacityController, build_controller
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--json`` for the /capacity document instead of the human-readable summary."""
+    parser.add_argument("--json", action="store_true", help="print the /capacity JSON document")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Read every probe once, print what was seen, and the plan that would follow."""
+    settings = load_settings()
+    configure_logging(settings.log_level, stream=sys.stderr)  # stdout is for the report
+    document = asyncio.run(_probe_once(settings))
+    if args.json:
+        print(json.dumps(document, indent=2, default=str))  # noqa: T201
+    else:
+        print("\n".join(describe(document)))  # noqa: T201
+    if document["plan"] is None and not document["gpus"] and document["engine"] is None:
+        print(f"sidecar probe: nothing could be read: {document['error']}", file=sys.stderr)  # noqa: T201
+        return 1
+    return 0
+
+
+async def _probe_once(settings: Settings) -> dict[str, Any]:
+    controller: CapacityController = build_controller(settings, lambda _limit: None)
+    try:
+        await controller.refresh()
+        return controller.state_json(time.monotonic())
+    finally:
+        await controller.stop()
+
+
+def describe(doc: dict[str, Any]) -> list[str]:
+    """The /capacity document as lines a person reads."""
+    lines = [f"source: {doc['source']} (asked: {doc['requested_source']}), mode: {doc['mode']}"]
+    for gpu in doc["gpus"]:
+        lines.append(
+            f"GPU {gpu['index']} {gpu['name']} {gpu['uuid']}: "
+            f"total {format_size(gpu['total_bytes'])}, used {format_size(gpu['used_bytes'])}, "
+            f"free {format_size(gpu['free_bytes'])}"
+        )
+        lines += [
+            f"  pid {p['pid']}: {'?' if p['used_bytes'] is None else format_size(p['used_bytes'])}"
+            for p in gpu["processes"]
+        ]
+    cache = (doc["engine"] or {}).get("cache")
+    if cache:
+        lines.append("engine cache: " + ", ".join(f"{k}={v}" for k, v in cache.items()))
+    for check in doc["disagreements"]:
+        lines.append(f"engine vs NVML on {check['gpu']}: {check['ratio']:.1%} apart")
+    plan = doc["plan"]
+    if plan:
+        for term in plan["terms"]:
+            lines.append(f"  {term['name']}: {format_size(term['bytes'])} [{term['source']}]")
+        lines.append(
+            f"plan: {plan['permits']} permits; KV pool {format_size(plan['kv_pool_bytes'])}, "
+            f"{plan['kv_bytes_per_token']:,} B/token, request max {plan['request_max_tokens']}"
+            f" tokens = {format_size(plan['request_max_bytes'])}; limit {doc['limit']}"
+        )
+    if doc["error"]:
+        lines.append(f"error: {doc['error']}")
+    return lines

@@ -1,0 +1,44 @@
+"""``sidecar serve``: run the sidecar until SIGTERM/SIGINT, then drain and exit 0."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+
+import structlog
+
+from sidecar.entry.app import SidecarServer
+from sidecar.entry.logs import configure_logging
+from sidecar.entry.settings import Settings, load_settings
+
+log = structlog.get_logger("sidecar")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = "All settings come from SIDECAR_* environment variables; see the README."
+
+
+def run(_args: argparse.Namespace) -> int:
+    settings = load_settings(os.environ)
+    configure_logging(settings.log_level)
+    return asyncio.run(serve(settings))
+
+
+async def serve(settings: Settings) -> int:
+    """Start, wait for a stop signal, drain within the grace period, stop."""
+    server = SidecarServer(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await server.start()
+        await stop.wait()
+        log.info("shutdown_requested")
+        await server.drain(settings.drain_grace_s)
+    finally:
+        await server.stop()
+    log.info("stopped")
+    return 0

@@ -1,0 +1,1 @@
+"""The limiter: the asyncio bulkhead that enforces the admission core's decisions."""

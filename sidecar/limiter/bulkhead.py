@@ -1,0 +1,348 @@
+"""The asyncio bulkhead: ``async with bulkhead.admit(cost) as permit`` over the admission core.
+
+Waiting never blocks the loop: a waiter awaits a future that a release, a resize or its timer
+settles. The core decides every race: a timer or a cancel only wins if the core still has the
+waiter queued; otherwise the grant won, and a cancelled waiter releases what it was granted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field, fields
+from functools import partial
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import structlog
+
+from sidecar.core.admission import (
+    Admission,
+    AdmissionSnapshot,
+    Granted,
+    Outcome,
+    Queued,
+    Rejected,
+    RejectReason,
+)
+from sidecar.core.compartments import DEFAULT, Compartments, parse_compartments
+from sidecar.core.errors import AdmissionRejectedError
+from sidecar.core.retry_hint import ReleaseRate
+
+if TYPE_CHECKING:
+    from sidecar.entry.settings import Settings
+
+log = structlog.get_logger(__name__)
+
+Mode = Literal["count", "tokens"]
+EventKind = Literal["granted", "queued", "rejected", "released"]
+
+_MESSAGES: dict[RejectReason, str] = {
+    "queue_full": "the server is at capacity and its queue is full; retry later",
+    "timeout": "the request waited the maximum time for capacity; retry later",
+    "too_large": "the request needs more KV cache than this server can ever hold at once",
+    "draining": "the server is shutting down; retry on another replica",
+    "no_capacity": "the server has no capacity at present; retry later",
+}
+
+
+class TimerHandle(Protocol):
+    def cancel(self) -> None: ...
+
+
+CallLater = Callable[[float, Callable[[], None]], TimerHandle]
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionEvent:
+    """One decision, for metrics and logs: granted (wait_s), rejected (reason), released."""
+
+    kind: EventKind
+    compartment: str
+    cost: int
+    shadow: bool
+    queued: int
+    wait_s: float = 0.0
+    reason: RejectReason | None = None
+    outcome: Outcome | None = None
+    held_s: float | None = None
+    retry_after_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BulkheadSnapshot(AdmissionSnapshot):
+    """The core's snapshot plus how the bulkhead enforces it; counters are cumulative."""
+
+    mode: Mode
+    shadow: bool
+    max_in_flight: int | None
+
+
+@dataclass(eq=False, slots=True)
+class Permit:
+    """A grant held by one request; released exactly once (a second release does nothing)."""
+
+    cost: int
+    compartment: str
+    wait_s: float
+    _ticket: int | None = field(repr=False)
+    _bulkhead: Bulkhead = field(repr=False)
+    _granted_at: float = field(repr=False)
+    outcome: Outcome | None = None
+    shadow_rejected: RejectReason | None = None
+    _released: bool = field(default=False, repr=False)
+
+    def release(self, outcome: Outcome | None = None) -> None:
+        """Give the capacity back with ``outcome`` (default: ``self.outcome``, else completed)."""
+        if self._released:
+            return
+        self._released = True
+        held_s = self._bulkhead.now() - self._granted_at
+        self._bulkhead._settle(self, outcome or self.outcome or "completed", held_s)
+
+
+@dataclass(slots=True)
+class _Wait:
+    queued: Queued
+    started: float
+    future: asyncio.Future[float] | None
+    permit: Permit | None = None
+    timer: TimerHandle | None = None
+
+
+class Bulkhead:
+    """Bounded concurrency with a bounded, timed FIFO queue per compartment."""
+
+    def __init__(
+        self,
+        *,
+        limit: int,
+        max_queue: int,
+        max_wait_s: float,
+        mode: Mode = "count",
+        shadow: bool = False,
+        max_in_flight: int | None = None,
+        compartments: Compartments | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        call_later: CallLater | None = None,
+        on_event: Callable[[AdmissionEvent], None] | None = None,
+        hint: ReleaseRate | None = None,
+    ) -> None:
+        self._core = Admission(
+            limit=limit,
+            max_queue=max_queue,
+            compartments=compartments,
+            max_in_flight=max_in_flight,
+            reject_oversize=mode == "tokens",
+        )
+        self._mode: Mode = mode
+        self._shadow = shadow
+        self._max_wait_s = max_wait_s
+        self._max_in_flight = max_in_flight
+        self._clock = clock
+        self._call_later = call_later
+        self.on_event = on_event
+        self._hint = hint or ReleaseRate()
+        self._waiters: dict[int, _Wait] = {}
+        self._open = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, limit: int, **seams: Any) -> Bulkhead:
+        """A bulkhead configured by SIDECAR_* settings (ConfigError on a bad compartment spec)."""
+        return cls(
+            limit=limit,
+            max_queue=settings.max_queue,
+            max_wait_s=settings.max_wait_ms / 1000,
+            mode=settings.admission,
+            shadow=settings.shadow,
+            max_in_flight=settings.max_concurrent_calls,
+            compartments=parse_compartments(settings.compartments),
+            **seams,
+        )
+
+    def now(self) -> float:
+        """The injected clock."""
+        return self._clock()
+
+    # --- public ----------------------------------------------------------------------------------
+
+    def admit(
+        self, cost: int = 1, compartment: str = DEFAULT
+    ) -> AbstractAsyncContextManager[Permit]:
+        """Hold capacity for the body of ``async with``; raises AdmissionRejectedError before it."""
+        return self._admit(cost, compartment)
+
+    def resize(self, limit: int) -> None:
+        """New limit (permits or bytes): growing wakes waiters now, shrinking revokes nothing."""
+        self._wake(self._core.resize(limit))
+
+    def drain(self) -> None:
+        """Refuse new requests and queued waiters with ``draining``; running work continues."""
+        for ticket in self._core.drain():
+            self._refuse_waiter(self._waiters.pop(ticket), "draining")
+
+    async def idle(self) -> None:
+        """Return once no permit is held (graceful shutdown waits on this after ``drain``)."""
+        await self._idle.wait()
+
+    def snapshot(self) -> BulkheadSnapshot:
+        """Current limit, use, queue and cumulative counters."""
+        core = self._core.snapshot()
+        return BulkheadSnapshot(
+            **{f.name: getattr(core, f.name) for f in fields(core)},
+            mode=self._mode,
+            shadow=self._shadow,
+            max_in_flight=self._max_in_flight,
+        )
+
+    # --- acquiring -------------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _admit(self, cost: int, compartment: str) -> AsyncIterator[Permit]:
+        permit = await self._acquire(cost, compartment)
+        try:
+            yield permit
+        except asyncio.CancelledError:
+            permit.release("cancelled")
+            raise
+        except BaseException:
+            permit.release("failed")
+            raise
+        finally:
+            permit.release()
+
+    async def _acquire(self, cost: int, compartment: str) -> Permit:
+        if cost < 0:
+            raise ValueError("cost must be >= 0")
+        started = self._clock()
+        decision = self._core.request(cost if self._mode == "tokens" else 1, compartment)
+        if isinstance(decision, Granted):
+            self._emit("granted", decision.compartment, decision.cost)
+            return self._permit(decision.ticket, decision.cost, decision.compartment, 0.0)
+        if isinstance(decision, Rejected):
+            return self._rejected(decision)
+        return await self._wait(decision, started)
+
+    def _rejected(self, decision: Rejected) -> Permit:
+        error = self._error(decision.reason, decision.compartment)
+        self._emit(
+            "rejected", decision.compartment, decision.cost, reason=decision.reason,
+            retry_after_s=error.retry_after_s,
+        )  # fmt: skip
+        if not self._shadow or decision.reason == "draining":
+            raise error
+        permit = self._permit(None, decision.cost, decision.compartment, 0.0)
+        permit.shadow_rejected = decision.reason
+        return permit
+
+    async def _wait(self, queued: Queued, started: float) -> Permit:
+        self._emit("queued", queued.compartment, queued.cost)
+        ticket = queued.ticket
+        if self._shadow:
+            # Shadow: run now, but leave the ticket queued so every later decision is the same.
+            permit = self._permit(ticket, queued.cost, queued.compartment, 0.0)
+            self._waiters[ticket] = _Wait(queued, started, None, permit)
+            self._waiters[ticket].timer = self._timer(ticket)
+            return permit
+        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        wait = self._waiters[ticket] = _Wait(queued, started, future)
+        wait.timer = self._timer(ticket)
+        try:
+            granted_at = await future
+        except asyncio.CancelledError:
+            self._abandon(queued)
+            raise
+        finally:
+            wait.timer.cancel()
+        return self._permit(ticket, queued.cost, queued.compartment, granted_at - started)
+
+    def _timer(self, ticket: int) -> TimerHandle:
+        call_later = self._call_later or asyncio.get_running_loop().call_later
+        return call_later(self._max_wait_s, partial(self._expire, ticket))
+
+    def _permit(self, ticket: int | None, cost: int, compartment: str, wait_s: float) -> Permit:
+        self._open += 1
+        self._idle.clear()
+        return Permit(cost, compartment, wait_s, ticket, self, self._clock())
+
+    # --- settling waiters ------------------------------------------------------------------------
+
+    def _wake(self, grants: tuple[Granted, ...]) -> None:
+        now = self._clock()
+        for grant in grants:
+            wait = self._waiters.pop(grant.ticket)
+            self._emit("granted", grant.compartment, grant.cost, wait_s=now - wait.started)
+            if wait.timer is not None:
+                wait.timer.cancel()
+            # A waiter cancelled in this same tick has a cancelled future: it releases on unwind.
+            if wait.future is not None and not wait.future.done():
+                wait.future.set_result(now)
+
+    def _expire(self, ticket: int) -> None:
+        withdrawal = self._core.withdraw(ticket, "timeout")
+        if withdrawal.removed:  # else the grant won the race and stands
+            self._refuse_waiter(self._waiters.pop(ticket), "timeout")
+        self._wake(withdrawal.granted)
+
+    def _refuse_waiter(self, wait: _Wait, reason: RejectReason) -> None:
+        if wait.timer is not None:
+            wait.timer.cancel()
+        name, cost = wait.queued.compartment, wait.queued.cost
+        error = self._error(reason, name)
+        self._emit("rejected", name, cost, reason=reason, retry_after_s=error.retry_after_s)
+        if wait.permit is not None:
+            wait.permit.shadow_rejected = reason
+        if wait.future is not None and not wait.future.done():
+            wait.future.set_exception(error)
+
+    def _abandon(self, queued: Queued) -> None:
+        """A waiter was cancelled: leave no trace if still queued, else give its grant back."""
+        self._waiters.pop(queued.ticket, None)
+        withdrawal = self._core.withdraw(queued.ticket, "cancelled")
+        if not withdrawal.removed:
+            self._give_back(queued.ticket, queued.compartment, queued.cost, "cancelled", 0.0)
+        self._wake(withdrawal.granted)
+
+    def _settle(self, permit: Permit, outcome: Outcome, held_s: float) -> None:
+        """Called once per permit, by ``Permit.release``."""
+        if permit._ticket is not None:
+            self._give_back(permit._ticket, permit.compartment, permit.cost, outcome, held_s)
+        self._open -= 1
+        if self._open == 0:
+            self._idle.set()
+
+    def _give_back(
+        self, ticket: int, compartment: str, cost: int, outcome: Outcome, held_s: float
+    ) -> None:
+        if self._core.is_granted(ticket):
+            grants = self._core.release(ticket, outcome)
+            self._hint.observe(self._clock())
+            self._emit("released", compartment, cost, outcome=outcome, held_s=held_s)
+            self._wake(grants)
+        elif (wait := self._waiters.pop(ticket, None)) is not None:
+            # Shadow: the request ran at once and ended before its would-be grant came.
+            if wait.timer is not None:
+                wait.timer.cancel()
+            self._wake(self._core.withdraw(ticket, "cancelled").granted)
+
+    # --- reporting -------------------------------------------------------------------------------
+
+    def _error(self, reason: RejectReason, compartment: str) -> AdmissionRejectedError:
+        if reason == "too_large":
+            retry = self._hint.bounds.high_s  # retrying cannot help; say so with the longest hint
+        else:
+            retry = self._hint.retry_after_s(self._core.queued_ahead(compartment), self._clock())
+        return AdmissionRejectedError(reason, _MESSAGES[reason], retry)
+
+    def _emit(self, kind: EventKind, compartment: str, cost: int, **details: Any) -> None:
+        if self.on_event is None:
+            return
+        event = AdmissionEvent(kind, compartment, cost, self._shadow, self._core.queued, **details)
+        try:
+            self.on_event(event)
+        except Exception:
+            # The observer is metrics/logging: its failure must never corrupt admission state.
+            log.exception("admission_observer_failed", kind=kind)

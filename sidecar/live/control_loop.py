@@ -1,0 +1,329 @@
+"""The capacity control loop: every SIDECAR_REFRESH_MS read the probes, plan, resize the bulkhead.
+
+A failed read keeps the last good plan, marked stale; stale for longer than SIDECAR_STALE_AFTER_MS
+falls back to a conservative floor. Each transition is logged once. The loop is a named task that
+logs and survives anything a tick throws, so it cannot die silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import aiohttp
+import structlog
+
+from sidecar.core.capacity import Budget, KvCost, Plan, make_plan
+from sidecar.core.errors import ConfigError, PlanError, ProbeError
+from sidecar.core.model_spec import load_model_spec
+from sidecar.core.sources import Disagreement, Readings, plan_inputs, static_memory
+from sidecar.entry.settings import Settings
+from sidecar.live.probes import EngineProbe, EngineReading, GpuProbe, GpuSnapshot
+from sidecar.live.probes.engine import VllmMetricsProbe
+from sidecar.live.probes.nvml import NvmlProbe, parse_gpu_selection
+from sidecar.live.probes.static import Declared, declared_from
+from sidecar.telemetry.capacity_metrics import capacity_json, register_capacity_metrics
+
+log = structlog.get_logger("sidecar.live.control_loop")
+
+TASK_NAME = "capacity-control-loop"
+__all__ = ["CapacityController", "CapacityState", "build_controller", "register_capacity_metrics"]
+
+
+@dataclass(frozen=True)
+class CapacityState:
+    """The plan in force and how much to trust it; ``planned_at`` is when it was last good."""
+
+    plan: Plan | None
+    source: str
+    limit: int
+    stale: bool = False
+    on_floor: bool = False
+    planned_at: float | None = None
+    readings: Readings | None = None
+    disagreements: tuple[Disagreement, ...] = ()
+    error: str | None = None
+
+    @property
+    def mode(self) -> str:
+        """fresh, stale or floor: what readiness and the transition log report."""
+        return "floor" if self.on_floor else "stale" if self.stale else "fresh"
+
+    def age_s(self, now: float) -> float | None:
+        """Seconds since the plan was last good (None before the first good plan)."""
+        return None if self.planned_at is None else max(0.0, now - self.planned_at)
+
+
+@dataclass(frozen=True)
+class Floor:
+    """What the sidecar falls back to when it cannot see: the static plan, or a fixed limit."""
+
+    plan: Plan | None
+    limit: int
+
+
+def degrade(state: CapacityState, now: float, stale_after_s: float, floor: Floor) -> CapacityState:
+    """The state after a failed tick: stale while the last good plan is young, then the floor."""
+    age = state.age_s(now)
+    if age is not None and age <= stale_after_s and not state.on_floor:
+        return replace(state, stale=True)
+    return replace(state, plan=floor.plan, limit=floor.limit, stale=True, on_floor=True)
+
+
+class CapacityController:
+    """Owns the plan: ``refresh()`` is one tick; ``start()``/``stop()`` run it every refresh."""
+
+    def __init__(
+        self,
+        *,
+        source: str,
+        cost: KvCost,
+        budget: Budget,
+        alpha: float,
+        declared: Declared,
+        resize: Callable[[int], None],
+        limit_of: Callable[[Plan], int],
+        floor: Floor,
+        gpu_probe: GpuProbe | None = None,
+        engine_probe: EngineProbe | None = None,
+        refresh_s: float = 1.0,
+        stale_after_s: float = 10.0,
+        engine_pid: int | None = None,
+        tolerance: float = 0.10,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._wanted, self._cost, self._budget, self._alpha = source, cost, budget, alpha
+        self._declared, self._resize, self._limit_of, self._floor = (
+            declared,
+            resize,
+            limit_of,
+            floor,
+        )
+        self._gpu_probe, self._engine_probe = gpu_probe, engine_probe
+        self._refresh_s, self._stale_after_s = refresh_s, stale_after_s
+        self._engine_pid, self._tolerance = engine_pid, tolerance
+        self._clock, self._sleep = clock, sleep
+        self._state = CapacityState(plan=None, source="none", limit=floor.limit, on_floor=True)
+        self._resized_to: int | None = None
+        self._published = False
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def state(self) -> CapacityState:
+        """The state in force now."""
+        return self._state
+
+    def state_json(self, now: float) -> dict[str, Any]:
+        """/capacity: the plan in force, every term with its source and age, the live readings."""
+        return capacity_json(self._state, self._wanted, now)
+
+    @property
+    def cost(self) -> KvCost:
+        """What one token and one request cost in KV bytes (token-mode admission prices with it),
+        as the plan in force counts it (the engine's block size included)."""
+        plan = self._state.plan
+        return plan.cost if plan is not None else self._cost
+
+    def running(self) -> bool:
+        """True while the loop's task is alive (liveness reports a dead loop)."""
+        return self._task is not None and not self._task.done()
+
+    @property
+    def floor(self) -> Floor:
+        """The fallback limit (and plan, where one is declared)."""
+        return self._floor
+
+    async def refresh(self) -> CapacityState:
+        """One tick: read, plan, resize, publish. Never raises for a probe or plan failure."""
+        readings = await self._read()
+        now = self._clock()
+        cost = self._cost_for(readings)
+        try:
+            inputs = plan_inputs(
+                self._wanted,
+                readings,
+                cost,
+                engine_pid=self._engine_pid,
+                tolerance=self._tolerance,
+            )
+            plan = make_plan(cost, inputs.memory, self._budget, self._alpha)
+        except (ProbeError, PlanError) as exc:
+            failed = degrade(self._state, now, self._stale_after_s, self._floor)
+            new = replace(failed, readings=readings, error=str(exc))
+        else:
+            new = CapacityState(
+                plan=plan,
+                source=inputs.source,
+                limit=self._limit_of(plan),
+                planned_at=now,
+                readings=readings,
+                disagreements=inputs.disagreements,
+            )
+        self._publish(new)
+        return new
+
+    def _cost_for(self, readings: Readings) -> KvCost:
+        """SIDECAR_BLOCK_SIZE when declared, else the block size the engine pages its cache in."""
+        cache = readings.engine.cache if readings.engine is not None else None
+        if self._cost.block_size is not None or cache is None or cache.block_size is None:
+            return self._cost
+        return replace(self._cost, block_size=cache.block_size)
+
+    def start(self) -> None:
+        """Run ``refresh()`` every SIDECAR_REFRESH_MS in a named, guarded task."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=TASK_NAME)
+            self._task.add_done_callback(_report_exit)
+
+    async def stop(self) -> None:
+        """Cancel the loop, wait for it, and close the GPU probe."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._gpu_probe is not None:
+            with contextlib.suppress(ProbeError):
+                await self._gpu_probe.close()
+
+    async def _run(self) -> None:
+        while True:
+            await self._sleep(self._refresh_s)
+            try:
+                await self.refresh()
+            except Exception:  # the loop must outlive any bug in one tick
+                log.exception("capacity_tick_crashed")
+
+    async def _read(self) -> Readings:
+        gpus, engine = await asyncio.gather(_attempt(self._gpu_probe), _attempt(self._engine_probe))
+        return Readings(
+            declared=self._declared,
+            gpus=gpus[0] if isinstance(gpus[0], GpuSnapshot) else None,
+            gpu_error=gpus[1],
+            engine=engine[0] if isinstance(engine[0], EngineReading) else None,
+            engine_error=engine[1],
+        )
+
+    def _publish(self, new: CapacityState) -> None:
+        old, self._state = self._state, new
+        if new.limit != self._resized_to:
+            self._resize(new.limit)
+            self._resized_to = new.limit
+        if (old.mode, old.source) != (new.mode, new.source) or not self._published:
+            _log_transition(old, new)
+        self._published = True
+        if _flagged(old) != _flagged(new):
+            log.warning("capacity_disagreement", gpus=sorted(_flagged(new)), checks=_checks(new))
+
+
+async def _attempt(
+    probe: GpuProbe | EngineProbe | None,
+) -> tuple[GpuSnapshot | EngineReading | None, ProbeError | None]:
+    # The coroutine is made here, inside the task, so a cancelled tick leaves none un-awaited.
+    if probe is None:
+        return None, None
+    try:
+        return await probe.read(), None
+    except ProbeError as exc:
+        return None, exc
+
+
+def _log_transition(old: CapacityState, new: CapacityState) -> None:
+    fields = {"source": new.source, "limit": new.limit, "previous": old.mode}
+    if new.mode == "fresh":
+        log.info("capacity_fresh", **fields)
+    elif new.mode == "stale":
+        log.warning("capacity_stale", error=new.error, **fields)
+    else:
+        log.error("capacity_on_floor", error=new.error, **fields)
+
+
+def _flagged(state: CapacityState) -> set[str]:
+    return {d.gpu for d in state.disagreements if d.beyond_tolerance}
+
+
+def _checks(state: CapacityState) -> list[dict[str, object]]:
+    return [
+        {"gpu": d.gpu, "engine_bytes": d.engine_bytes, "nvml_bytes": d.nvml_bytes, "ratio": d.ratio}
+        for d in state.disagreements
+    ]
+
+
+def _report_exit(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("capacity_loop_died", error=repr(task.exception()))
+
+
+def build_controller(
+    settings: Settings,
+    resize: Callable[[int], None],
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    nvml: GpuProbe | None = None,
+    http_session: aiohttp.ClientSession | None = None,
+) -> CapacityController:
+    """The controller ``settings`` describe; ``nvml`` replaces the NVML probe (tests, demo)."""
+    if not settings.model:
+        raise ConfigError("SIDECAR_MODEL is required to size requests (a directory or a preset)")
+    cost = KvCost(
+        load_model_spec(settings.model),
+        settings.kv_dtype,
+        settings.tensor_parallel_size,
+        settings.block_size,
+    )
+    budget = Budget(settings.max_prompt_tokens, settings.max_completion_tokens)
+    declared = declared_from(settings, clock())
+    limit_of = _limit_rule(settings)
+    live = settings.capacity_source != "static"
+    metrics_url = settings.engine_metrics_url or settings.upstream_url.rstrip("/") + "/metrics"
+    return CapacityController(
+        source=settings.capacity_source,
+        cost=cost,
+        budget=budget,
+        alpha=settings.safety_factor,
+        declared=declared,
+        resize=resize,
+        limit_of=limit_of,
+        floor=_floor(settings, cost, budget, declared, limit_of),
+        gpu_probe=(nvml or NvmlProbe(parse_gpu_selection(settings.gpus), clock=clock))
+        if live
+        else None,
+        engine_probe=VllmMetricsProbe(metrics_url, session=http_session, clock=clock)
+        if live
+        else None,
+        refresh_s=settings.refresh_ms / 1000,
+        stale_after_s=settings.stale_after_ms / 1000,
+        engine_pid=settings.engine_pid,
+        tolerance=settings.disagreement_tolerance,
+        clock=clock,
+    )
+
+
+def _limit_rule(settings: Settings) -> Callable[[Plan], int]:
+    """Permits (capped by SIDECAR_MAX_CONCURRENT_CALLS) in count mode, bytes in token mode."""
+    if settings.admission == "tokens":
+        return lambda plan: plan.admissible_bytes
+    cap = settings.max_concurrent_calls
+    return lambda plan: plan.permits if cap is None else min(plan.permits, cap)
+
+
+def _floor(
+    settings: Settings,
+    cost: KvCost,
+    budget: Budget,
+    declared: Declared,
+    limit_of: Callable[[Plan], int],
+) -> Floor:
+    """SIDECAR_FLOOR_PERMITS, else the static plan where one is declared, else one permit."""
+    per_request = cost.request_bytes(budget.total) if settings.admission == "tokens" else 1
+    if settings.floor_permits is not None:
+        return Floor(None, settings.floor_permits * per_request)
+    if declared.plannable:
+        plan = make_plan(cost, static_memory(declared), budget, settings.safety_factor)
+        return Floor(plan, limit_of(plan))
+    return Floor(None, per_request)

@@ -1,0 +1,130 @@
+"""The engine's own view: scrape vLLM's ``/metrics`` and read its KV cache configuration and load.
+
+:func:`parse_metrics` is pure (text in, reading out, parsed by ``prometheus_client.parser``);
+:class:`VllmMetricsProbe` only fetches the text and translates HTTP failures in one place.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from contextlib import AbstractAsyncContextManager, nullcontext
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from sidecar.core.errors import ProbeTemporaryError
+from sidecar.live.probes import EngineCacheConfig, EngineReading
+
+_SUMMED = {
+    "vllm:kv_cache_usage_perc": "kv_usage_ratio",
+    "vllm:num_requests_running": "requests_running",
+    "vllm:num_requests_waiting": "requests_waiting",
+    "vllm:num_preemptions_total": "preemptions_total",
+}
+
+
+def parse_metrics(text: str, observed_at: float) -> EngineReading:
+    """Read vLLM's exposition text; every series is summed over the ``engine`` label.
+
+    The usage ratio is the mean over engines, since each engine's is a fraction of its own pool.
+    """
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    values: dict[str, list[float]] = {field: [] for field in _SUMMED.values()}
+    for sample in samples:
+        if sample.name in _SUMMED:
+            values[_SUMMED[sample.name]].append(sample.value)
+    usage = values.pop("kv_usage_ratio")
+    summed = {field: (sum(v) if v else None) for field, v in values.items()}
+    return EngineReading(
+        cache=_cache_config(s for s in samples if s.name == "vllm:cache_config_info"),
+        kv_usage_ratio=sum(usage) / len(usage) if usage else None,
+        requests_running=summed["requests_running"],
+        requests_waiting=summed["requests_waiting"],
+        preemptions_total=summed["preemptions_total"],
+        observed_at=observed_at,
+    )
+
+
+def _cache_config(samples: Iterable[Sample]) -> EngineCacheConfig | None:
+    """Sizes are summed over engines (each data-parallel engine owns a pool); the rest: first."""
+    found = list(samples)
+    if not found:
+        return None
+
+    def total(label: str) -> int | None:
+        numbers = [_int(s.labels.get(label)) for s in found]
+        return None if any(n is None for n in numbers) else sum(n for n in numbers if n is not None)
+
+    first = found[0].labels
+    return EngineCacheConfig(
+        num_gpu_blocks=total("num_gpu_blocks"),
+        block_size=_int(first.get("block_size")),
+        kv_cache_size_tokens=total("kv_cache_size_tokens"),
+        kv_cache_memory_bytes=total("kv_cache_memory_bytes"),
+        cache_dtype=_label(first.get("cache_dtype")),
+        gpu_memory_utilization=_float(first.get("gpu_memory_utilization")),
+    )
+
+
+def _label(value: str | None) -> str | None:
+    return None if value in (None, "", "None") else value
+
+
+def _int(value: str | None) -> int | None:
+    number = _float(value)
+    return None if number is None else int(number)
+
+
+def _float(value: str | None) -> float | None:
+    text = _label(value)
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+class VllmMetricsProbe:
+    """Fetches ``url`` (the engine's /metrics) with ``session`` or a session of its own."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        timeout_s: float = 2.0,
+    ) -> None:
+        self._url = url
+        self._session = session
+        self._clock = clock
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def read(self) -> EngineReading:
+        """Scrape and parse; an unreachable or failing engine raises ProbeTemporaryError."""
+        text = await self._fetch()
+        try:
+            return parse_metrics(text, self._clock())
+        except ValueError as exc:
+            msg = f"engine metrics at {self._url} are not Prometheus text: {exc}"
+            raise ProbeTemporaryError(msg) from exc
+
+    async def _fetch(self) -> str:
+        session_cm: AbstractAsyncContextManager[aiohttp.ClientSession] = (
+            nullcontext(self._session) if self._session else aiohttp.ClientSession()
+        )
+        try:
+            async with (
+                session_cm as session,
+                session.get(self._url, timeout=self._timeout) as response,
+            ):
+                if response.status != 200:
+                    msg = f"engine metrics at {self._url} answered HTTP {response.status}"
+                    raise ProbeTemporaryError(msg)
+                return await response.text()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            msg = f"engine metrics at {self._url} unreachable: {exc or type(exc).__name__}"
+            raise ProbeTemporaryError(msg) from exc

@@ -1,0 +1,1 @@
+"""Telemetry: Prometheus collectors and the /capacity document, read from state at scrape time."""

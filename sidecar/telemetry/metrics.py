@@ -1,0 +1,149 @@
+"""Prometheus metrics of the proxy: request outcomes and waits (counted as they happen) and the
+bulkhead's state (read at scrape time). Every metric lives in the registry it is given."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sidecar.core.admission import CompartmentSnapshot
+from sidecar.limiter.bulkhead import BulkheadSnapshot
+
+OUTCOMES = (
+    "completed",
+    "client_gone",
+    "invalid",
+    "upstream_rejected",
+    "upstream_error",
+    "upstream_unavailable",
+    "upstream_timeout",
+    "queue_full",
+    "timeout",
+    "too_large",
+    "draining",
+    "no_capacity",
+    "error",
+)
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class RequestMetrics:
+    """Counters and histograms fed by the proxy and by the bulkhead's decision events."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "sidecar_requests",
+            "Completion requests by how they ended (completed, rejected by reason, errors).",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in OUTCOMES:
+            self.requests.labels(outcome)
+        self.duration = Histogram(
+            "sidecar_request_duration_seconds",
+            "Time from request arrival to the end of its answer.",
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.queue_wait = Histogram(
+            "sidecar_queue_wait_seconds",
+            "Time a request waited in the bulkhead queue before being granted or turned away.",
+            buckets=WAIT_BUCKETS,
+            registry=registry,
+        )
+        self.shadow = Counter(
+            "sidecar_shadow_rejections",
+            "Requests shadow mode let through that enforcement would have rejected.",
+            ["reason"],
+            registry=registry,
+        )
+
+    def finished(self, outcome: str, duration_s: float) -> None:
+        self.requests.labels(outcome).inc()
+        self.duration.observe(duration_s)
+
+    def waited(self, wait_s: float) -> None:
+        self.queue_wait.observe(wait_s)
+
+    def shadow_rejected(self, reason: str) -> None:
+        self.shadow.labels(reason).inc()
+
+
+class BulkheadCollector(Collector):
+    """Reads the bulkhead at scrape time, so the gauges are never out of date."""
+
+    def __init__(
+        self, snapshot: Callable[[], BulkheadSnapshot], plan_permits: Callable[[], int]
+    ) -> None:
+        self._snapshot = snapshot
+        self._plan_permits = plan_permits
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot()
+        limit = snap.limit if snap.mode == "count" else self._plan_permits()
+        yield gauge("sidecar_permits_limit", "Requests allowed in flight now.", limit)
+        yield gauge("sidecar_permits_in_use", "Requests in flight now.", snap.in_use)
+        yield gauge(
+            "sidecar_permit_utilisation",
+            "Share of the admission limit in use (permits, or KV bytes in token mode); "
+            "the scale-out signal.",
+            snap.in_use_cost / snap.limit if snap.limit else (1.0 if snap.in_use_cost else 0.0),
+        )
+        yield gauge("sidecar_queue_depth", "Requests waiting for a permit.", snap.queued)
+        yield gauge(
+            "sidecar_shadow_mode",
+            "1 when decisions are computed but not enforced.",
+            int(snap.shadow),
+        )
+        if snap.mode == "tokens":
+            yield gauge(
+                "sidecar_kv_reserved_bytes",
+                "KV bytes reserved by requests in flight.",
+                snap.in_use_cost,
+            )
+            yield gauge(
+                "sidecar_kv_admissible_bytes",
+                "KV bytes admission may reserve (alpha x pool).",
+                snap.limit,
+            )
+        yield from _compartments(snap.compartments)
+
+
+def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    """One unlabelled gauge sample, for collectors that read state at scrape time."""
+    return GaugeMetricFamily(name, documentation, value=value)
+
+
+def _compartments(compartments: tuple[CompartmentSnapshot, ...]) -> Iterator[Metric]:
+    if not compartments:
+        return
+    families = {
+        "guaranteed": GaugeMetricFamily(
+            "sidecar_compartment_guaranteed",
+            "Capacity reserved for the compartment.",
+            labels=["compartment"],
+        ),
+        "ceiling": GaugeMetricFamily(
+            "sidecar_compartment_ceiling",
+            "Most capacity the compartment may use.",
+            labels=["compartment"],
+        ),
+        "in_use_cost": GaugeMetricFamily(
+            "sidecar_compartment_in_use",
+            "Capacity the compartment uses now.",
+            labels=["compartment"],
+        ),
+        "queued": GaugeMetricFamily(
+            "sidecar_compartment_queue_depth",
+            "Requests waiting in the compartment.",
+            labels=["compartment"],
+        ),
+    }
+    for part in compartments:
+        for attribute, family in families.items():
+            family.add_metric([part.name], getattr(part, attribute))
+    yield from families.values()
