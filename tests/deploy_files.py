@@ -21,7 +21,12 @@ import yaml
 ROOT = Path(__file__).parent.parent
 K8S = ROOT / "deploy" / "k8s"
 DASHBOARD = ROOT / "deploy" / "grafana" / "sidecar-dashboard.json"
-RENDERINGS = ("base", "overlays/device-plugin-keda", "overlays/dra-hpa", "overlays/inference-gateway")
+RENDERINGS = (
+    "base",
+    "overlays/device-plugin-keda",
+    "overlays/dra-hpa",
+    "overlays/inference-gateway",
+)
 OVERLAYS = RENDERINGS[1:]
 KUBERNETES_VERSION = "1.34.0"  # resource.k8s.io/v1 (DRA) and the preStop sleep action are GA here
 METRIC = re.compile(r"\b(?:sidecar_[a-z_]+|vllm:[a-z_]+)")
@@ -147,8 +152,7 @@ def fill_dashboard_variables(expr: str, values: dict[str, str]) -> str:
 def epp_metric_flags(docs: list[Doc]) -> dict[str, str]:
     """The endpoint picker's --*-metric flags and their values (empty: turned off)."""
     epp = only(docs, "Deployment", "llm-epp")["spec"]["template"]["spec"]["containers"][0]
-    flags = dict(arg.removeprefix("--").split("=", 1) for arg in epp["args"])
-    return flags
+    return dict(arg.removeprefix("--").split("=", 1) for arg in epp["args"])
 
 
 def metric_names(promql: str) -> set[str]:

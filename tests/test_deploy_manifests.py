@@ -1,4 +1,4 @@
-"""deploy/: every kustomize rendering is valid Kubernetes, and holds the invariants the sidecar needs.
+"""deploy/: every kustomize rendering is valid Kubernetes and holds what the sidecar needs.
 
 Built-in kinds are validated strictly against the Kubernetes schemas, offline (kubernetes-validate).
 Its schemas know no CRDs: KEDA, Prometheus Operator and Gateway API objects get an explicit check
@@ -13,9 +13,9 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
-import pytest
 import aiohttp
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -135,7 +135,8 @@ def test_every_container_is_locked_down(target: str) -> None:
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
         for c in pod["containers"]:
             assert c["securityContext"] == SECURE_CONTAINER, c["name"]
-            assert c["resources"]["requests"] and c["resources"]["limits"]["memory"], c["name"]
+            assert c["resources"]["requests"], c["name"]
+            assert c["resources"]["limits"]["memory"], c["name"]
 
 
 @pytest.mark.parametrize("target", d.RENDERINGS)
@@ -191,11 +192,15 @@ def test_dra_claim_is_shared_by_both_containers(overlay: str) -> None:
 def test_no_container_is_handed_every_gpu(target: str) -> None:
     """NVIDIA_VISIBLE_DEVICES=all would give a container every GPU of the node."""
     docs = rendered(target)
-    values = [doc["data"].get("NVIDIA_VISIBLE_DEVICES") for doc in docs if doc["kind"] == "ConfigMap"]
+    values = [
+        doc["data"].get("NVIDIA_VISIBLE_DEVICES") for doc in docs if doc["kind"] == "ConfigMap"
+    ]
     for doc in docs:
         if doc["kind"] == "Deployment":
             for c in doc["spec"]["template"]["spec"]["containers"]:
-                values += [e["value"] for e in c.get("env", []) if e["name"] == "NVIDIA_VISIBLE_DEVICES"]
+                values += [
+                    e["value"] for e in c.get("env", []) if e["name"] == "NVIDIA_VISIBLE_DEVICES"
+                ]
     assert "all" not in values
 
 
@@ -221,7 +226,9 @@ def test_inference_pool_targets_the_proxy_and_its_picker_reads_the_admin_port() 
     assert flags["pool-namespace"] == pool["metadata"]["namespace"]
     assert int(flags["model-server-metrics-port"]) == settings.admin_port
     service = d.only(docs, "Service", pool["spec"]["endpointPickerRef"]["name"])
-    assert service["spec"]["ports"][0]["port"] == pool["spec"]["endpointPickerRef"]["port"]["number"]
+    assert (
+        service["spec"]["ports"][0]["port"] == pool["spec"]["endpointPickerRef"]["port"]["number"]
+    )
     policy = d.only(docs, "NetworkPolicy", "llm-epp-scrape")["spec"]["ingress"][0]
     assert policy["ports"] == [{"port": "admin", "protocol": "TCP"}]
     assert policy["from"][0]["podSelector"]["matchLabels"] == {"app": "llm-epp"}
@@ -233,7 +240,8 @@ def referenced_metrics() -> dict[str, set[str]]:
     hpa = d.render("overlays/dra-hpa")
     gateway = d.render("overlays/inference-gateway")
     hpa_names = {
-        m["pods"]["metric"]["name"] for m in d.only(hpa, "HorizontalPodAutoscaler")["spec"]["metrics"]
+        m["pods"]["metric"]["name"]
+        for m in d.only(hpa, "HorizontalPodAutoscaler")["spec"]["metrics"]
     }
     adapter = set()
     for rule in d.adapter_rules(hpa):
@@ -253,14 +261,18 @@ async def test_every_referenced_metric_is_exported(start_sidecar: StartSidecar) 
     """Each name is on a live sidecar's /metrics, or a vLLM metric in the captured output, or
     listed as pending with the work that adds it."""
     server = await start_sidecar(SIDECAR_ADMISSION="tokens")
-    async with aiohttp.ClientSession() as session:
-        async with session.get(f"{admin_url(server)}/metrics") as response:
-            text = await response.text()
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{admin_url(server)}/metrics") as response,
+    ):
+        text = await response.text()
     exported = set(re.findall(r"^# TYPE (\S+) (\S+)", text, re.MULTILINE))
     names = {n for n, _ in exported}
     names |= {f"{n}_total" for n, kind in exported if kind == "counter"}
     names |= {f"{n}_bucket" for n, kind in exported if kind == "histogram"}
-    fixture = (d.ROOT / "tests" / "fixtures" / "vllm-0.32" / "metrics-after-traffic.txt").read_text()
+    fixture = (
+        d.ROOT / "tests" / "fixtures" / "vllm-0.32" / "metrics-after-traffic.txt"
+    ).read_text()
     vllm = set(re.findall(r"^(vllm:[a-z_]+)", fixture, re.MULTILINE))
     referenced = referenced_metrics()
     assert all(referenced.values()), referenced
@@ -290,7 +302,8 @@ def test_dockerfile_is_multi_stage_pinned_and_non_root() -> None:
     assert text.count("--require-hashes") == 2
     final = text.split("\nFROM ")[-1]
     assert re.search(r"^USER 10001:10001$", final, re.MULTILINE)
-    assert "pip wheel" not in final and "/opt/build" not in final
+    assert "pip wheel" not in final
+    assert "/opt/build" not in final
 
 
 def lock_pins(path: Path) -> dict[str, str]:
