@@ -17,7 +17,6 @@ from sidecar.core.capacity import Budget, KvCost, Plan, make_plan
 from sidecar.core.compartments import parse_compartments
 from sidecar.core.errors import ConfigError
 from sidecar.core.model_spec import load_model_spec, weights_bytes_in
-from sidecar.core.sources import static_memory
 from sidecar.entry.settings import Settings
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.live.control_loop import CapacityController, Floor
@@ -25,6 +24,7 @@ from sidecar.live.probes import GpuProbe
 from sidecar.live.probes.engine import VllmMetricsProbe
 from sidecar.live.probes.nvml import NvmlProbe, parse_gpu_selection
 from sidecar.live.probes.static import Declared
+from sidecar.live.sources import static_memory
 
 
 def build_bulkhead(settings: Settings, *, limit: int, **seams: Any) -> Bulkhead:

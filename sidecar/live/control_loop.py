@@ -17,9 +17,9 @@ import structlog
 
 from sidecar.core.capacity import Budget, KvCost, Plan, make_plan
 from sidecar.core.errors import PlanError, ProbeError
-from sidecar.core.sources import Disagreement, Readings, plan_inputs
 from sidecar.live.probes import EngineProbe, EngineReading, GpuProbe, GpuSnapshot
 from sidecar.live.probes.static import Declared
+from sidecar.live.sources import Disagreement, Readings, plan_inputs
 
 log = structlog.get_logger("sidecar.live.control_loop")
 
