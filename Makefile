@@ -22,6 +22,7 @@ check: $(STAMP)
 	$(BIN)/ruff check sidecar emulator demo tests benchmarks scripts tests_vllm
 	$(BIN)/ruff format --check sidecar emulator demo tests benchmarks scripts tests_vllm
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sidecar.core.compartments import DEFAULT, Compartments
+from sidecar.core.outcomes import RejectReason
 
 Outcome = Literal["completed", "cancelled", "failed"]
-RejectReason = Literal["queue_full", "timeout", "too_large", "draining", "no_capacity"]
 WithdrawReason = Literal["timeout", "cancelled", "draining"]
 
 
