@@ -37,6 +37,7 @@ UPSTREAM_CLASSES: dict[UpstreamFailure, type[UpstreamError]] = {
 # What each row must say, written out by hand so a wrong table entry fails here.
 EXPECTED = {
     "queue_full": (429, "rate_limit_error", "admission_rejected"),
+    "shed": (429, "rate_limit_error", "admission_rejected"),
     "timeout": (429, "rate_limit_error", "admission_rejected"),
     "too_large": (429, "rate_limit_error", "admission_rejected"),
     "draining": (503, "service_unavailable", "admission_rejected"),

@@ -49,6 +49,7 @@ class ProxyConfig:
     price: Callable[[CheckedRequest], int]
     compartment_of: Callable[[Mapping[str, str]], str]
     tenant_of: Callable[[Mapping[str, str]], str | None]
+    sheddable: Callable[[Mapping[str, str]], bool] = lambda _headers: False
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,8 @@ async def _admit_and_forward(
     cost = proxy.config.price(checked)
     outcome, queue_wait = "error", 0.0
     try:
-        async with proxy.bulkhead.admit(cost=cost, compartment=compartment) as permit:
+        may_wait = not proxy.config.sheddable(request.headers)
+        async with proxy.bulkhead.admit(cost, compartment, may_wait=may_wait) as permit:
             queue_wait = permit.wait_s
             _log_grant(permit, checked)
             response, outcome = await _forward(request, proxy, checked, permit, request_id)

@@ -137,10 +137,13 @@ class Bulkhead:
     # --- public ----------------------------------------------------------------------------------
 
     def admit(
-        self, cost: int = 1, compartment: str = DEFAULT
+        self, cost: int = 1, compartment: str = DEFAULT, *, may_wait: bool = True
     ) -> AbstractAsyncContextManager[Permit]:
-        """Hold capacity for the body of ``async with``; raises AdmissionRejectedError before it."""
-        return self._admit(cost, compartment)
+        """Hold capacity for the body of ``async with``; raises AdmissionRejectedError before it.
+
+        ``may_wait=False``: refused at once (``shed``) unless capacity is free now.
+        """
+        return self._admit(cost, compartment, may_wait)
 
     def resize(self, limit: int) -> None:
         """New limit (permits or bytes): growing wakes waiters now, shrinking revokes nothing."""
@@ -168,8 +171,8 @@ class Bulkhead:
     # --- acquiring -------------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def _admit(self, cost: int, compartment: str) -> AsyncIterator[Permit]:
-        permit = await self._acquire(cost, compartment)
+    async def _admit(self, cost: int, compartment: str, may_wait: bool) -> AsyncIterator[Permit]:
+        permit = await self._acquire(cost, compartment, may_wait)
         try:
             yield permit
         except asyncio.CancelledError:
@@ -181,11 +184,13 @@ class Bulkhead:
         finally:
             permit.release()
 
-    async def _acquire(self, cost: int, compartment: str) -> Permit:
+    async def _acquire(self, cost: int, compartment: str, may_wait: bool) -> Permit:
         if cost < 0:
             raise ValueError("cost must be >= 0")
         started = self._clock()
-        decision = self._core.request(cost if self._mode == "tokens" else 1, compartment)
+        decision = self._core.request(
+            cost if self._mode == "tokens" else 1, compartment, may_wait=may_wait
+        )
         if isinstance(decision, Granted):
             self._emit("granted", decision.compartment, decision.cost)
             return self._permit(decision.ticket, decision.cost, decision.compartment, 0.0)
