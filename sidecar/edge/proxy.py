@@ -117,7 +117,7 @@ async def _admit_and_forward(
     except AdmissionRejectedError as exc:
         outcome = exc.reason
         log.info(
-            "admission_rejected",
+            exc.refusal.log_event,
             reason=exc.reason,
             retry_after_s=round(exc.retry_after_s, 2),
             cost=cost,
@@ -160,7 +160,7 @@ async def _forward(
         upstream = await proxy.upstream.send("POST", request.path_qs, headers, checked.body)
     except UpstreamError as exc:
         permit.outcome = "failed"
-        log.warning("upstream_failed", error=str(exc), phase="connect")
+        log.warning(exc.refusal.log_event, error=str(exc), phase="connect")
         return error_response(exc), _upstream_outcome(exc)
     try:
         if checked.stream:
@@ -178,7 +178,7 @@ def result_response(result: RelayResult, permit: Permit) -> tuple[web.StreamResp
         return result.response, "client_gone"
     if result.error is not None:
         permit.outcome = "failed"
-        log.warning("upstream_failed", error=str(result.error), phase="stream")
+        log.warning(result.error.refusal.log_event, error=str(result.error), phase="stream")
         return result.response, _upstream_outcome(result.error)
     if result.response.status >= 500:
         permit.outcome = "failed"
@@ -193,7 +193,7 @@ async def _relay_whole(
         body = await read_all(upstream)
     except UpstreamError as exc:
         permit.outcome = "failed"
-        log.warning("upstream_failed", error=str(exc), phase="body")
+        log.warning(exc.refusal.log_event, error=str(exc), phase="body")
         return error_response(exc), _upstream_outcome(exc)
     response = web.Response(status=upstream.status, body=body, headers=end_to_end(upstream.headers))
     response.headers["X-Request-Id"] = request_id
