@@ -169,15 +169,16 @@ class CapacityController:
             self._task.add_done_callback(_report_exit)
 
     async def stop(self) -> None:
-        """Cancel the loop, wait for it, and close the GPU probe."""
+        """Cancel the loop, wait for it, and close the probes."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self._gpu_probe is not None:
-            with contextlib.suppress(ProbeError):
-                await self._gpu_probe.close()
+        for probe in (self._gpu_probe, self._engine_probe):
+            if probe is not None:
+                with contextlib.suppress(ProbeError):
+                    await probe.close()
 
     async def _run(self) -> None:
         while True:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterable
-from contextlib import AbstractAsyncContextManager, nullcontext
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -116,7 +115,8 @@ def _float(value: str | None) -> float | None:
 
 
 class VllmMetricsProbe:
-    """Fetches ``url`` (the engine's /metrics) with ``session`` or a session of its own."""
+    """Fetches ``url`` (the engine's /metrics) over one kept-alive session: ``session``, or one of
+    its own opened on the first read and closed by ``close()``."""
 
     def __init__(
         self,
@@ -128,6 +128,7 @@ class VllmMetricsProbe:
     ) -> None:
         self._url = url
         self._session = session
+        self._owned: aiohttp.ClientSession | None = None
         self._clock = clock
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
 
@@ -140,15 +141,22 @@ class VllmMetricsProbe:
             msg = f"engine metrics at {self._url} are not Prometheus text: {exc}"
             raise ProbeTemporaryError(msg) from exc
 
+    async def close(self) -> None:
+        """Close the session this probe opened (a session it was given is its owner's)."""
+        owned, self._owned = self._owned, None
+        if owned is not None:
+            await owned.close()
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is not None:
+            return self._session
+        if self._owned is None or self._owned.closed:
+            self._owned = aiohttp.ClientSession()
+        return self._owned
+
     async def _fetch(self) -> str:
-        session_cm: AbstractAsyncContextManager[aiohttp.ClientSession] = (
-            nullcontext(self._session) if self._session else aiohttp.ClientSession()
-        )
         try:
-            async with (
-                session_cm as session,
-                session.get(self._url, timeout=self._timeout) as response,
-            ):
+            async with self._client().get(self._url, timeout=self._timeout) as response:
                 if response.status != 200:
                     msg = f"engine metrics at {self._url} answered HTTP {response.status}"
                     raise ProbeTemporaryError(msg)
