@@ -12,9 +12,8 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, fields
-from functools import partial
 from types import TracebackType
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import structlog
 
@@ -31,18 +30,12 @@ from sidecar.core.compartments import DEFAULT, Compartments
 from sidecar.core.errors import AdmissionRejectedError
 from sidecar.core.outcomes import RejectReason
 from sidecar.core.retry_hint import ReleaseRate
+from sidecar.limiter.expiry import CallLater, Expiry
 
 log = structlog.get_logger(__name__)
 
 Mode = Literal["count", "tokens"]
 EventKind = Literal["granted", "queued", "rejected"]
-
-
-class TimerHandle(Protocol):
-    def cancel(self) -> None: ...
-
-
-CallLater = Callable[[float, Callable[[], None]], TimerHandle]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +88,6 @@ class _Wait:
     started: float
     future: asyncio.Future[float] | None
     permit: Permit | None = None
-    timer: TimerHandle | None = None
 
 
 class _Admitting(AbstractAsyncContextManager[Permit]):
@@ -165,6 +157,10 @@ class Bulkhead:
         self.on_event = on_event
         self._hint = hint or ReleaseRate()
         self._waiters: dict[int, _Wait] = {}
+        self._expiry = (
+            Expiry(now=clock, call_later=call_later, expire=self._expire) if call_later else None
+        )
+        self._expiry_loop: asyncio.AbstractEventLoop | None = None
         self._open = 0
         # Made only while someone awaits ``idle()``: setting and clearing an Event on every
         # permit cost ~0.2 us per request for a wait that happens once, at shutdown.
@@ -243,23 +239,35 @@ class Bulkhead:
             # Shadow: run now, but leave the ticket queued so every later decision is the same.
             permit = self._permit(ticket, queued.cost, queued.compartment, 0.0)
             self._waiters[ticket] = _Wait(queued, started, None, permit)
-            self._waiters[ticket].timer = self._timer(ticket)
+            self._deadlines().add(ticket, self._max_wait_s)
             return permit
         future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-        wait = self._waiters[ticket] = _Wait(queued, started, future)
-        wait.timer = self._timer(ticket)
+        self._waiters[ticket] = _Wait(queued, started, future)
+        expiry = self._deadlines()
+        expiry.add(ticket, self._max_wait_s)
         try:
             granted_at = await future
         except asyncio.CancelledError:
             self._abandon(queued)
             raise
         finally:
-            wait.timer.cancel()
+            expiry.discard(ticket)
         return self._permit(ticket, queued.cost, queued.compartment, granted_at - started)
 
-    def _timer(self, ticket: int) -> TimerHandle:
-        call_later = self._call_later or asyncio.get_running_loop().call_later
-        return call_later(self._max_wait_s, partial(self._expire, ticket))
+    def _deadlines(self) -> Expiry:
+        """The waiters' deadlines: on the injected timer, else on the running loop.
+
+        On the loop's own time, not ``clock``: that is what its timers fire by.
+        """
+        if self._call_later is None:
+            loop = asyncio.get_running_loop()
+            if self._expiry_loop is not loop:
+                self._expiry_loop = loop
+                self._expiry = Expiry(
+                    now=loop.time, call_later=loop.call_later, expire=self._expire
+                )
+        assert self._expiry is not None
+        return self._expiry
 
     def _permit(self, ticket: int | None, cost: int, compartment: str, wait_s: float) -> Permit:
         self._open += 1
@@ -274,8 +282,7 @@ class Bulkhead:
         for grant in grants:
             wait = self._waiters.pop(grant.ticket)
             self._emit("granted", grant.compartment, grant.cost, wait_s=now - wait.started)
-            if wait.timer is not None:
-                wait.timer.cancel()
+            self._forget(grant.ticket)
             # A waiter cancelled in this same tick has a cancelled future: it releases on unwind.
             if wait.future is not None and not wait.future.done():
                 wait.future.set_result(now)
@@ -287,8 +294,7 @@ class Bulkhead:
         self._wake(withdrawal.granted)
 
     def _refuse_waiter(self, wait: _Wait, reason: RejectReason) -> None:
-        if wait.timer is not None:
-            wait.timer.cancel()
+        self._forget(wait.queued.ticket)
         name, cost = wait.queued.compartment, wait.queued.cost
         error = self._error(reason, name)
         self._emit("rejected", name, cost, reason=reason, retry_after_s=error.retry_after_s)
@@ -296,6 +302,10 @@ class Bulkhead:
             wait.permit.shadow_rejected = reason
         if wait.future is not None and not wait.future.done():
             wait.future.set_exception(error)
+
+    def _forget(self, ticket: int) -> None:
+        if self._expiry is not None:
+            self._expiry.discard(ticket)
 
     def _abandon(self, queued: Queued) -> None:
         """A waiter was cancelled: leave no trace if still queued, else give its grant back."""
@@ -324,8 +334,7 @@ class Bulkhead:
             self._wake(grants)
         elif (wait := self._waiters.pop(ticket, None)) is not None:
             # Shadow: the request ran at once and ended before its would-be grant came.
-            if wait.timer is not None:
-                wait.timer.cancel()
+            self._forget(wait.queued.ticket)
             self._wake(self._core.withdraw(ticket, "cancelled").granted)
 
     # --- reporting -------------------------------------------------------------------------------

@@ -1,0 +1,88 @@
+"""Queued waiters' deadlines behind one loop timer: a heap of (deadline, ticket), pruned lazily.
+
+A timer handle per waiter costs its creation, a cancel on every grant and the loop's heap of
+handles compared in Python; here a grant only forgets its ticket, and only the earliest deadline
+holds a timer. Expiring stays a callback the bulkhead checks against the core, as before.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+from typing import Protocol
+
+
+class TimerHandle(Protocol):
+    def cancel(self) -> None: ...
+
+
+CallLater = Callable[[float, Callable[[], None]], TimerHandle]
+
+# Out-of-order leavers (another compartment's grant, a cancel) stay in the heap until this many
+# more than the live entries pile up; then one rebuild, so the heap is O(live) amortised.
+_SLACK = 64
+
+
+class Expiry:
+    """Calls ``expire(ticket)`` once a ticket's deadline passes, unless it was discarded first."""
+
+    def __init__(
+        self, *, now: Callable[[], float], call_later: CallLater, expire: Callable[[int], None]
+    ) -> None:
+        self._now, self._call_later, self._expire = now, call_later, expire
+        self._heap: list[tuple[float, int]] = []
+        self._live: set[int] = set()
+        self._timer: TimerHandle | None = None
+        self._armed_for = math.inf
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    @property
+    def held(self) -> int:
+        """Entries kept, live or forgotten: at most ``2 * len(self) + 64``."""
+        return len(self._heap)
+
+    def add(self, ticket: int, delay: float) -> None:
+        """Expire ``ticket`` ``delay`` seconds from now."""
+        deadline = self._now() + delay
+        self._live.add(ticket)
+        heapq.heappush(self._heap, (deadline, ticket))
+        if deadline < self._armed_for:
+            self._arm(deadline, delay)
+
+    def discard(self, ticket: int) -> None:
+        """Forget ``ticket`` (granted, refused or gone); unknown tickets are ignored."""
+        self._live.discard(ticket)
+        heap = self._heap
+        while heap and heap[0][1] not in self._live:
+            heapq.heappop(heap)  # FIFO grants leave from the top: O(log n), no rebuild
+        if len(heap) > 2 * len(self._live) + _SLACK:
+            self._heap = [entry for entry in heap if entry[1] in self._live]
+            heapq.heapify(self._heap)
+
+    def _arm(self, deadline: float, delay: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._armed_for = deadline
+        self._timer = self._call_later(max(delay, 0.0), self._fire)
+
+    def _fire(self) -> None:
+        self._timer, self._armed_for = None, math.inf
+        now = self._now()
+        while (ticket := self._pop_due(now)) is not None:
+            self._expire(ticket)  # may discard or add others (and rebuild the heap)
+        # The top may be live and not yet due (an early or a stale timer): arm for it.
+        if self._heap and self._heap[0][0] < self._armed_for:
+            self._arm(self._heap[0][0], self._heap[0][0] - now)
+
+    def _pop_due(self, now: float) -> int | None:
+        """The next live ticket due by ``now``, taken out; forgotten entries on top are dropped."""
+        heap = self._heap
+        while heap and (heap[0][1] not in self._live or heap[0][0] <= now):
+            _, ticket = heapq.heappop(heap)
+            if ticket in self._live:
+                self._live.discard(ticket)
+                return ticket
+        return None
