@@ -162,16 +162,19 @@ class Admission:
             # Fast path, same answer as the pump: with nobody waiting, nobody is older.
             self._grant(waiter)
             return Granted(waiter.ticket, name, cost)
-        self._queues[name].append(waiter)
+        queue = self._queues[name]
+        queue.append(waiter)
         self._queued_tickets[waiter.ticket] = waiter
-        self._pump()  # grants at most the newcomer: every other head was already pumped
-        if waiter.ticket in self._granted:
-            return Granted(waiter.ticket, name, cost)
+        # Every other head was pumped already: only the newcomer can be granted, and only as a head.
+        if len(queue) == 1:
+            self._pump()
+            if waiter.ticket in self._granted:
+                return Granted(waiter.ticket, name, cost)
         if self.queued > self._max_queue or not may_wait:
             self._remove_queued(waiter)
             return self._reject("queue_full" if may_wait else "shed", name, cost)
         self._queued_total += 1
-        return Queued(waiter.ticket, name, cost, len(self._queues[name]) - 1)
+        return Queued(waiter.ticket, name, cost, len(queue) - 1)
 
     def release(self, ticket: int, outcome: Outcome) -> tuple[Granted, ...]:
         """End granted work; returns the waiters this frees room for, in grant order."""

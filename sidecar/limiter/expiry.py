@@ -54,7 +54,9 @@ class Expiry:
 
     def discard(self, ticket: int) -> None:
         """Forget ``ticket`` (granted, refused or gone); unknown tickets are ignored."""
-        self._live.discard(ticket)
+        if ticket not in self._live:
+            return  # forgotten already (a grant, then the waiter's own unwind)
+        self._live.remove(ticket)
         heap = self._heap
         while heap and heap[0][1] not in self._live:
             heapq.heappop(heap)  # FIFO grants leave from the top: O(log n), no rebuild
