@@ -28,7 +28,7 @@ def test_no_capacity_message_shows_the_arithmetic() -> None:
 
 
 def test_changes_by_code() -> None:
-    """A code new in the second set is raised; one gone from it is cleared; a kept one is neither."""
+    """New codes are raised, vanished ones cleared, kept ones neither."""
     mismatch = model_mismatch(57_344, 1024, 0.1)
     empty = no_capacity(1, 2, 0.5)
     raised, cleared = changes((mismatch,), (model_mismatch(2, 1, 0.1), empty))

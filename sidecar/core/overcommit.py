@@ -65,9 +65,9 @@ class Overcommit:
 
     def _pressure(self, evidence: EngineEvidence) -> Pressure | None:
         seen, self._preemptions = self._preemptions, evidence.preemptions_total
-        if seen is not None and evidence.preemptions_total is not None:
-            if evidence.preemptions_total > seen:
-                return "preempted"
+        now = evidence.preemptions_total
+        if seen is not None and now is not None and now > seen:
+            return "preempted"
         usage = evidence.kv_usage_ratio
         if usage is not None and usage > self.config.high_watermark:
             return "kv_high"

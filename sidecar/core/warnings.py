@@ -53,7 +53,8 @@ def no_capacity(pool_tokens: int, request_tokens: int, alpha: float) -> ConfigWa
         "no_capacity",
         f"0 permits: a KV pool of {pool_tokens:,} tokens x alpha {alpha} holds "
         f"{pool_tokens * alpha:,.0f} tokens, less than one request of {request_tokens:,} tokens "
-        "(lower SIDECAR_MAX_PROMPT_TOKENS/SIDECAR_MAX_COMPLETION_TOKENS or give the engine more KV)",
+        "(lower SIDECAR_MAX_PROMPT_TOKENS / SIDECAR_MAX_COMPLETION_TOKENS, or give the engine "
+        "more KV)",
     )
 
 
