@@ -6,9 +6,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager, nullcontext
+from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -87,6 +90,15 @@ def _float(value: str | None) -> float | None:
         return None
 
 
+def served_model_of(body: Any) -> str | None:
+    """The first model id of an OpenAI ``/v1/models`` answer."""
+    data = body.get("data") if isinstance(body, dict) else None
+    if isinstance(data, list) and data and isinstance(data[0], dict):
+        name = data[0].get("id")
+        return name if isinstance(name, str) else None
+    return None
+
+
 class VllmMetricsProbe:
     """Fetches ``url`` (the engine's /metrics) with ``session`` or a session of its own."""
 
@@ -97,34 +109,47 @@ class VllmMetricsProbe:
         session: aiohttp.ClientSession | None = None,
         clock: Callable[[], float] = time.monotonic,
         timeout_s: float = 2.0,
+        models_url: str | None = None,
     ) -> None:
         self._url = url
+        self._models_url = models_url
+        self._served: str | None = None
         self._session = session
         self._clock = clock
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
 
     async def read(self) -> EngineReading:
         """Scrape and parse; an unreachable or failing engine raises ProbeTemporaryError."""
-        text = await self._fetch()
+        text = await self._fetch(self._url)
         try:
-            return parse_metrics(text, self._clock())
+            reading = parse_metrics(text, self._clock())
         except ValueError as exc:
             msg = f"engine metrics at {self._url} are not Prometheus text: {exc}"
             raise ProbeTemporaryError(msg) from exc
+        return dataclasses.replace(reading, served_model=await self._served_model())
 
-    async def _fetch(self) -> str:
+    async def _served_model(self) -> str | None:
+        """The engine's model name, asked once (until an answer); a failure is not an error."""
+        if self._served is None and self._models_url is not None:
+            try:
+                self._served = served_model_of(json.loads(await self._fetch(self._models_url)))
+            except (ProbeTemporaryError, ValueError):
+                return None
+        return self._served
+
+    async def _fetch(self, url: str) -> str:
         session_cm: AbstractAsyncContextManager[aiohttp.ClientSession] = (
             nullcontext(self._session) if self._session else aiohttp.ClientSession()
         )
         try:
             async with (
                 session_cm as session,
-                session.get(self._url, timeout=self._timeout) as response,
+                session.get(url, timeout=self._timeout) as response,
             ):
                 if response.status != 200:
-                    msg = f"engine metrics at {self._url} answered HTTP {response.status}"
+                    msg = f"engine at {url} answered HTTP {response.status}"
                     raise ProbeTemporaryError(msg)
                 return await response.text()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            msg = f"engine metrics at {self._url} unreachable: {exc or type(exc).__name__}"
+            msg = f"engine at {url} unreachable: {exc or type(exc).__name__}"
             raise ProbeTemporaryError(msg) from exc
