@@ -19,10 +19,10 @@ class AimdConfig:
     """Bounds and steps of the ratio; ``high_watermark`` is the KV usage (0..1) that counts."""
 
     low: float = 0.5
-    high: float = 2.0
+    high: float = 3.0
     start: float = 1.0
-    increase: float = 0.02
-    decrease: float = 0.7
+    increase: float = 0.05
+    decrease: float = 0.9
     high_watermark: float = 0.95
 
     def __post_init__(self) -> None:

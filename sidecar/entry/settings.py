@@ -90,13 +90,13 @@ class Settings(BaseSettings):
         0.5, description="lowest over-commit ratio (x alpha x KV pool tokens) AIMD may cut to"
     )
     adaptive_max_overcommit: Annotated[float, Field(ge=1)] = Field(
-        2.0, description="highest over-commit ratio AIMD may grow to while the engine is healthy"
+        3.0, description="highest over-commit ratio AIMD may grow to while the engine is healthy"
     )
     adaptive_increase: Annotated[float, Field(ge=0)] = Field(
-        0.02, description="added to the over-commit ratio on each healthy control-loop tick"
+        0.05, description="added to the over-commit ratio on each healthy control-loop tick"
     )
     adaptive_decrease: Annotated[float, Field(gt=0, lt=1)] = Field(
-        0.7, description="the over-commit ratio is multiplied by this on any sign of pressure"
+        0.9, description="the over-commit ratio is multiplied by this on each tick of pressure"
     )
     adaptive_kv_high_watermark: Annotated[float, Field(gt=0, le=1)] = Field(
         0.95, description="engine KV usage (0..1) above which adaptive admission backs off"
