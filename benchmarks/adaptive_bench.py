@@ -15,11 +15,10 @@ import json
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,9 +58,9 @@ class Tally:
 
 
 @contextlib.contextmanager
-def process(args: list[str], env: dict[str, str] | None = None) -> AsyncIterator[None]:  # type: ignore[misc]
+def process(args: list[str], env: dict[str, str] | None = None) -> Iterator[None]:
     """A server in its own process group, stopped by its PID however the block ends."""
-    proc = subprocess.Popen(  # noqa: S603
+    proc = subprocess.Popen(
         args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,
     )  # fmt: skip
@@ -96,7 +95,9 @@ async def preemptions(session: aiohttp.ClientSession, engine: str) -> float:
     return 0.0
 
 
-async def one_request(session: aiohttp.ClientSession, url: str, tally: Tally, window: list[float]) -> None:
+async def one_request(
+    session: aiohttp.ClientSession, url: str, tally: Tally, window: list[float]
+) -> None:
     body = {"model": "emulated-llama", "prompt": PROMPT, "max_tokens": MAX_TOKENS, "stream": True}
     started = time.monotonic()
     first: float | None = None
@@ -123,7 +124,9 @@ async def one_request(session: aiohttp.ClientSession, url: str, tally: Tally, wi
         tally.ttft_s.append((first or ended) - started)
 
 
-async def client(session: aiohttp.ClientSession, url: str, tally: Tally, window: list[float]) -> None:
+async def client(
+    session: aiohttp.ClientSession, url: str, tally: Tally, window: list[float]
+) -> None:
     while time.monotonic() < window[1]:
         try:
             await one_request(session, url, tally, window)
@@ -157,7 +160,8 @@ async def run_mode(mode: str) -> tuple[Tally, float]:
             with contextlib.ExitStack() as stack:
                 url = engine
                 if mode != "none":
-                    stack.enter_context(process([SIDECAR, "serve"], sidecar_env(engine, mode, port, admin)))
+                    env = sidecar_env(engine, mode, port, admin)
+                    stack.enter_context(process([SIDECAR, "serve"], env))
                     await wait_ok(session, f"http://127.0.0.1:{admin}/readyz")
                     url = f"http://127.0.0.1:{port}"
                 watch = asyncio.create_task(watch_capacity(session, admin, mode))
@@ -229,7 +233,8 @@ def main() -> None:
             f"{percentile(tally.ttft_s, 0.5):.2f} | {percentile(tally.ttft_s, 0.99):.2f} | "
             f"{tally.busy} |"
         )
-    print(json.dumps({m: {"tokens": t.tokens, "errors": t.errors} for m, (t, _) in results.items()}))
+    errors = {mode: tally.errors for mode, (tally, _) in results.items()}
+    print(f"client errors (not busy answers): {json.dumps(errors)}")
 
 
 if __name__ == "__main__":

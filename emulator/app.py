@@ -43,8 +43,8 @@ def build_app(
     app[RUNNER_KEY] = runner
     app[REGISTRY_KEY] = build_registry(config, pool.snapshot)
     lengths = completion_lengths(config)
-    chat = GenerationHandler("chat", config, runner, clock, poll_s, lengths)
-    completion = GenerationHandler("completion", config, runner, clock, poll_s, lengths)
+    chat = GenerationHandler("chat", config, runner, clock, poll_s, lengths=lengths)
+    completion = GenerationHandler("completion", config, runner, clock, poll_s, lengths=lengths)
     app.router.add_post("/v1/chat/completions", chat.handle)
     app.router.add_post("/v1/completions", completion.handle)
     app.router.add_get("/v1/models", _models)

@@ -49,6 +49,7 @@ class GenerationHandler:
         runner: EngineRunner,
         clock: Callable[[], float],
         poll_s: float = 0.05,
+        *,
         lengths: Callable[[int], int] = lambda max_tokens: max_tokens,
     ) -> None:
         self._lengths = lengths
