@@ -27,7 +27,7 @@ def test_healthy_ticks_add_back_slowly() -> None:
 )
 def test_pressure_cuts_at_once(evidence: EngineEvidence, pressure: str) -> None:
     """One tick of pressure multiplies the ratio by ``decrease`` and names the cause."""
-    aimd = Overcommit(AimdConfig(start=1.0, decrease=0.5))
+    aimd = Overcommit(AimdConfig(start=1.0, increase=0.02, decrease=0.5))
     aimd.observe(CALM)  # sets the preemption baseline to 0
     assert aimd.observe(evidence) == pytest.approx(0.51)
     assert aimd.last_pressure == pressure
