@@ -50,6 +50,7 @@ class ProxyConfig:
     price: Callable[[CheckedRequest], int]
     compartment_of: Callable[[Mapping[str, str]], str]
     tenant_of: Callable[[Mapping[str, str]], str | None]
+    sheddable: Callable[[Mapping[str, str]], bool] = lambda _headers: False
     # Adaptive admission: a request's live footprint, and what a completed one teaches.
     usage_of: Callable[[CheckedRequest, str], StreamUsage | None] = lambda _r, _c: None
     learn: Callable[[StreamUsage], None] = lambda _u: None
@@ -114,7 +115,8 @@ async def _admit_and_forward(
     cost = usage.charge() if usage is not None else proxy.config.price(checked)
     outcome, queue_wait = "error", 0.0
     try:
-        async with proxy.bulkhead.admit(cost, compartment, usage) as permit:
+        may_wait = not proxy.config.sheddable(request.headers)
+        async with proxy.bulkhead.admit(cost, compartment, usage, may_wait=may_wait) as permit:
             queue_wait = permit.wait_s
             _log_grant(permit, checked)
             response, outcome = await _forward(request, proxy, checked, permit, request_id)
@@ -124,7 +126,7 @@ async def _admit_and_forward(
     except AdmissionRejectedError as exc:
         outcome = exc.reason
         log.info(
-            "admission_rejected",
+            exc.refusal.log_event,
             reason=exc.reason,
             retry_after_s=round(exc.retry_after_s, 2),
             cost=cost,
@@ -167,7 +169,7 @@ async def _forward(
         upstream = await proxy.upstream.send("POST", request.path_qs, headers, checked.body)
     except UpstreamError as exc:
         permit.outcome = "failed"
-        log.warning("upstream_failed", error=str(exc), phase="connect")
+        log.warning(exc.refusal.log_event, error=str(exc), phase="connect")
         return error_response(exc), _upstream_outcome(exc)
     try:
         if checked.stream:
@@ -185,7 +187,7 @@ def result_response(result: RelayResult, permit: Permit) -> tuple[web.StreamResp
         return result.response, "client_gone"
     if result.error is not None:
         permit.outcome = "failed"
-        log.warning("upstream_failed", error=str(result.error), phase="stream")
+        log.warning(result.error.refusal.log_event, error=str(result.error), phase="stream")
         return result.response, _upstream_outcome(result.error)
     if result.response.status >= 500:
         permit.outcome = "failed"
@@ -200,7 +202,7 @@ async def _relay_whole(
         body = await read_all(upstream)
     except UpstreamError as exc:
         permit.outcome = "failed"
-        log.warning("upstream_failed", error=str(exc), phase="body")
+        log.warning(exc.refusal.log_event, error=str(exc), phase="body")
         return error_response(exc), _upstream_outcome(exc)
     response = web.Response(status=upstream.status, body=body, headers=end_to_end(upstream.headers))
     response.headers["X-Request-Id"] = request_id

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from sidecar.core.compartments import parse_compartments
 from sidecar.core.ledger import StreamUsage
 from sidecar.core.request_checks import CheckedRequest, TokenPolicy
-from sidecar.core.tenancy import compartment_key, tenant_id
+from sidecar.core.tenancy import compartment_key, is_sheddable, parse_names, tenant_id
 from sidecar.edge.admin import Admin, build_admin_app
 from sidecar.edge.engine_client import Upstream
 from sidecar.edge.prompt_count import EnginePromptCounter
@@ -130,6 +130,11 @@ class SidecarServer:
             ),
             tenant_of=partial(
                 tenant_id, tenant_header=s.tenant_header, from_api_key=s.tenant_from_api_key
+            ),
+            sheddable=partial(
+                is_sheddable,
+                sheddable=parse_names(s.sheddable),
+                priority_header=s.priority_header,
             ),
             usage_of=self._usage,
             learn=self.adaptive.learn if self.adaptive is not None else lambda _u: None,
