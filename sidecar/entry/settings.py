@@ -61,7 +61,7 @@ class Settings(BaseSettings):
     disagreement_tolerance: Annotated[float, Field(ge=0)] = 0.10
 
     # --- admission -----------------------------------------------------------------------------
-    admission: Literal["count", "tokens"] = "count"
+    admission: Literal["count", "tokens", "adaptive"] = "count"
     max_wait_ms: NonNegativeInt = 3000
     max_queue: NonNegativeInt = 64
     shadow: bool = False
@@ -79,6 +79,32 @@ class Settings(BaseSettings):
         default=None,
         description="comma-separated priority classes (x-priority or the gateway's "
         "x-gateway-inference-objective) that are refused at once rather than queued when full",
+    )
+
+    # --- adaptive admission (SIDECAR_ADMISSION=adaptive) ----------------------------------------
+    adaptive_quantile: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.9, description="quantile of recent completion lengths a request is priced at"
+    )
+    adaptive_min_samples: PositiveInt = Field(
+        20, description="completions a band must have seen before its quantile replaces max_tokens"
+    )
+    adaptive_window: PositiveInt = Field(
+        256, description="recent completion lengths kept per compartment and max_tokens band"
+    )
+    adaptive_min_overcommit: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.5, description="lowest over-commit ratio (x alpha x KV pool tokens) AIMD may cut to"
+    )
+    adaptive_max_overcommit: Annotated[float, Field(ge=1)] = Field(
+        3.0, description="highest over-commit ratio AIMD may grow to while the engine is healthy"
+    )
+    adaptive_increase: Annotated[float, Field(ge=0)] = Field(
+        0.05, description="added to the over-commit ratio on each healthy control-loop tick"
+    )
+    adaptive_decrease: Annotated[float, Field(gt=0, lt=1)] = Field(
+        0.9, description="the over-commit ratio is multiplied by this on each tick of pressure"
+    )
+    adaptive_kv_high_watermark: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.95, description="engine KV usage (0..1) above which adaptive admission backs off"
     )
 
     # --- logs ----------------------------------------------------------------------------------
