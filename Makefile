@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check bench test-vllm plan clean
+.PHONY: demo test check docs bench test-vllm plan clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ check: $(STAMP)
 	$(BIN)/ruff check sidecar emulator demo tests benchmarks scripts tests_vllm
 	$(BIN)/ruff format --check sidecar emulator demo tests benchmarks scripts tests_vllm
 	$(BIN)/mypy
+
+# The reference pages made from the code (docs/settings.md, docs/metrics.md); a test checks them.
+docs: $(STAMP)
+	$(BIN)/python -m scripts.gen_docs
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
