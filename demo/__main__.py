@@ -47,10 +47,11 @@ SHARES = {"steady": 0.2, "burst": 0.3, "noisy neighbour": 0.3, "neighbour gone":
 CAVEAT = (
     "",
     "Read the columns together: straight at the engine, more streams finish here because the",
-    "emulated engine has no compute limit, but every one of them waits seconds for its first",
-    "token (the paged engine) or dies with the engine's memory (the OOM engine). The sidecar",
-    "prices each request at its worst case (8,000 tokens; these use 5,071), so half the KV",
-    "cache stays free: see docs/adaptive.md for pricing by what requests really use.",
+    "emulated engine has no compute limit, but their first tokens come seconds late (the paged",
+    "engine) or they die with the engine's memory (the OOM engine). The sidecar keeps TTFT",
+    "short and says 'busy' to the rest. It prices each request at its worst case (8,000",
+    "tokens; these use 5,071), so half the KV cache stays free: docs/adaptive.md prices",
+    "requests by what they really use.",
 )
 
 
