@@ -12,13 +12,8 @@ from sidecar.core.capacity import Budget, KvCost
 from sidecar.core.errors import ProbeError, ProbeTemporaryError
 from sidecar.core.model_spec import load_model_spec
 from sidecar.entry.settings import load_settings
-from sidecar.live.control_loop import (
-    TASK_NAME,
-    CapacityController,
-    Floor,
-    build_controller,
-    register_capacity_metrics,
-)
+from sidecar.entry.wiring import build_controller
+from sidecar.live.control_loop import TASK_NAME, CapacityController, Floor
 from sidecar.live.probes import (
     EngineCacheConfig,
     EngineReading,
@@ -27,6 +22,7 @@ from sidecar.live.probes import (
     ProcessMemory,
 )
 from sidecar.live.probes.static import Declared
+from sidecar.telemetry.capacity_metrics import capacity_json, register_capacity_metrics
 
 GIB = 1024**3
 REQUEST = 229_376_000  # qwen2.5-7b, 4,000 tokens, fp16: 57,344 B/token
@@ -226,7 +222,7 @@ async def test_capacity_json_and_metrics_show_terms_and_gpu_memory() -> None:
     await loop.refresh()
     registry = CollectorRegistry()
     register_capacity_metrics(registry, loop, clock)
-    doc = loop.state_json(clock.now + 2)
+    doc = capacity_json(loop.state, loop.requested_source, clock.now + 2)
     text = generate_latest(registry).decode()
     terms = {t["name"]: (t["source"], t["age_s"]) for t in doc["plan"]["terms"]}
     assert terms["neighbours"] == ("measured", 102.0)

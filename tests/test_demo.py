@@ -31,8 +31,8 @@ from demo.simulated_gpu import ENGINE_PID, GIB, NEIGHBOUR_PID, SimulatedGpu
 from demo.story import PATH_HINT, progress
 from sidecar.core.capacity import Budget, KvCost, make_plan
 from sidecar.core.model_spec import load_model_spec
-from sidecar.core.sources import Readings, engine_process_bytes, neighbour_bytes, plan_inputs
 from sidecar.live.probes.static import Declared
+from sidecar.live.sources import Readings, engine_process_bytes, neighbour_bytes, plan_inputs
 
 VLLM_METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -10,7 +10,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from sidecar.core.errors import ProbeTemporaryError
-from sidecar.live.probes.engine import VllmMetricsProbe, parse_metrics
+from sidecar.live.probes.engine import VllmMetricsProbe, parse_families, parse_metrics
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32"  # captured from vLLM 0.32
 
@@ -60,6 +60,25 @@ def test_metrics_without_vllm_series_read_as_unknown() -> None:
     """Another engine's /metrics gives no cache config rather than made-up numbers."""
     reading = parse_metrics("# TYPE up gauge\nup 1.0\n", observed_at=0.0)
     assert (reading.cache, reading.kv_usage_ratio, reading.requests_waiting) == (None, None, None)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param((FIXTURES / "metrics-idle.txt").read_text(), id="vllm-0.32-idle"),
+        pytest.param((FIXTURES / "metrics-after-traffic.txt").read_text(), id="vllm-0.32-traffic"),
+        pytest.param(TWO_ENGINES, id="two-engines"),
+    ],
+)
+def test_dropping_unread_families_first_reads_the_same(text: str) -> None:
+    """Parsing only the families the probe reads gives exactly the full parse's reading."""
+    assert parse_metrics(text, observed_at=3.0) == parse_families(text, observed_at=3.0)
+
+
+def test_text_that_is_not_prometheus_still_fails_to_parse() -> None:
+    """The pre-parse filter keeps what it cannot name, so an HTML error page is still refused."""
+    with pytest.raises(ValueError):  # noqa: PT011 - the parser's own error, whatever its text
+        parse_metrics("<html><body>502 Bad Gateway</body></html>\n", observed_at=0.0)
 
 
 async def serve(status: int = 200) -> TestServer:

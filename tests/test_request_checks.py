@@ -7,9 +7,9 @@ import json
 import pytest
 
 from sidecar.core.errors import RequestError
-from sidecar.core.request_checks import Budget, check_request
+from sidecar.core.request_checks import TokenPolicy, check_request
 
-BUDGET = Budget(max_prompt_tokens=100, max_completion_tokens=50)
+BUDGET = TokenPolicy(max_prompt_tokens=100, max_completion_tokens=50)
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 
 
@@ -127,7 +127,7 @@ def test_within_budget_body_is_forwarded_untouched() -> None:
 
 def test_clamp_mode_lowers_max_tokens_to_the_budget() -> None:
     """With over_budget=clamp a too-large max_tokens is lowered instead of refused."""
-    checked = check_request(raw({**CHAT, "max_tokens": 999}), "chat", Budget(100, 50, "clamp"))
+    checked = check_request(raw({**CHAT, "max_tokens": 999}), "chat", TokenPolicy(100, 50, "clamp"))
     assert json.loads(checked.body)["max_tokens"] == 50
 
 

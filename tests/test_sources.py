@@ -7,7 +7,6 @@ import pytest
 from sidecar.core.capacity import KvCost, MemoryInputs, Source, Term
 from sidecar.core.errors import ProbeTemporaryError, ProbeUnavailableError
 from sidecar.core.model_spec import load_model_spec
-from sidecar.core.sources import Readings, pick_source, plan_inputs
 from sidecar.live.probes import (
     EngineCacheConfig,
     EngineReading,
@@ -16,6 +15,7 @@ from sidecar.live.probes import (
     ProcessMemory,
 )
 from sidecar.live.probes.static import Declared
+from sidecar.live.sources import Readings, pick_source, plan_inputs
 
 GIB = 1024**3
 COST = KvCost(load_model_spec("qwen2.5-7b"))  # 57,344 B/token

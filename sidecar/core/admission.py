@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sidecar.core.compartments import DEFAULT, Compartments
+from sidecar.core.outcomes import RejectReason
 
 Outcome = Literal["completed", "cancelled", "failed"]
-RejectReason = Literal["queue_full", "timeout", "too_large", "draining", "no_capacity"]
 WithdrawReason = Literal["timeout", "cancelled", "draining"]
 
 
@@ -144,8 +144,11 @@ class Admission:
 
     # --- decisions -------------------------------------------------------------------------------
 
-    def request(self, cost: int, compartment: str) -> Decision:
-        """Decide a new request of ``cost`` in ``compartment`` (resolved through the spec)."""
+    def request(self, cost: int, compartment: str, *, may_wait: bool = True) -> Decision:
+        """Decide a new request of ``cost`` in ``compartment`` (resolved through the spec).
+
+        ``may_wait=False`` (sheddable traffic): granted now or refused ``shed``, never queued.
+        """
         name = compartment if compartment in self._queues else DEFAULT
         refusal = self._refusal(cost, name)
         if refusal is not None:
@@ -159,9 +162,9 @@ class Admission:
         self._queued_tickets[waiter.ticket] = waiter
         if any(g.ticket == waiter.ticket for g in self._pump()):
             return Granted(waiter.ticket, name, cost)
-        if self.queued > self._max_queue:
+        if self.queued > self._max_queue or not may_wait:
             self._remove_queued(waiter)
-            return self._reject("queue_full", name, cost)
+            return self._reject("queue_full" if may_wait else "shed", name, cost)
         self._stats["queued"] += 1
         return Queued(waiter.ticket, name, cost, len(self._queues[name]) - 1)
 

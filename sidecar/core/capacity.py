@@ -12,6 +12,7 @@ from fractions import Fraction
 from typing import Any
 
 from sidecar.core.errors import ConfigError, PlanError
+from sidecar.core.exact import exact
 from sidecar.core.model_spec import DTYPE_BYTES, LayerKind, ModelSpec
 
 
@@ -233,7 +234,7 @@ class Plan:
     @property
     def admissible_bytes(self) -> int:
         """floor(alpha x pool): the limit for token-weighted admission, whole group."""
-        return math.floor(_exact(self.alpha) * self.kv_pool_bytes)
+        return math.floor(exact(self.alpha) * self.kv_pool_bytes)
 
     def _inputs(self) -> dict[str, Any]:
         return {
@@ -282,11 +283,6 @@ def _spec_dict(spec: ModelSpec) -> dict[str, Any]:
     }
 
 
-def _exact(alpha: float) -> Fraction:
-    # repr() is the shortest decimal that round-trips, i.e. what the user typed: 0.8 -> 4/5.
-    return Fraction(repr(alpha))
-
-
 def make_plan(cost: KvCost, memory: MemoryInputs | Term, budget: Budget, alpha: float) -> Plan:
     """Work out the permits: floor(usable pool per GPU / request bytes per GPU x alpha)."""
     if not 0 < alpha <= 1:  # also rejects NaN
@@ -298,10 +294,10 @@ def make_plan(cost: KvCost, memory: MemoryInputs | Term, budget: Budget, alpha: 
     request = cost.request_bytes_per_gpu(budget.total)
     if request == 0:
         raise PlanError(f"{cost.spec.name} keeps no per-request state to size permits by")
-    exact = Fraction(cost.usable_pool_bytes_per_gpu(pool)) / request * _exact(alpha)
+    permits = Fraction(cost.usable_pool_bytes_per_gpu(pool)) / request * exact(alpha)
     return Plan(
-        permits=math.floor(exact),
-        permits_exact=exact,
+        permits=math.floor(permits),
+        permits_exact=permits,
         kv_pool_bytes_per_gpu=pool,
         kv_pool_tokens=cost.tokens_in_pool(pool),
         alpha=alpha,

@@ -14,14 +14,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from sidecar.core.errors import ConfigError
+from sidecar.core.exact import exact
 
 DEFAULT = "default"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
-
-def _exact(value: Fraction | float) -> Fraction:
-    return Fraction(str(value)) if isinstance(value, float) else Fraction(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,8 +31,8 @@ class CompartmentSpec:
 
     def __post_init__(self) -> None:
         # Exact fractions: 29% of 100 permits is 29, not floor(28.999999999999996).
-        object.__setattr__(self, "share", _exact(self.share))
-        object.__setattr__(self, "cap", _exact(self.cap))
+        object.__setattr__(self, "share", exact(self.share))
+        object.__setattr__(self, "cap", exact(self.cap))
 
     def guaranteed(self, limit: int) -> int:
         """Units of ``limit`` reserved for this compartment (rounded down, never over the limit)."""
@@ -65,13 +62,6 @@ class Compartments:
     def names(self) -> tuple[str, ...]:
         """Compartment names, in the order the spec gave them (``default`` last if implied)."""
         return tuple(spec.name for spec in self.specs)
-
-    def spec(self, name: str) -> CompartmentSpec:
-        """The spec of ``name``; KeyError if there is none."""
-        for spec in self.specs:
-            if spec.name == name:
-                return spec
-        raise KeyError(name)
 
     def resolve(self, key: str) -> str:
         """The compartment a tenant/priority key belongs to: its own if named, else ``default``."""

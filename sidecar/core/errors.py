@@ -16,6 +16,8 @@ SidecarError
 
 from __future__ import annotations
 
+from sidecar.core.outcomes import REJECTIONS, UPSTREAM_FAILURES, RejectReason, UpstreamFailure
+
 
 class SidecarError(Exception):
     """Root of every error the sidecar raises on purpose."""
@@ -49,12 +51,11 @@ class AdmissionRejectedError(SidecarError):
     """The bulkhead refused a request; ``reason`` says why, ``retry_after_s`` when to come back,
     ``waited_s`` how long it had waited in the queue first (0 when refused at once)."""
 
-    def __init__(
-        self, reason: str, message: str, retry_after_s: float, waited_s: float = 0.0
-    ) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
+    def __init__(self, reason: RejectReason, retry_after_s: float, waited_s: float = 0.0) -> None:
+        self.refusal = REJECTIONS[reason]
+        super().__init__(self.refusal.message)
+        self.reason: RejectReason = reason
+        self.message = self.refusal.message
         self.retry_after_s = retry_after_s
         self.waited_s = waited_s
 
@@ -78,12 +79,22 @@ class RequestError(SidecarError):
 
 
 class UpstreamError(SidecarError):
-    """The engine failed us."""
+    """The engine failed us; ``failure`` is its row in the outcome table."""
+
+    failure: UpstreamFailure = "upstream_unavailable"
+
+    def __init__(self, detail: str | None = None) -> None:
+        self.refusal = UPSTREAM_FAILURES[self.failure]
+        super().__init__(self.refusal.message + (f": {detail}" if detail else ""))
 
 
 class UpstreamUnavailableError(UpstreamError):
     """The engine could not be reached or reset the connection (502)."""
 
+    failure: UpstreamFailure = "upstream_unavailable"
+
 
 class UpstreamTimeoutError(UpstreamError):
     """The engine did not answer within the configured timeout (504)."""
+
+    failure: UpstreamFailure = "upstream_timeout"

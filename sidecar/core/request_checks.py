@@ -21,7 +21,7 @@ MESSAGE_OVERHEAD_TOKENS = 4
 
 
 @dataclass(frozen=True)
-class Budget:
+class TokenPolicy:
     """The per-request token budget the plan was made for."""
 
     max_prompt_tokens: int
@@ -51,7 +51,7 @@ class CheckedRequest:
         return (self.prompt_tokens + self.completion_tokens) * self.sequences
 
 
-def check_request(raw: bytes, endpoint: Endpoint, budget: Budget) -> CheckedRequest:
+def check_request(raw: bytes, endpoint: Endpoint, budget: TokenPolicy) -> CheckedRequest:
     """Validate ``raw`` and return it with a bounded token budget; RequestError otherwise."""
     body = _parse_object(raw)
     stream = _optional_bool(body, "stream")
@@ -70,13 +70,15 @@ def check_request(raw: bytes, endpoint: Endpoint, budget: Budget) -> CheckedRequ
     )
 
 
-def with_prompt_tokens(checked: CheckedRequest, tokens: int, budget: Budget) -> CheckedRequest:
+def with_prompt_tokens(checked: CheckedRequest, tokens: int, budget: TokenPolicy) -> CheckedRequest:
     """The request priced with the engine's own prompt count; RequestError if over the budget."""
     enforce_prompt_budget(tokens, checked.prompt_param, budget, exact=True)
     return replace(checked, prompt_tokens=tokens)
 
 
-def enforce_prompt_budget(tokens: int, param: str, budget: Budget, *, exact: bool = False) -> None:
+def enforce_prompt_budget(
+    tokens: int, param: str, budget: TokenPolicy, *, exact: bool = False
+) -> None:
     if tokens > budget.max_prompt_tokens:
         size = f"{tokens}" if exact else f"about {tokens}"
         raise RequestError(
@@ -129,7 +131,7 @@ def _positive_int(body: dict[str, Any], key: str, default: int) -> int:
     return value
 
 
-def _completion_tokens(body: dict[str, Any], budget: Budget) -> tuple[int, bool]:
+def _completion_tokens(body: dict[str, Any], budget: TokenPolicy) -> tuple[int, bool]:
     """The completion budget the engine will honour, and whether the body had to change."""
     limit = budget.max_completion_tokens
     given = {key: _positive_int(body, key, 0) for key in TOKEN_KEYS if body.get(key) is not None}
@@ -152,7 +154,7 @@ def _completion_tokens(body: dict[str, Any], budget: Budget) -> tuple[int, bool]
 
 
 def _estimate_prompt(
-    body: dict[str, Any], endpoint: Endpoint, budget: Budget
+    body: dict[str, Any], endpoint: Endpoint, budget: TokenPolicy
 ) -> tuple[int, int, str]:
     """The largest prompt's estimated tokens, how many prompts there are, and their field."""
     if endpoint == "chat":
@@ -161,7 +163,7 @@ def _estimate_prompt(
     return tokens, prompts, "prompt"
 
 
-def _chat_prompt_tokens(body: dict[str, Any], budget: Budget) -> int:
+def _chat_prompt_tokens(body: dict[str, Any], budget: TokenPolicy) -> int:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("'messages' must be a non-empty array", param="messages")
@@ -182,7 +184,7 @@ def _message_text(message: dict[str, Any]) -> str:
     raise RequestError("message 'content' must be a string or an array", param="messages")
 
 
-def _completion_prompt_tokens(body: dict[str, Any], budget: Budget) -> tuple[int, int]:
+def _completion_prompt_tokens(body: dict[str, Any], budget: TokenPolicy) -> tuple[int, int]:
     """A completions prompt is text, token ids, or a batch of either (one sequence each)."""
     prompt = body.get("prompt")
     if isinstance(prompt, str):
@@ -203,7 +205,7 @@ def _is_token_id(item: object) -> bool:
     return isinstance(item, int) and not isinstance(item, bool)
 
 
-def _text_tokens(text: str, budget: Budget) -> int:
+def _text_tokens(text: str, budget: TokenPolicy) -> int:
     if not text:
         return 0
     return math.ceil(len(text.encode()) / budget.prompt_bytes_per_token)

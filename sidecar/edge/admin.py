@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.live.control_loop import CapacityController
+from sidecar.telemetry.capacity_metrics import capacity_json
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ def capacity_document(admin: Admin) -> dict[str, Any]:
     """Permits and queue now, the plan with every term's source and age, the live readings."""
     now = admin.clock()
     snap = admin.bulkhead.snapshot()
-    state = admin.controller.state_json(now)
+    state = capacity_json(admin.controller.state, admin.controller.requested_source, now)
     plan = state.get("plan") or {}
     utilisation = snap.in_use_cost / snap.limit if snap.limit else float(snap.in_use_cost > 0)
     return {

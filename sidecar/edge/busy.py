@@ -14,14 +14,14 @@ from typing import Literal
 from aiohttp import web
 
 from sidecar.core.errors import AdmissionRejectedError
-from sidecar.edge.http_errors import error_body, error_response, rejection_type, retry_after_header
+from sidecar.edge.http_errors import error_response, refusal_body, retry_after_header
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def fallback_event(exc: AdmissionRejectedError) -> bytes:
     """The SSE bytes of a fallback: one ``fallback`` event, then ``[DONE]``."""
-    payload = error_body(exc.message, type_=rejection_type(exc.reason), code=exc.reason)
+    payload = refusal_body(exc.refusal, exc.message)
     data = {**payload, "retry_after_s": round(exc.retry_after_s, 1)}
     return f"event: fallback\ndata: {json.dumps(data)}\n\ndata: [DONE]\n\n".encode()
 
@@ -35,7 +35,7 @@ def busy_response(
     headers = {
         **SSE_HEADERS,
         "Retry-After": retry_after_header(exc.retry_after_s),
-        "X-Sidecar-Outcome": exc.reason,
+        "X-Sidecar-Outcome": exc.refusal.code,
     }
     return web.Response(
         status=200,

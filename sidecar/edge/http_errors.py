@@ -13,22 +13,8 @@ from typing import Any
 
 from aiohttp import web
 
-from sidecar.core.errors import (
-    AdmissionRejectedError,
-    RequestError,
-    SidecarError,
-    UpstreamTimeoutError,
-    UpstreamUnavailableError,
-)
-
-# Rejection reason -> HTTP status when the busy answer is plain HTTP (BRIEF §3.5).
-REJECTION_STATUS = {
-    "queue_full": 429,
-    "timeout": 429,
-    "too_large": 429,
-    "draining": 503,
-    "no_capacity": 503,
-}
+from sidecar.core.errors import AdmissionRejectedError, RequestError, SidecarError, UpstreamError
+from sidecar.core.outcomes import Refusal
 
 
 def error_body(
@@ -58,8 +44,9 @@ def json_error(
     )
 
 
-def rejection_type(reason: str) -> str:
-    return "rate_limit_error" if REJECTION_STATUS.get(reason, 503) == 429 else "service_unavailable"
+def refusal_body(refusal: Refusal, message: str) -> dict[str, dict[str, Any]]:
+    """The error object of a refusal or upstream failure, as its outcome-table row says."""
+    return error_body(message, type_=refusal.error_type, code=refusal.code)
 
 
 def error_response(exc: SidecarError) -> web.Response:
@@ -69,15 +56,16 @@ def error_response(exc: SidecarError) -> web.Response:
             exc.status, exc.message, type_="invalid_request_error", code=exc.code, param=exc.param
         )
     if isinstance(exc, AdmissionRejectedError):
-        return json_error(
-            REJECTION_STATUS.get(exc.reason, 503),
-            exc.message,
-            type_=rejection_type(exc.reason),
-            code=exc.reason,
-            headers={"Retry-After": retry_after_header(exc.retry_after_s)},
+        return _refusal_response(
+            exc.refusal, exc.message, {"Retry-After": retry_after_header(exc.retry_after_s)}
         )
-    if isinstance(exc, UpstreamTimeoutError):
-        return json_error(504, str(exc), type_="upstream_error", code="upstream_timeout")
-    if isinstance(exc, UpstreamUnavailableError):
-        return json_error(502, str(exc), type_="upstream_error", code="upstream_unavailable")
+    if isinstance(exc, UpstreamError):
+        return _refusal_response(exc.refusal, str(exc), {})
     return json_error(500, "internal sidecar error", type_="server_error", code="internal_error")
+
+
+def _refusal_response(refusal: Refusal, message: str, headers: dict[str, str]) -> web.Response:
+    body = json.dumps(refusal_body(refusal, message))
+    return web.Response(
+        status=refusal.status, text=body, content_type="application/json", headers=headers
+    )

@@ -14,7 +14,7 @@ from typing import Any
 import structlog
 
 from sidecar.core.errors import UpstreamError
-from sidecar.edge.engine_client import Upstream
+from sidecar.edge.engine_client import Upstream, finish, read_all
 
 log = structlog.get_logger("sidecar.edge.prompt_count")
 
@@ -34,9 +34,9 @@ class EnginePromptCounter:
                 "POST", "/tokenize", sent, json.dumps(payload).encode()
             )
             try:
-                body = await Upstream.read_all(response)
+                body = await read_all(response)
             finally:
-                Upstream.finish(response)
+                finish(response)
         except UpstreamError as exc:
             self._failed(error=str(exc))
             return None

@@ -14,22 +14,17 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from sidecar.core.errors import (
-    AdmissionRejectedError,
-    RequestError,
-    UpstreamError,
-    UpstreamTimeoutError,
-)
+from sidecar.core.errors import AdmissionRejectedError, RequestError, UpstreamError
 from sidecar.core.request_checks import (
-    Budget,
     CheckedRequest,
     Endpoint,
+    TokenPolicy,
     check_request,
     enforce_prompt_budget,
     with_prompt_tokens,
 )
 from sidecar.edge.busy import busy_response
-from sidecar.edge.engine_client import Upstream, end_to_end
+from sidecar.edge.engine_client import Upstream, end_to_end, finish, read_all
 from sidecar.edge.http_errors import error_response
 from sidecar.edge.prompt_count import EnginePromptCounter
 from sidecar.edge.relay import RelayResult, relay_stream
@@ -48,12 +43,13 @@ ENDPOINTS: Mapping[str, Endpoint] = {
 class ProxyConfig:
     """What the proxy handlers need, built once from the settings."""
 
-    budget: Budget
+    budget: TokenPolicy
     reject_mode: Literal["sse", "http"]
     max_body_bytes: int
     price: Callable[[CheckedRequest], int]
     compartment_of: Callable[[Mapping[str, str]], str]
     tenant_of: Callable[[Mapping[str, str]], str | None]
+    sheddable: Callable[[Mapping[str, str]], bool] = lambda _headers: False
 
 
 @dataclass(frozen=True)
@@ -114,7 +110,8 @@ async def _admit_and_forward(
     cost = proxy.config.price(checked)
     outcome, queue_wait = "error", 0.0
     try:
-        async with proxy.bulkhead.admit(cost=cost, compartment=compartment) as permit:
+        may_wait = not proxy.config.sheddable(request.headers)
+        async with proxy.bulkhead.admit(cost, compartment, may_wait=may_wait) as permit:
             queue_wait = permit.wait_s
             _log_grant(permit, checked)
             response, outcome = await _forward(request, proxy, checked, permit, request_id)
@@ -122,7 +119,7 @@ async def _admit_and_forward(
     except AdmissionRejectedError as exc:
         outcome, queue_wait = exc.reason, exc.waited_s
         log.info(
-            "admission_rejected",
+            exc.refusal.log_event,
             reason=exc.reason,
             queue_wait_s=round(queue_wait, 4),
             retry_after_s=round(exc.retry_after_s, 2),
@@ -166,7 +163,7 @@ async def _forward(
         upstream = await proxy.upstream.send("POST", request.path_qs, headers, checked.body)
     except UpstreamError as exc:
         permit.outcome = "failed"
-        log.warning("upstream_failed", error=str(exc), phase="connect")
+        log.warning(exc.refusal.log_event, error=str(exc), phase="connect")
         return error_response(exc), _upstream_outcome(exc)
     try:
         if checked.stream:
@@ -174,7 +171,7 @@ async def _forward(
             return result_response(result, permit)
         return await _relay_whole(upstream, permit, request_id)
     finally:
-        Upstream.finish(upstream)
+        finish(upstream)
 
 
 def result_response(result: RelayResult, permit: Permit) -> tuple[web.StreamResponse, str]:
@@ -184,7 +181,7 @@ def result_response(result: RelayResult, permit: Permit) -> tuple[web.StreamResp
         return result.response, "client_gone"
     if result.error is not None:
         permit.outcome = "failed"
-        log.warning("upstream_failed", error=str(result.error), phase="stream")
+        log.warning(result.error.refusal.log_event, error=str(result.error), phase="stream")
         return result.response, _upstream_outcome(result.error)
     if result.response.status >= 500:
         permit.outcome = "failed"
@@ -196,10 +193,10 @@ async def _relay_whole(
     upstream: aiohttp.ClientResponse, permit: Permit, request_id: str
 ) -> tuple[web.StreamResponse, str]:
     try:
-        body = await Upstream.read_all(upstream)
+        body = await read_all(upstream)
     except UpstreamError as exc:
         permit.outcome = "failed"
-        log.warning("upstream_failed", error=str(exc), phase="body")
+        log.warning(exc.refusal.log_event, error=str(exc), phase="body")
         return error_response(exc), _upstream_outcome(exc)
     response = web.Response(status=upstream.status, body=body, headers=end_to_end(upstream.headers))
     response.headers["X-Request-Id"] = request_id
@@ -220,7 +217,7 @@ def _log_usage(body: bytes) -> None:
 
 
 def _upstream_outcome(exc: UpstreamError) -> str:
-    return "upstream_timeout" if isinstance(exc, UpstreamTimeoutError) else "upstream_unavailable"
+    return exc.refusal.code
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
@@ -237,7 +234,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     try:
         result = await relay_stream(request, upstream, request_id)
     finally:
-        Upstream.finish(upstream)
+        finish(upstream)
     return result.response
 
 

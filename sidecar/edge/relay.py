@@ -15,27 +15,25 @@ from typing import Literal
 import aiohttp
 from aiohttp import web
 
-from sidecar.core.errors import UpstreamError, UpstreamTimeoutError
-from sidecar.edge.engine_client import Upstream, end_to_end
-from sidecar.edge.http_errors import error_body
+from sidecar.core.errors import UpstreamError
+from sidecar.edge.engine_client import end_to_end, read_chunk
+from sidecar.edge.http_errors import refusal_body
 
 RelayEnd = Literal["completed", "client_gone", "upstream_failed"]
 
 
 @dataclass(frozen=True)
 class RelayResult:
-    """How a relay ended and how much went through."""
+    """How a relay ended."""
 
     end: RelayEnd
     response: web.StreamResponse
-    bytes_sent: int
     error: UpstreamError | None = None
 
 
 def in_band_error(exc: UpstreamError) -> bytes:
     """The SSE tail that ends a broken stream."""
-    code = "upstream_timeout" if isinstance(exc, UpstreamTimeoutError) else "upstream_unavailable"
-    body = error_body(str(exc), type_="upstream_error", code=code)
+    body = refusal_body(exc.refusal, str(exc))
     return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
 
 
@@ -85,13 +83,12 @@ async def relay_stream(
     try:
         await response.prepare(request)
     except ConnectionResetError:
-        return RelayResult("client_gone", response, 0)
-    sent = 0
+        return RelayResult("client_gone", response)
     while True:
         try:
-            chunk = await Upstream.read_chunk(upstream)
+            chunk = await read_chunk(upstream)
         except UpstreamError as exc:
-            return await _end_broken(response, exc, sent, sse=framer is not None)
+            return await _end_broken(response, exc, sse=framer is not None)
         if not chunk:
             break
         if framer is not None and not (chunk := framer.feed(chunk)):
@@ -99,22 +96,20 @@ async def relay_stream(
         try:
             await response.write(chunk)
         except ConnectionResetError:
-            return RelayResult("client_gone", response, sent)
-        sent += len(chunk)
+            return RelayResult("client_gone", response)
     if framer is not None and (rest := framer.flush()):
-        sent += len(rest)
         await _write_quietly(response, rest)
     await _finish(response)
-    return RelayResult("completed", response, sent)
+    return RelayResult("completed", response)
 
 
 async def _end_broken(
-    response: web.StreamResponse, exc: UpstreamError, sent: int, *, sse: bool
+    response: web.StreamResponse, exc: UpstreamError, *, sse: bool
 ) -> RelayResult:
     if sse and not await _write_quietly(response, in_band_error(exc)):
-        return RelayResult("client_gone", response, sent, exc)
+        return RelayResult("client_gone", response, exc)
     await _finish(response)
-    return RelayResult("upstream_failed", response, sent, exc)
+    return RelayResult("upstream_failed", response, exc)
 
 
 async def _write_quietly(response: web.StreamResponse, data: bytes) -> bool:

@@ -12,15 +12,16 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from sidecar.core.request_checks import Budget, CheckedRequest
-from sidecar.core.tenancy import compartment_key, tenant_id
+from sidecar.core.request_checks import CheckedRequest, TokenPolicy
+from sidecar.core.tenancy import compartment_key, is_sheddable, parse_names, tenant_id
 from sidecar.edge.admin import Admin, build_admin_app
 from sidecar.edge.engine_client import Upstream
 from sidecar.edge.prompt_count import EnginePromptCounter
 from sidecar.edge.proxy import Proxy, ProxyConfig, build_proxy_app
 from sidecar.entry.settings import Settings
-from sidecar.limiter.bulkhead import AdmissionEvent, Bulkhead
-from sidecar.live.control_loop import CapacityController, build_controller
+from sidecar.entry.wiring import build_bulkhead, build_controller
+from sidecar.limiter.bulkhead import AdmissionEvent
+from sidecar.live.control_loop import CapacityController
 from sidecar.live.probes import GpuProbe
 from sidecar.telemetry.capacity_metrics import register_capacity_metrics
 from sidecar.telemetry.metrics import BulkheadCollector, RequestMetrics
@@ -41,9 +42,7 @@ class SidecarServer:
         self.settings, self.clock = settings, clock
         self.registry = CollectorRegistry(auto_describe=True)
         self.metrics = RequestMetrics(self.registry)
-        self.bulkhead = Bulkhead.from_settings(
-            settings, limit=0, clock=clock, on_event=self._on_event
-        )
+        self.bulkhead = build_bulkhead(settings, limit=0, clock=clock, on_event=self._on_event)
         self.controller: CapacityController = build_controller(
             settings, self.bulkhead.resize, clock=clock, nvml=gpu_probe
         )
@@ -84,7 +83,7 @@ class SidecarServer:
     def _proxy(self) -> Proxy:
         s = self.settings
         config = ProxyConfig(
-            budget=Budget(
+            budget=TokenPolicy(
                 s.max_prompt_tokens,
                 s.max_completion_tokens,
                 s.over_budget,
@@ -103,6 +102,11 @@ class SidecarServer:
             ),
             tenant_of=partial(
                 tenant_id, tenant_header=s.tenant_header, from_api_key=s.tenant_from_api_key
+            ),
+            sheddable=partial(
+                is_sheddable,
+                sheddable=parse_names(s.sheddable),
+                priority_header=s.priority_header,
             ),
         )
         counter = EnginePromptCounter(self.upstream) if s.prompt_tokens == "engine" else None

@@ -15,7 +15,9 @@ from typing import Any
 from sidecar.core.sizes import format_size
 from sidecar.entry.logs import configure_logging
 from sidecar.entry.settings import Settings, load_settings
-from sidecar.live.control_loop import CapacityController, build_controller
+from sidecar.entry.wiring import build_controller
+from sidecar.live.control_loop import CapacityController
+from sidecar.telemetry.capacity_metrics import capacity_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +44,7 @@ async def _probe_once(settings: Settings) -> dict[str, Any]:
     controller: CapacityController = build_controller(settings, lambda _limit: None)
     try:
         await controller.refresh()
-        return controller.state_json(time.monotonic())
+        return capacity_json(controller.state, controller.requested_source, time.monotonic())
     finally:
         await controller.stop()
 

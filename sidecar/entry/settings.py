@@ -192,6 +192,12 @@ class Settings(BaseSettings):
         "x-priority", description="request header naming the priority class"
     )
 
+    sheddable: str | None = Field(
+        default=None,
+        description="comma-separated priority classes (x-priority or the gateway's "
+        "x-gateway-inference-objective) that are refused at once rather than queued when full",
+    )
+
     # --- logs ----------------------------------------------------------------------------------
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="debug, info, warning or error"

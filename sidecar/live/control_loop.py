@@ -12,26 +12,18 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
-import aiohttp
 import structlog
 
 from sidecar.core.capacity import Budget, KvCost, Plan, make_plan
-from sidecar.core.errors import ConfigError, PlanError, ProbeError
-from sidecar.core.model_spec import load_model_spec
-from sidecar.core.sources import Disagreement, Readings, plan_inputs, static_memory
-from sidecar.entry.settings import Settings
+from sidecar.core.errors import PlanError, ProbeError
 from sidecar.live.probes import EngineProbe, EngineReading, GpuProbe, GpuSnapshot
-from sidecar.live.probes.engine import VllmMetricsProbe
-from sidecar.live.probes.nvml import NvmlProbe, parse_gpu_selection
-from sidecar.live.probes.static import Declared, declared_from
-from sidecar.telemetry.capacity_metrics import capacity_json, register_capacity_metrics
+from sidecar.live.probes.static import Declared
+from sidecar.live.sources import Disagreement, Readings, plan_inputs
 
 log = structlog.get_logger("sidecar.live.control_loop")
 
 TASK_NAME = "capacity-control-loop"
-__all__ = ["CapacityController", "CapacityState", "build_controller", "register_capacity_metrics"]
 
 
 @dataclass(frozen=True)
@@ -118,9 +110,10 @@ class CapacityController:
         """The state in force now."""
         return self._state
 
-    def state_json(self, now: float) -> dict[str, Any]:
-        """/capacity: the plan in force, every term with its source and age, the live readings."""
-        return capacity_json(self._state, self._wanted, now)
+    @property
+    def requested_source(self) -> str:
+        """The capacity source the operator asked for (auto, nvml, vllm or static)."""
+        return self._wanted
 
     @property
     def cost(self) -> KvCost:
@@ -132,11 +125,6 @@ class CapacityController:
     def running(self) -> bool:
         """True while the loop's task is alive (liveness reports a dead loop)."""
         return self._task is not None and not self._task.done()
-
-    @property
-    def floor(self) -> Floor:
-        """The fallback limit (and plan, where one is declared)."""
-        return self._floor
 
     async def refresh(self) -> CapacityState:
         """One tick: read, plan, resize, publish. Never raises for a probe or plan failure."""
@@ -257,73 +245,3 @@ def _checks(state: CapacityState) -> list[dict[str, object]]:
 def _report_exit(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("capacity_loop_died", error=repr(task.exception()))
-
-
-def build_controller(
-    settings: Settings,
-    resize: Callable[[int], None],
-    *,
-    clock: Callable[[], float] = time.monotonic,
-    nvml: GpuProbe | None = None,
-    http_session: aiohttp.ClientSession | None = None,
-) -> CapacityController:
-    """The controller ``settings`` describe; ``nvml`` replaces the NVML probe (tests, demo)."""
-    if not settings.model:
-        raise ConfigError("SIDECAR_MODEL is required to size requests (a directory or a preset)")
-    cost = KvCost(
-        load_model_spec(settings.model),
-        settings.kv_dtype,
-        settings.tensor_parallel_size,
-        settings.block_size,
-    )
-    budget = Budget(settings.max_prompt_tokens, settings.max_completion_tokens)
-    declared = declared_from(settings, clock())
-    limit_of = _limit_rule(settings)
-    live = settings.capacity_source != "static"
-    metrics_url = settings.engine_metrics_url or settings.upstream_url.rstrip("/") + "/metrics"
-    return CapacityController(
-        source=settings.capacity_source,
-        cost=cost,
-        budget=budget,
-        alpha=settings.safety_factor,
-        declared=declared,
-        resize=resize,
-        limit_of=limit_of,
-        floor=_floor(settings, cost, budget, declared, limit_of),
-        gpu_probe=(nvml or NvmlProbe(parse_gpu_selection(settings.gpus), clock=clock))
-        if live
-        else None,
-        engine_probe=VllmMetricsProbe(metrics_url, session=http_session, clock=clock)
-        if live
-        else None,
-        refresh_s=settings.refresh_ms / 1000,
-        stale_after_s=settings.stale_after_ms / 1000,
-        engine_pid=settings.engine_pid,
-        tolerance=settings.disagreement_tolerance,
-        clock=clock,
-    )
-
-
-def _limit_rule(settings: Settings) -> Callable[[Plan], int]:
-    """Permits (capped by SIDECAR_MAX_CONCURRENT_CALLS) in count mode, bytes in token mode."""
-    if settings.admission == "tokens":
-        return lambda plan: plan.admissible_bytes
-    cap = settings.max_concurrent_calls
-    return lambda plan: plan.permits if cap is None else min(plan.permits, cap)
-
-
-def _floor(
-    settings: Settings,
-    cost: KvCost,
-    budget: Budget,
-    declared: Declared,
-    limit_of: Callable[[Plan], int],
-) -> Floor:
-    """SIDECAR_FLOOR_PERMITS, else the static plan where one is declared, else one permit."""
-    per_request = cost.request_bytes(budget.total) if settings.admission == "tokens" else 1
-    if settings.floor_permits is not None:
-        return Floor(None, settings.floor_permits * per_request)
-    if declared.plannable:
-        plan = make_plan(cost, static_memory(declared), budget, settings.safety_factor)
-        return Floor(plan, limit_of(plan))
-    return Floor(None, per_request)

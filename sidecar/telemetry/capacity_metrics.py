@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from sidecar.telemetry.metrics import gauge
+from sidecar.telemetry.gauges import gauge
 
 if TYPE_CHECKING:
     from sidecar.live.control_loop import CapacityController, CapacityState

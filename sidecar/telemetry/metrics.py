@@ -10,23 +10,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sidecar.core.admission import CompartmentSnapshot
+from sidecar.core.outcomes import REQUEST_OUTCOMES
 from sidecar.limiter.bulkhead import BulkheadSnapshot
+from sidecar.telemetry.gauges import gauge
 
-OUTCOMES = (
-    "completed",
-    "client_gone",
-    "invalid",
-    "upstream_rejected",
-    "upstream_error",
-    "upstream_unavailable",
-    "upstream_timeout",
-    "queue_full",
-    "timeout",
-    "too_large",
-    "draining",
-    "no_capacity",
-    "error",
-)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -41,7 +28,7 @@ class RequestMetrics:
             ["outcome"],
             registry=registry,
         )
-        for outcome in OUTCOMES:
+        for outcome in REQUEST_OUTCOMES:
             self.requests.labels(outcome)
         self.duration = Histogram(
             "sidecar_request_duration_seconds",
@@ -111,11 +98,6 @@ class BulkheadCollector(Collector):
                 snap.limit,
             )
         yield from _compartments(snap.compartments)
-
-
-def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
-    """One unlabelled gauge sample, for collectors that read state at scrape time."""
-    return GaugeMetricFamily(name, documentation, value=value)
 
 
 def _compartments(compartments: tuple[CompartmentSnapshot, ...]) -> Iterator[Metric]:

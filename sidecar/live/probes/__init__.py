@@ -1,7 +1,7 @@
 """What the sidecar can observe: GPU memory (NVML), the engine's KV cache (vLLM), declared numbers.
 
 Every probe returns a frozen, timestamped reading that names where it came from; turning readings
-into plan inputs is :mod:`sidecar.core.sources`' job, not the probes'.
+into plan inputs is :mod:`sidecar.live.sources`' job, not the probes'.
 """
 
 from __future__ import annotations
