@@ -16,7 +16,7 @@ from emulator import sse, tokens
 from emulator.config import EmulatorConfig
 from emulator.faults import HEADER, Fault, parse_fault
 from emulator.requests import Generation, InvalidRequestError, Kind, parse_generation
-from emulator.runner import EngineRunner, KVCacheExhaustedError, Pacing
+from emulator.runner import ClientGoneError, EngineRunner, KVCacheExhaustedError, Pacing
 
 log = structlog.get_logger("emulator")
 
@@ -112,7 +112,7 @@ class GenerationHandler:
             if not response.prepared:
                 return error_response(500, _OOM_MESSAGE, error_type="InternalServerError")
             await response.write(sse.error_chunk(_OOM_MESSAGE, "InternalServerError", 500))
-        except ConnectionResetError:
+        except (ConnectionResetError, ClientGoneError):  # gone while streaming, or while queued
             # The generator was closed on the way out, so the blocks are already free.
             log.info("emulator_client_gone", request_id=job.stream.id)
             return response

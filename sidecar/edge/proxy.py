@@ -124,10 +124,11 @@ async def _admit_and_forward(
                 proxy.config.learn(permit.usage)
             return response
     except AdmissionRejectedError as exc:
-        outcome = exc.reason
+        outcome, queue_wait = exc.reason, exc.waited_s
         log.info(
             exc.refusal.log_event,
             reason=exc.reason,
+            queue_wait_s=round(queue_wait, 4),
             retry_after_s=round(exc.retry_after_s, 2),
             cost=cost,
             compartment=compartment,

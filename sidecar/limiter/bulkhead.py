@@ -330,8 +330,11 @@ class Bulkhead:
         if wait.timer is not None:
             wait.timer.cancel()
         name, cost = wait.queued.compartment, wait.queued.cost
-        error = self._error(reason, name)
-        self._emit("rejected", name, cost, reason=reason, retry_after_s=error.retry_after_s)
+        error = self._error(reason, name, waited_s=self._clock() - wait.started)
+        self._emit(
+            "rejected", name, cost, reason=reason, retry_after_s=error.retry_after_s,
+            wait_s=error.waited_s,
+        )  # fmt: skip
         if wait.permit is not None:
             wait.permit.shadow_rejected = reason
         if wait.future is not None and not wait.future.done():
@@ -371,7 +374,9 @@ class Bulkhead:
 
     # --- reporting -------------------------------------------------------------------------------
 
-    def _error(self, reason: RejectReason, compartment: str) -> AdmissionRejectedError:
+    def _error(
+        self, reason: RejectReason, compartment: str, waited_s: float = 0.0
+    ) -> AdmissionRejectedError:
         if reason == "too_large":
             retry = self._hint.bounds.high_s  # retrying cannot help; say so with the longest hint
         elif self._mode == "adaptive":
@@ -381,7 +386,7 @@ class Bulkhead:
             retry = self._hint.retry_after_s(0, self._clock(), tokens=need)
         else:
             retry = self._hint.retry_after_s(self._core.queued_ahead(compartment), self._clock())
-        return AdmissionRejectedError(reason, retry)
+        return AdmissionRejectedError(reason, retry, waited_s)
 
     def _emit(self, kind: EventKind, compartment: str, cost: int, **details: Any) -> None:
         if self.on_event is None:
