@@ -4,12 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check bench test-vllm plan clean lock
+.PHONY: demo test check docs bench test-vllm plan clean lock
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,demo]'
 	@touch $(STAMP)
 
 demo: $(STAMP)
@@ -23,6 +23,10 @@ check: $(STAMP)
 	$(BIN)/ruff format --check sidecar emulator demo tests benchmarks scripts tests_vllm
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
+
+# The reference pages made from the code (docs/settings.md, docs/metrics.md); a test checks them.
+docs: $(STAMP)
+	$(BIN)/python -m scripts.gen_docs
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks

@@ -2,7 +2,8 @@
 
 No GPU and no engine needed. The sidecar sizes its permits through its real NVML path from the
 simulated card, the engine's KV pool is exactly what that card leaves for it, and streaming
-clients (the openai SDK) show admissions, queueing and fallbacks, then a noisy neighbour.
+clients (the openai SDK) show admissions, queueing and busy answers, then a noisy neighbour;
+then the same burst straight at the engine, without the sidecar, for comparison.
 """
 
 from __future__ import annotations
@@ -10,26 +11,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
-import aiohttp
-import openai
-from aiohttp import web
-
-from demo.dashboard import (
-    HEADER,
-    Sample,
-    Summary,
-    format_line,
-    format_summary,
-    scrape_engine_running,
-    summarize,
-    watch,
-)
-from demo.load import Load, Phase, Request, Tally
+from demo.dashboard import HEADER, LEGEND, Summary, format_summary
+from demo.direct import RunResult, burst_direct, format_comparison, start_engine
+from demo.load import FALLBACK_CODES, Phase, Request
+from demo.plot import write_timeline
+from demo.run import Run, drive, plan_figures
 from demo.simulated_gpu import GIB, GpuLayout, SimulatedGpu
-from emulator.app import build_app
+from demo.story import PATH_HINT, intro
 from emulator.config import EmulatorConfig
 from sidecar.entry.app import SidecarServer
 from sidecar.entry.logs import configure_logging
@@ -41,11 +35,33 @@ BLOCK_TOKENS = 16
 PROMPT_BUDGET, COMPLETION_BUDGET = 6000, 2000  # 8,000 tokens = 458,752,000 B per request
 WEIGHTS = 15_231_233_024  # Qwen2.5-7B's bf16 safetensors
 NEIGHBOUR = 4 * GIB
-MAX_TOKENS, TOKENS_PER_S, TTFT_S = 48, 40.0, 0.1
+# Each client sends a 5,000-word prompt (5,007 tokens with the chat template) for 64 tokens.
+PROMPT_WORDS, MAX_TOKENS, TOKENS_PER_S, TTFT_S = 5000, 64, 60.0, 0.1
+REQUEST = Request(MODEL, MAX_TOKENS, prompt="kv " * PROMPT_WORDS)
 STREAM_S = TTFT_S + MAX_TOKENS / TOKENS_PER_S + 0.2  # one stream, with some slack
-SAMPLE_S, LINE_S = 0.1, 0.5  # sample often enough to catch a peak; print a line every 0.5 s
+BURST_FACTOR = 10
 # Phase lengths as shares of --duration.
 SHARES = {"steady": 0.2, "burst": 0.3, "noisy neighbour": 0.3, "neighbour gone": 0.2}
+
+
+CAVEAT = (
+    "",
+    "Read the columns together: straight at the engine, more streams finish here because the",
+    "emulated engine has no compute limit, but their first tokens come seconds late (the paged",
+    "engine) or they die with the engine's memory (the OOM engine). The sidecar keeps TTFT",
+    "short and says 'busy' to the rest. It prices each request at its worst case (8,000",
+    "tokens; these use 5,071), so half the KV cache stays free: docs/adaptive.md prices",
+    "requests by what they really use.",
+)
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    """What the run showed: the sidecar's run, the burst compared, where the picture is."""
+
+    summary: Summary
+    comparison: tuple[RunResult, ...]
+    picture: Path | None
 
 
 def gpu_layout() -> GpuLayout:
@@ -56,8 +72,8 @@ def gpu_layout() -> GpuLayout:
     return GpuLayout(total, WEIGHTS, overhead, driver, pool)
 
 
-def engine_config(layout: GpuLayout) -> EmulatorConfig:
-    """The emulated engine, sized to the simulated card's KV pool; a stream lasts ~1.3 s."""
+def engine_config(layout: GpuLayout, *, oom: bool = False) -> EmulatorConfig:
+    """The emulated engine, sized to the simulated card's KV pool; a stream lasts ~1.2 s."""
     return EmulatorConfig(
         model_name=MODEL,
         max_model_len=8192,
@@ -67,6 +83,7 @@ def engine_config(layout: GpuLayout) -> EmulatorConfig:
         tokens_per_s=TOKENS_PER_S,
         ttft_s=TTFT_S,
         bytes_per_token=BYTES_PER_TOKEN,
+        oom=oom,
     )
 
 
@@ -75,6 +92,8 @@ def sidecar_settings(engine_url: str) -> Settings:
     env = {
         "SIDECAR_HOST": "127.0.0.1",
         "SIDECAR_ADMIN_HOST": "127.0.0.1",
+        "SIDECAR_PORT": "0",
+        "SIDECAR_ADMIN_PORT": "0",
         "SIDECAR_UPSTREAM_URL": engine_url,
         "SIDECAR_CAPACITY_SOURCE": "nvml",
         "SIDECAR_MODEL": MODEL,
@@ -88,13 +107,12 @@ def sidecar_settings(engine_url: str) -> Settings:
         "SIDECAR_MAX_WAIT_MS": "1500",
         "SIDECAR_LOG_LEVEL": "warning",
     }
-    # Port 0 (any free port) is what a demo wants; SIDECAR_PORT only accepts 1-65535.
-    return load_settings(env).model_copy(update={"port": 0, "admin_port": 0})
+    return load_settings(env)
 
 
 def phases(duration_s: float, permits: int, burst_clients: int | None) -> tuple[Phase, ...]:
-    """Under capacity, several times capacity, a neighbour taking memory, the neighbour gone."""
-    burst = burst_clients if burst_clients is not None else 4 * permits
+    """Under capacity, ten times capacity, a neighbour taking memory, the neighbour gone."""
+    burst = burst_clients if burst_clients is not None else BURST_FACTOR * permits
     steady = max(1, permits // 2)
     return (
         # Steady ends quiet so none of its streams meets the burst.
@@ -105,149 +123,74 @@ def phases(duration_s: float, permits: int, burst_clients: int | None) -> tuple[
     )
 
 
-async def _start_engine(config: EmulatorConfig) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(build_app(config), handler_cancellation=True, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
-
-
-def describe_plan(server: SidecarServer, layout: GpuLayout) -> list[str]:
-    """The opening lines: the card, the model, the budget and the permits they give."""
-    plan = server.controller.state.plan
-    if plan is None:
-        return [f"no plan yet: {server.controller.state.error}"]
-    return [
-        f"simulated GPU {layout.total_bytes / GIB:.1f} GiB: weights {layout.weights_bytes:,} B, "
-        f"engine overhead {layout.engine_overhead_bytes / GIB:.1f} GiB, "
-        f"driver {layout.driver_bytes / GIB:.1f} GiB, KV pool {layout.kv_pool_bytes:,} B",
-        f"model {MODEL}: {plan.kv_bytes_per_token:,} B/token; budget {plan.request_max_tokens:,}"
-        f" tokens = {plan.request_max_bytes:,} B/request; alpha {plan.alpha}",
-        f"sidecar (source {server.controller.state.source}): KV pool {plan.kv_pool_bytes:,} B"
-        f" -> {float(plan.permits_exact):.2f} -> {plan.permits} permits",
-    ]
-
-
-class Run:
-    """One demo run's moving parts, wired together."""
-
-    def __init__(
-        self,
-        server: SidecarServer,
-        gpu: SimulatedGpu,
-        engine_url: str,
-        write: Callable[[str], object],
-        clock: Callable[[], float],
-    ) -> None:
-        self.server, self.gpu, self.write, self.clock = server, gpu, write, clock
-        self.metrics_url = engine_url + "/metrics"
-        self.tally = Tally()
-        self.samples: list[Sample] = []
-        self.phase = "starting"
-        self.started = clock()
-        self._printed_at: float | None = None
-
-    def enter(self, phase: Phase) -> None:
-        """A phase starts: put its neighbour on the card (the control loop will notice)."""
-        self.phase = phase.name
-        self.gpu.set_neighbour(phase.neighbour_bytes)
-
-    async def take(self, session: aiohttp.ClientSession) -> Sample:
-        """What the sidecar, the engine and the clients show now."""
-        running = await scrape_engine_running(session, self.metrics_url)
-        snap = self.server.bulkhead.snapshot()
-        return Sample(
-            t_s=self.clock() - self.started,
-            phase=self.phase,
-            permits=snap.limit,
-            in_use=snap.in_use,
-            queued=snap.queued,
-            engine_running=running,
-            completed=self.tally.completed,
-            fallbacks=self.tally.fallbacks,
-            p50_ttft_s=self.tally.p50_ttft_s(self.phase),
-        )
-
-    def show(self, sample: Sample, *, always: bool = False) -> None:
-        """Keep every sample; print one every LINE_S seconds."""
-        self.samples.append(sample)
-        due = self._printed_at is None or sample.t_s - self._printed_at >= LINE_S - SAMPLE_S / 2
-        if due or always:
-            self._printed_at = sample.t_s
-            self.write(format_line(sample) + "\n")
-
-
-async def drive(run: Run, plan: tuple[Phase, ...]) -> None:
-    """Run the load while the dashboard watches; stop watching once every client is done."""
-    client = openai.AsyncOpenAI(
-        base_url=f"http://127.0.0.1:{run.server.proxy_port}/v1",
-        api_key="demo",
-        max_retries=0,
-        timeout=30.0,
-    )
-    async with aiohttp.ClientSession() as session, client:
-        run.started = run.clock()
-        watcher = asyncio.create_task(
-            watch(lambda: run.take(session), run.show, SAMPLE_S), name="demo-dashboard"
-        )
-        try:
-            await Load(
-                client, Request(MODEL, max_tokens=MAX_TOKENS), run.tally, clock=run.clock
-            ).run(plan, run.enter)
-        finally:
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
-        crash = None if watcher.cancelled() else watcher.exception()
-        if crash is not None:  # a dashboard that died must not pass for a quiet run
-            raise crash
-        run.show(await run.take(session), always=True)
-
-
 async def run_demo(
-    duration_s: float = 30.0,
+    duration_s: float = 20.0,
     clients: int | None = None,
     write: Callable[[str], object] = sys.stdout.write,
     clock: Callable[[], float] = time.monotonic,
-) -> Summary:
-    """The whole demo; returns its summary after everything has stopped."""
+    picture: Path | None = None,
+) -> DemoResult:
+    """The whole demo; returns what it showed after everything has stopped."""
     layout = gpu_layout()
     gpu = SimulatedGpu(layout, clock=clock)
-    engine, engine_url = await _start_engine(engine_config(layout))
+    engine, engine_url = await start_engine(engine_config(layout))
     try:
         server = SidecarServer(sidecar_settings(engine_url), clock=clock, gpu_probe=gpu)
         await server.start()
         try:
-            write("\n".join(describe_plan(server, layout)) + "\n\n" + HEADER + "\n")
-            run = Run(server, gpu, engine_url, write, clock)
-            plan = phases(duration_s, server.bulkhead.snapshot().limit, clients)
-            await drive(run, plan)
+            figures = plan_figures(server)
+            write("\n".join(intro(layout, figures, MODEL, duration_s)) + "\n\n")
+            write("\n".join(LEGEND) + "\n\n" + HEADER + "\n")
+            run = Run(server, gpu, engine_url, write, clock=clock, duration_s=duration_s)
+            plan = phases(duration_s, figures.permits, clients)
+            await drive(run, plan, REQUEST)
             await server.drain(5.0)
         finally:
             await server.stop()
     finally:
         await engine.cleanup()
-    summary = _summary(run, plan)
+    summary = run.summary(plan)
     write("\n" + "\n".join(format_summary(summary)) + "\n")
-    return summary
+    comparison = (run.result("burst", "with sidecar"), *await _without(layout, plan[1], write))
+    write("\n" + "\n".join([*format_comparison(comparison, FALLBACK_CODES), *CAVEAT]) + "\n")
+    path = write_timeline(run.samples, picture or _picture_path(), "python -m demo: the sidecar")
+    write(f"\ntimeline: {path}\n{PATH_HINT}\n")
+    return DemoResult(summary, comparison, path)
 
 
-def _summary(run: Run, plan: tuple[Phase, ...]) -> Summary:
-    by_phase = {name: dict(counts) for name, counts in run.tally.by_phase.items()}
-    outcomes = dict(run.tally.outcomes)
-    names = [phase.name for phase in plan]
-    return summarize(run.samples, names, outcomes, by_phase, run.tally.p50_ttft_s())
+async def _without(
+    layout: GpuLayout, burst: Phase, write: Callable[[str], object]
+) -> tuple[RunResult, ...]:
+    results = []
+    for oom, label, how in (
+        (False, "paged engine", "pages and preempts when its KV cache is full, like vLLM"),
+        (True, "OOM engine", "fails its running streams when its KV cache runs out"),
+    ):
+        write(
+            f"\n--- without the sidecar: the same {burst.clients} clients for "
+            f"{burst.duration_s:.1f} s straight at an engine that {how} ...\n"
+        )
+        results.append(await burst_direct(engine_config(layout, oom=oom), burst, REQUEST, label))
+    return tuple(results)
+
+
+def _picture_path() -> Path:
+    return Path(tempfile.gettempdir()) / "sidecar-demo-timeline.png"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the flags, run the demo, exit 0."""
     parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
-    parser.add_argument("--duration", type=float, default=30.0, help="seconds (default 30)")
-    parser.add_argument("--clients", type=int, default=None, help="burst clients (4 x permits)")
+    parser.add_argument(
+        "--duration", type=float, default=20.0, help="seconds with the sidecar (20)"
+    )
+    parser.add_argument("--clients", type=int, default=None, help="burst clients (10 x permits)")
+    parser.add_argument("--picture", type=Path, default=None, help="where to write the PNG")
     args = parser.parse_args(argv)
     if args.duration <= 0 or (args.clients is not None and args.clients < 1):
         parser.error("--duration must be positive and --clients at least 1")
-    configure_logging("warning", sys.stderr)
-    asyncio.run(run_demo(args.duration, args.clients))
+    configure_logging("error", sys.stderr)  # the OOM engine logs every stream it fails
+    asyncio.run(run_demo(args.duration, args.clients, picture=args.picture))
     return 0
 
 

@@ -1,6 +1,6 @@
 """The demo's live text: one line per sample interval, and the summary at the end.
 
-Samples are plain values; formatting and summarising them is pure. The engine's running count is
+Samples are plain values; formatting and summarising them is pure. The engine's gauges are
 scraped from its ``/metrics`` like any Prometheus would, with ``prometheus_client.parser``.
 """
 
@@ -9,11 +9,26 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+T = TypeVar("T")
 RUNNING = "vllm:num_requests_running"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+PREEMPTIONS = "vllm:num_preemptions"
+SUCCESS = "vllm:request_success"
+
+
+@dataclass(frozen=True)
+class EngineGauges:
+    """What the engine's /metrics says now."""
+
+    running: int
+    kv_usage: float = 0.0  # 0..1
+    preemptions: int = 0  # since start
+    failed: int = 0  # requests the engine ended with an error (oom mode: CUDA out of memory)
 
 
 @dataclass(frozen=True)
@@ -29,6 +44,7 @@ class Sample:
     completed: int
     fallbacks: int
     p50_ttft_s: float | None
+    kv_usage: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -60,36 +76,60 @@ class Summary:
 
 def engine_running(metrics_text: str) -> int:
     """Requests the engine runs now, summed over its engines, from a /metrics page."""
+    return engine_gauges(metrics_text).running
+
+
+def engine_gauges(metrics_text: str) -> EngineGauges:
+    """The engine's running count, KV use, preemptions and failed requests, summed over engines."""
+    totals: dict[str, float] = {}
+    kv: list[float] = []
     for family in text_string_to_metric_families(metrics_text):
-        if family.name == RUNNING:
-            return int(sum(sample.value for sample in family.samples))
-    raise ValueError(f"the engine's /metrics has no {RUNNING}")
+        for sample in family.samples:
+            name = sample.name.removesuffix("_total")  # however the page declares the family
+            if name == SUCCESS and sample.labels.get("finished_reason") != "error":
+                continue
+            if name == KV_USAGE:
+                kv.append(sample.value)
+            elif name in (RUNNING, PREEMPTIONS, SUCCESS):
+                totals[name] = totals.get(name, 0.0) + sample.value
+    if RUNNING not in totals:
+        raise ValueError(f"the engine's /metrics has no {RUNNING}")
+    return EngineGauges(
+        running=int(totals[RUNNING]),
+        kv_usage=max(kv, default=0.0),
+        preemptions=int(totals.get(PREEMPTIONS, 0)),
+        failed=int(totals.get(SUCCESS, 0)),
+    )
 
 
-async def scrape_engine_running(session: aiohttp.ClientSession, metrics_url: str) -> int:
-    """Fetch and read the engine's running count."""
+async def scrape_engine(session: aiohttp.ClientSession, metrics_url: str) -> EngineGauges:
+    """Fetch and read the engine's gauges."""
     async with session.get(metrics_url) as response:
         response.raise_for_status()
-        return engine_running(await response.text())
+        return engine_gauges(await response.text())
 
 
 def _ms(seconds: float | None) -> str:
     return "    -" if seconds is None else f"{seconds * 1000:5.0f}"
 
 
-HEADER = (
-    "  time  phase              permits  in use  queued  engine running  completed  fallbacks"
-    "  p50 TTFT ms"
+HEADER = "  time  permits  in use  queued  engine  KV use  done  busy  TTFT ms  progress"
+LEGEND = (
+    "columns: permits = requests the sidecar lets in at once (its plan); in use = admitted now;",
+    "  queued = waiting for a permit (at most 8, for at most 1.5 s); engine = requests the engine",
+    "  runs now (from its /metrics); KV use = share of the engine's KV blocks in use;",
+    "  done / busy = streams completed / busy answers so far; TTFT = median time to first token",
+    "  in this phase, queue wait included.",
 )
 
 
-def format_line(sample: Sample) -> str:
-    """One live line."""
+def format_line(sample: Sample, progress: str = "") -> str:
+    """One live line, with the run's progress bar at the end."""
     return (
-        f"{sample.t_s:5.1f}s  {sample.phase:<17}  {sample.permits:7d}  {sample.in_use:6d}  "
-        f"{sample.queued:6d}  {sample.engine_running:14d}  {sample.completed:9d}  "
-        f"{sample.fallbacks:9d}  {_ms(sample.p50_ttft_s):>11}"
-    )
+        f"{sample.t_s:5.1f}s  {sample.permits:7d}  {sample.in_use:6d}  {sample.queued:6d}  "
+        f"{sample.engine_running:6d}  {sample.kv_usage:6.0%}  {sample.completed:4d}  "
+        f"{sample.fallbacks:4d}  {_ms(sample.p50_ttft_s):>7}  {progress}"
+    ).rstrip()
 
 
 def summarize(
@@ -141,8 +181,8 @@ def _counts(outcomes: dict[str, int]) -> str:
 
 
 async def watch(
-    take: Callable[[], Awaitable[Sample]],
-    on_sample: Callable[[Sample], None],
+    take: Callable[[], Awaitable[T]],
+    on_sample: Callable[[T], None],
     interval_s: float,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> None:

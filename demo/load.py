@@ -45,6 +45,7 @@ class Request:
     model: str
     max_tokens: int
     prompt: str = "Tell me about bulkheads on ships."
+    label: str = ""  # how the intro describes the prompt
 
 
 class Tally:
@@ -54,6 +55,11 @@ class Tally:
         self.outcomes: Counter[str] = Counter()
         self.by_phase: dict[str, Counter[str]] = {}
         self._ttfts: dict[str, list[float]] = {}
+        self.started: Counter[str] = Counter()
+
+    def sent(self, phase: str) -> None:
+        """Count one request as it goes out."""
+        self.started[phase] += 1
 
     def record(self, phase: str, outcome: str) -> None:
         """Count one finished request."""
@@ -76,11 +82,20 @@ class Tally:
 
     def p50_ttft_s(self, phase: str | None = None) -> float | None:
         """Median time to first token (queue wait included), in one phase or overall."""
+        return self.ttft_quantile_s(0.5, phase)
+
+    def ttft_quantile_s(self, q: float, phase: str | None = None) -> float | None:
+        """The ``q`` quantile (0..1, nearest rank) of times to first token; None without any."""
         if phase is None:
             times = [t for ttfts in self._ttfts.values() for t in ttfts]
         else:
             times = self._ttfts.get(phase, [])
-        return statistics.median(times) if times else None
+        if not times:
+            return None
+        if q == 0.5:
+            return statistics.median(times)
+        ordered = sorted(times)
+        return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
 def outcome_of(exc: openai.APIError) -> str:
@@ -126,7 +141,7 @@ class Load:
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Sleep = asyncio.sleep,
-        backoff_s: float = 0.5,
+        backoff_s: float = 1.0,
     ) -> None:
         self._client, self._request, self._tally = client, request, tally
         self._clock, self._sleep, self._backoff_s = clock, sleep, backoff_s
@@ -145,6 +160,7 @@ class Load:
 
     async def _client_loop(self, phase: Phase, deadline: float) -> None:
         while self._clock() < deadline:
+            self._tally.sent(phase.name)
             outcome = await one_request(
                 self._client,
                 self._request,

@@ -33,6 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ttft-s", type=float, default=defaults.ttft_s)
     parser.add_argument("--bytes-per-token", type=int, default=defaults.bytes_per_token)
     parser.add_argument("--oom", action="store_true", help="fail streams when KV runs out")
+    parser.add_argument(
+        "--completion-median-ratio",
+        type=float,
+        help="completions end early: lognormal, median max_tokens x this, capped at max_tokens",
+    )
+    parser.add_argument("--completion-sigma", type=float, default=defaults.completion_sigma)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
     return parser
 
 
@@ -51,6 +58,9 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         ttft_s=args.ttft_s,
         oom=args.oom,
         bytes_per_token=args.bytes_per_token,
+        completion_median_ratio=args.completion_median_ratio,
+        completion_sigma=args.completion_sigma,
+        seed=args.seed,
     )
 
 

@@ -14,6 +14,7 @@ from emulator import tokens
 from emulator.config import EmulatorConfig
 from emulator.generation import GenerationHandler, error_response
 from emulator.kv_pool import KVPool
+from emulator.lengths import completion_lengths
 from emulator.metrics import build_registry
 from emulator.runner import EngineRunner, Sleep
 
@@ -41,8 +42,9 @@ def build_app(
     app[CONFIG_KEY] = config
     app[RUNNER_KEY] = runner
     app[REGISTRY_KEY] = build_registry(config, pool.snapshot)
-    chat = GenerationHandler("chat", config, runner, clock, poll_s)
-    completion = GenerationHandler("completion", config, runner, clock, poll_s)
+    lengths = completion_lengths(config)
+    chat = GenerationHandler("chat", config, runner, clock, poll_s, lengths=lengths)
+    completion = GenerationHandler("completion", config, runner, clock, poll_s, lengths=lengths)
     app.router.add_post("/v1/chat/completions", chat.handle)
     app.router.add_post("/v1/completions", completion.handle)
     app.router.add_get("/v1/models", _models)

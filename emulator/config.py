@@ -21,12 +21,20 @@ class EmulatorConfig:
     oom: bool = False
     bytes_per_token: int = 1024
     gpu_memory_utilization: float = 0.9
+    # Completion lengths hidden from clients: lognormal with median max_tokens x this (None: every
+    # completion runs to max_tokens), spread sigma, capped at max_tokens, from a seeded generator.
+    completion_median_ratio: float | None = None
+    completion_sigma: float = 1.0
+    seed: int = 0
 
     def __post_init__(self) -> None:
         positive = ("max_model_len", "kv_tokens", "block_size", "max_num_seqs", "bytes_per_token")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        ratio = self.completion_median_ratio
+        if ratio is not None and not 0 < ratio <= 1:
+            raise ValueError(f"completion_median_ratio must be in (0, 1], got {ratio}")
         if self.tokens_per_s < 0 or self.ttft_s < 0:
             raise ValueError("tokens_per_s and ttft_s must not be negative")
         # vLLM refuses to start when one max_model_len request cannot fit the pool; so do we,

@@ -16,7 +16,7 @@ from emulator import sse, tokens
 from emulator.config import EmulatorConfig
 from emulator.faults import HEADER, Fault, parse_fault
 from emulator.requests import Generation, InvalidRequestError, Kind, parse_generation
-from emulator.runner import EngineRunner, KVCacheExhaustedError, Pacing
+from emulator.runner import ClientGoneError, EngineRunner, KVCacheExhaustedError, Pacing
 
 log = structlog.get_logger("emulator")
 
@@ -32,6 +32,11 @@ class Job:
     fault: Fault
     stream: sse.Stream
     seed: int
+    length: int  # the tokens this completion really produces (<= max_tokens)
+
+    @property
+    def finish_reason(self) -> str:
+        return "length" if self.length >= self.generation.max_tokens else "stop"
 
 
 class GenerationHandler:
@@ -44,7 +49,10 @@ class GenerationHandler:
         runner: EngineRunner,
         clock: Callable[[], float],
         poll_s: float = 0.05,
+        *,
+        lengths: Callable[[int], int] = lambda max_tokens: max_tokens,
     ) -> None:
+        self._lengths = lengths
         self._kind = kind
         self._config = config
         self._runner = runner
@@ -75,7 +83,8 @@ class GenerationHandler:
         stream = sse.Stream(
             self._kind, prefix + uuid.uuid4().hex[:16], int(self._clock()), self._config.model_name
         )
-        return Job(generation, fault, stream, tokens.seed_of(generation.prompt))
+        length = self._lengths(generation.max_tokens)
+        return Job(generation, fault, stream, tokens.seed_of(generation.prompt), length)
 
     def _pacing(self, fault: Fault) -> Pacing:
         rate = self._config.tokens_per_s
@@ -88,7 +97,7 @@ class GenerationHandler:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         gen, fault = job.generation, job.fault
         tokens_out = self._runner.generate(
-            job.stream.id, gen.prompt_tokens, gen.max_tokens, self._pacing(fault), _alive(request)
+            job.stream.id, gen.prompt_tokens, job.length, self._pacing(fault), _alive(request)
         )
         try:
             async with contextlib.aclosing(tokens_out):
@@ -103,13 +112,13 @@ class GenerationHandler:
             if not response.prepared:
                 return error_response(500, _OOM_MESSAGE, error_type="InternalServerError")
             await response.write(sse.error_chunk(_OOM_MESSAGE, "InternalServerError", 500))
-        except ConnectionResetError:
+        except (ConnectionResetError, ClientGoneError):  # gone while streaming, or while queued
             # The generator was closed on the way out, so the blocks are already free.
             log.info("emulator_client_gone", request_id=job.stream.id)
             return response
         else:
             if gen.include_usage:
-                usage = sse.usage_chunk(job.stream, gen.prompt_tokens, gen.max_tokens)
+                usage = sse.usage_chunk(job.stream, gen.prompt_tokens, job.length)
                 await response.write(usage)
         await response.write(sse.DONE)
         await response.write_eof()
@@ -141,7 +150,7 @@ class GenerationHandler:
         gen = job.generation
         pieces: list[str] = []
         tokens_out = self._runner.generate(
-            job.stream.id, gen.prompt_tokens, gen.max_tokens, self._pacing(job.fault),
+            job.stream.id, gen.prompt_tokens, job.length, self._pacing(job.fault),
             _alive(request),
         )  # fmt: skip
         try:
@@ -151,7 +160,7 @@ class GenerationHandler:
         except KVCacheExhaustedError:
             return error_response(500, _OOM_MESSAGE, error_type="InternalServerError")
         body = sse.completion_body(
-            job.stream, "".join(pieces), "length", gen.prompt_tokens, len(pieces)
+            job.stream, "".join(pieces), job.finish_reason, gen.prompt_tokens, len(pieces)
         )
         return web.json_response(body)
 
@@ -166,10 +175,10 @@ def error_response(
 
 def _token_chunk(job: Job, index: int) -> bytes:
     gen = job.generation
-    final = index == gen.max_tokens - 1
+    final = index == job.length - 1
     text = tokens.piece(job.seed, index)
     last = final and not gen.include_usage
-    return sse.token_chunk(job.stream, text, "length" if final else None, last=last)
+    return sse.token_chunk(job.stream, text, job.finish_reason if final else None, last=last)
 
 
 def _alive(request: web.Request) -> Callable[[], bool]:

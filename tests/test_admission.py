@@ -15,7 +15,7 @@ from hypothesis.stateful import (
 )
 
 from sidecar.core.admission import Admission, Granted, Queued, Rejected, UnknownTicketError
-from sidecar.core.compartments import Compartments, parse_compartments
+from sidecar.core.compartments import DEFAULT, Compartments, parse_compartments
 
 
 def _ticket(decision: object) -> int:
@@ -368,6 +368,43 @@ PlainAdmissionMachine.TestCase.settings = settings(
 )
 TestAdmissionMachine = AdmissionMachine.TestCase
 TestPlainAdmissionMachine = PlainAdmissionMachine.TestCase
+
+
+def test_grow_blocks_new_grants_but_revokes_nothing() -> None:
+    """A running stream that outgrows its charge keeps running; the next request must wait."""
+    core = Admission(limit=100, max_queue=4, reject_oversize=True)
+    first = core.request(40, DEFAULT)
+    assert isinstance(first, Granted)
+    core.grow(first.ticket, 90)
+    assert core.in_use_cost == 90
+    assert isinstance(core.request(20, DEFAULT), Queued)
+    assert core.is_granted(first.ticket)
+    granted = core.release(first.ticket, "completed")
+    assert [g.cost for g in granted] == [20]
+
+
+def test_ceiling_decides_too_large_on_the_worst_case() -> None:
+    """Adaptive: a cheap expected price is refused too_large if its worst case beats the pool."""
+    core = Admission(limit=100, max_queue=4, reject_oversize=True)
+    core.resize(100, ceiling=500)
+    assert isinstance(core.request(10, DEFAULT, worst=400), Granted)
+    refused = core.request(10, DEFAULT, worst=501)
+    assert isinstance(refused, Rejected)
+    assert refused.reason == "too_large"
+
+
+def test_unavailable_refuses_at_once_and_the_queue_too() -> None:
+    """No capacity at all: new requests and queued ones get no_capacity, not a wait."""
+    core = Admission(limit=1, max_queue=4)
+    core.request(1, DEFAULT)
+    queued = core.request(1, DEFAULT)
+    assert isinstance(queued, Queued)
+    assert core.set_available(False) == (queued.ticket,)
+    refused = core.request(1, DEFAULT)
+    assert isinstance(refused, Rejected)
+    assert refused.reason == "no_capacity"
+    core.set_available(True)
+    assert isinstance(core.request(1, DEFAULT), Queued)
 
 
 def test_a_request_that_may_not_wait_is_shed_instead_of_queued() -> None:

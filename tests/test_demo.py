@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import openai
 import pytest
@@ -17,9 +18,17 @@ from demo.__main__ import (
     main,
     run_demo,
 )
-from demo.dashboard import Sample, engine_running, format_line, format_summary, summarize
+from demo.dashboard import (
+    Sample,
+    engine_gauges,
+    engine_running,
+    format_line,
+    format_summary,
+    summarize,
+)
 from demo.load import FALLBACK_CODES, Tally, outcome_of
 from demo.simulated_gpu import ENGINE_PID, GIB, NEIGHBOUR_PID, SimulatedGpu
+from demo.story import PATH_HINT, progress
 from sidecar.core.capacity import Budget, KvCost, make_plan
 from sidecar.core.model_spec import load_model_spec
 from sidecar.live.probes.static import Declared
@@ -144,9 +153,39 @@ def test_summary_needs_samples() -> None:
 
 
 def test_line_shows_every_column() -> None:
-    """A live line carries time, phase, permits, in use, queued, engine running, totals, TTFT."""
-    line = format_line(Sample(1.5, "burst", 14, 13, 8, 12, 40, 7, 0.25))
-    assert line.split() == ["1.5s", "burst", "14", "13", "8", "12", "40", "7", "250"]
+    """A live line: time, permits, in use, queued, engine running, KV use, totals, TTFT, bar."""
+    line = format_line(Sample(1.5, "burst", 14, 13, 8, 12, 40, 7, 0.25, 0.49), "[##..] 3 s left")
+    assert line.split() == [
+        "1.5s", "14", "13", "8", "12", "49%", "40", "7", "250", "[##..]", "3", "s", "left"
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("elapsed", "total", "bar"),
+    [
+        pytest.param(0.0, 20.0, "[....................]  20 s left", id="start"),
+        pytest.param(5.0, 20.0, "[#####...............]  15 s left", id="quarter"),
+        pytest.param(25.0, 20.0, "[####################]   0 s left", id="overrun"),
+    ],
+)
+def test_progress_bar_shows_the_time_left(elapsed: float, total: float, bar: str) -> None:
+    """The bar fills with the run and counts down the seconds left, never below zero."""
+    assert progress(elapsed, total) == bar
+
+
+def test_engine_gauges_read_kv_use_preemptions_and_failures() -> None:
+    """The engine's page gives running, KV use, preemptions and error-finished requests."""
+    page = VLLM_METRICS + (
+        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.75\n'
+        "# TYPE vllm:num_preemptions counter\n"
+        'vllm:num_preemptions_total{engine="0",model_name="m"} 4.0\n'
+        "# TYPE vllm:request_success counter\n"
+        'vllm:request_success_total{engine="0",finished_reason="error",model_name="m"} 3.0\n'
+        'vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 9.0\n'
+    )
+    gauges = engine_gauges(page)
+    assert (gauges.running, gauges.kv_usage, gauges.preemptions, gauges.failed) == (5, 0.75, 4, 3)
 
 
 @pytest.mark.parametrize(
@@ -164,10 +203,14 @@ def test_bad_flags_exit_2(argv: list[str]) -> None:
 
 
 @pytest.mark.timeout(60)
-async def test_short_run_admits_queues_falls_back_and_follows_the_neighbour() -> None:
-    """9 s run: steady admitted, burst falls back, engine within permits, neighbour shrinks them."""
+async def test_short_run_admits_queues_falls_back_and_follows_the_neighbour(
+    tmp_path: Path,
+) -> None:
+    """9 s run: steady admitted, burst falls back, engine within permits, neighbour shrinks them;
+    then the burst without the sidecar preempts or fails streams; a PNG; the PATH hint last."""
     lines: list[str] = []
-    summary = await run_demo(duration_s=9.0, write=lines.append)
+    result = await run_demo(duration_s=9.0, write=lines.append, picture=tmp_path / "t.png")
+    summary = result.summary
 
     steady, burst = summary.phase("steady"), summary.phase("burst")
     neighbour, gone = summary.phase("noisy neighbour"), summary.phase("neighbour gone")
@@ -181,5 +224,15 @@ async def test_short_run_admits_queues_falls_back_and_follows_the_neighbour() ->
     assert neighbour.permits_min == 7
     assert gone.permits_max == summary.final_permits == 14
     assert asyncio.all_tasks() == {asyncio.current_task()}
-    assert "-> 14 permits" in lines[0]
-    assert "never above the limit" in lines[-1]
+    text = "".join(lines)
+    assert "floor(14.63) = 14" in lines[0]
+    assert "permits 14 -> 7 (a 4.00 GiB neighbour)" in text
+    assert "never above the limit" in text
+    with_sidecar, paged, oom = result.comparison
+    assert with_sidecar.outcomes.get("error", 0) == with_sidecar.preemptions == 0
+    assert with_sidecar.max_engine_running <= 14 < paged.max_engine_running
+    assert paged.preemptions > 0
+    assert oom.outcomes.get("error", 0) > 0
+    assert result.picture is not None
+    assert result.picture.read_bytes().startswith(b"\x89PNG")
+    assert lines[-1].strip().endswith(PATH_HINT)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from sidecar.core.capacity import KvCost, MemoryInputs, Source, Term
+from sidecar.core.capacity import Budget, KvCost, MemoryInputs, Source, Term, make_plan
 from sidecar.core.errors import ProbeTemporaryError, ProbeUnavailableError
 from sidecar.core.model_spec import load_model_spec
 from sidecar.live.probes import (
@@ -15,7 +17,9 @@ from sidecar.live.probes import (
     ProcessMemory,
 )
 from sidecar.live.probes.static import Declared
-from sidecar.live.sources import Readings, pick_source, plan_inputs
+from sidecar.live.sources import Readings, engine_pricing, pick_source, plan_inputs
+
+TINY = Path(__file__).parent / "configs" / "tiny-llama.json"
 
 GIB = 1024**3
 COST = KvCost(load_model_spec("qwen2.5-7b"))  # 57,344 B/token
@@ -137,3 +141,38 @@ def test_explicit_source_reraises_its_probe_error() -> None:
     readings = Readings(DECLARED, gpu_error=ProbeTemporaryError("NVML: the GPU is lost"))
     with pytest.raises(ProbeTemporaryError, match="the GPU is lost"):
         plan_inputs("nvml", readings, COST, engine_pid=None, tolerance=0.1)
+
+
+ENGINE_CACHE = EngineCacheConfig(
+    num_gpu_blocks=32,
+    block_size=128,
+    kv_cache_size_tokens=4096,
+    kv_cache_memory_bytes=4 * 1024 * 1024,
+    cache_dtype="auto",
+    gpu_memory_utilization=None,
+)
+
+
+def test_engine_pricing_keeps_an_agreeing_model_config() -> None:
+    """The tiny model's 1,024 B/token agree with 4 MiB / 4,096 tokens: the config prices."""
+    cost = KvCost(load_model_spec(str(TINY)), block_size=128)
+    priced, warnings = engine_pricing(ENGINE_CACHE, cost, 0.10)
+    assert (priced, warnings) == (cost, ())
+
+
+def test_engine_pricing_overrules_a_wrong_model() -> None:
+    """Qwen2.5-7B's 57,344 B/token against the engine's 1,024: the engine's, and a warning."""
+    cost = KvCost(load_model_spec("qwen2.5-7b"), block_size=128)
+    priced, warnings = engine_pricing(ENGINE_CACHE, cost, 0.10)
+    assert priced.bytes_per_token == 1024
+    assert priced.block_size == 128
+    assert [w.code for w in warnings] == ["model_mismatch"]
+
+
+def test_engine_pricing_without_a_model() -> None:
+    """No model config: the engine's bytes per token and block size price a token."""
+    priced, warnings = engine_pricing(ENGINE_CACHE, None, 0.10)
+    assert (priced.bytes_per_token, priced.block_size, warnings) == (1024, 128, ())
+    plan = make_plan(priced, Term("kv_pool", 4096 * 1024, Source.ENGINE), Budget(256, 512), 0.4)
+    # 768 tokens = 6 blocks of 128; 4,096 / 768 x 0.4 = 2.13 -> 2 permits
+    assert (plan.permits, plan.kv_pool_tokens) == (2, 4096)

@@ -140,6 +140,8 @@ class Admission:
         self._queued_tickets: dict[int, _Waiter] = {}
         self._next_ticket = 0
         self._draining = False
+        self._ceiling: int | None = None  # largest cost that can ever run (None: the cap)
+        self._available = True
         self._granted_total = 0
         self._queued_total = 0
         self._rejected: Counter[str] = Counter()
@@ -147,13 +149,16 @@ class Admission:
 
     # --- decisions -------------------------------------------------------------------------------
 
-    def request(self, cost: int, compartment: str, *, may_wait: bool = True) -> Decision:
+    def request(
+        self, cost: int, compartment: str, worst: int | None = None, *, may_wait: bool = True
+    ) -> Decision:
         """Decide a new request of ``cost`` in ``compartment`` (resolved through the spec).
 
+        ``worst`` is what it may grow to (adaptive pricing); it alone decides ``too_large``.
         ``may_wait=False`` (sheddable traffic): granted now or refused ``shed``, never queued.
         """
         name = compartment if compartment in self._queues else DEFAULT
-        refusal = self._refusal(cost, name)
+        refusal = self._refusal(cost, name, cost if worst is None else worst)
         if refusal is not None:
             return self._reject(refusal, name, cost)
         self._next_ticket += 1
@@ -201,12 +206,41 @@ class Admission:
             self._rejected[reason] += 1
         return Withdrawal(removed=True, granted=self._pump())
 
-    def resize(self, limit: int) -> tuple[Granted, ...]:
-        """Set a new limit; growing grants waiters now (FIFO), shrinking revokes nothing."""
+    def resize(self, limit: int, ceiling: int | None = None) -> tuple[Granted, ...]:
+        """Set a new limit; growing grants waiters now (FIFO), shrinking revokes nothing.
+
+        ``ceiling``: the largest worst case that can ever run (adaptive: the whole pool), when it
+        is not the limit itself.
+        """
         if limit < 0:
             raise ValueError("limit must be >= 0")
         self._set_limit(limit)
+        self._ceiling = ceiling
         return self._pump()
+
+    def grow(self, ticket: int, cost: int) -> None:
+        """A running request now holds more (adaptive ledger); never revokes, only blocks grants."""
+        waiter = self._granted.get(ticket)
+        if waiter is None:
+            raise UnknownTicketError(ticket)
+        extra = max(0, cost - waiter.cost)
+        waiter.cost += extra
+        self._used[waiter.compartment] += extra
+        self._used_total += extra
+
+    def set_available(self, available: bool) -> tuple[int, ...]:
+        """No capacity at all (a plan of 0 permits): refuse at once, and the queued too.
+
+        Returns the queued tickets now refused ("no_capacity").
+        """
+        self._available = available
+        if available:
+            return ()
+        tickets = tuple(sorted(self._queued_tickets))
+        for ticket in tickets:
+            self._remove_queued(self._queued_tickets[ticket])
+            self._rejected["no_capacity"] += 1
+        return tickets
 
     def drain(self) -> tuple[int, ...]:
         """Refuse everything from now on; returns the queued tickets, now rejected ("draining")."""
@@ -241,6 +275,10 @@ class Admission:
     def queued_ahead(self, compartment: str) -> int:
         """Waiters in the compartment ``compartment`` resolves to."""
         return len(self._queues.get(compartment, self._queues[DEFAULT]))
+
+    def queued_cost_ahead(self, compartment: str) -> int:
+        """The cost of the waiters in the compartment ``compartment`` resolves to."""
+        return sum(w.cost for w in self._queues.get(compartment, self._queues[DEFAULT]))
 
     def snapshot(self) -> AdmissionSnapshot:
         """Freeze the current state and counters."""
@@ -277,12 +315,16 @@ class Admission:
         self._guaranteed = {spec.name: spec.guaranteed(limit) for spec in specs}
         self._cap = {spec.name: min(spec.ceiling(limit), limit) for spec in specs}
 
-    def _refusal(self, cost: int, name: str) -> RejectReason | None:
+    def _refusal(self, cost: int, name: str, worst: int) -> RejectReason | None:
         if self._draining:
             return "draining"
+        if not self._available:
+            return "no_capacity"
+        if self._ceiling is not None and self._reject_oversize and worst > self._ceiling:
+            return "too_large"
         if cost <= self._cap[name]:
             return None
-        if self._reject_oversize and self._limit > 0:
+        if self._reject_oversize and self._limit > 0 and self._ceiling is None:
             return "too_large"
         # Cannot run at the present limit; waiting only makes sense if a queue is allowed.
         return "no_capacity" if self._max_queue == 0 else None

@@ -162,6 +162,24 @@ class KvCost:
         return self.usable_pool_bytes_per_gpu(pool_bytes_per_gpu) // self.bytes_per_token_per_gpu
 
 
+def engine_cost(bytes_per_token: int, block_size: int | None, name: str = "engine") -> KvCost:
+    """The engine's own pricing, for when no model config is given or the engine overrules it:
+    one flat layer of ``bytes_per_token`` per token (1 B elements, one latent, as MLA is shaped)."""
+    spec = ModelSpec(
+        name=name,
+        model_type="engine",
+        layers=(LayerKind.FULL,),
+        num_kv_heads=1,
+        head_dim=max(1, bytes_per_token),
+        mla_latent_dim=max(1, bytes_per_token),
+        sliding_window=None,
+        dtype="int8",
+        state_bytes_per_request=0,
+        max_position_embeddings=None,
+    )
+    return KvCost(spec, "auto", 1, block_size)
+
+
 _NO_NEIGHBOURS = Term("neighbours", 0, Source.DECLARED)
 
 

@@ -48,14 +48,16 @@ class ProbeUnavailableError(ProbeError):
 
 
 class AdmissionRejectedError(SidecarError):
-    """The bulkhead refused a request; ``reason`` says why, ``retry_after_s`` when to come back."""
+    """The bulkhead refused a request; ``reason`` says why, ``retry_after_s`` when to come back,
+    ``waited_s`` how long it had waited in the queue first (0 when refused at once)."""
 
-    def __init__(self, reason: RejectReason, retry_after_s: float) -> None:
+    def __init__(self, reason: RejectReason, retry_after_s: float, waited_s: float = 0.0) -> None:
         self.refusal = REJECTIONS[reason]
         super().__init__(self.refusal.message)
         self.reason: RejectReason = reason
         self.message = self.refusal.message
         self.retry_after_s = retry_after_s
+        self.waited_s = waited_s
 
 
 class RequestError(SidecarError):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.core.errors import ModelConfigError
+from sidecar.core.preset_ids import preset_for_hub_id
 
 DTYPE_BYTES = {
     "float32": 4,
@@ -263,6 +264,9 @@ def load_model_spec(ref: str) -> ModelSpec:
 
 def _preset_key(ref: str) -> str:
     """ "Qwen/Qwen2.5-7B-Instruct" -> "qwen2.5-7b": tuned variants share the base's config."""
+    listed = preset_for_hub_id(ref)
+    if listed is not None:
+        return listed
     key = ref.rsplit("/", 1)[-1].lower()
     for suffix in ("-instruct", "-it", "-hf", "-chat", "-base"):
         key = key.removesuffix(suffix)

@@ -1,7 +1,9 @@
 """When should a refused caller come back? Estimated from how fast permits are being released.
 
 Fed release times by the bulkhead (its injected clock); no clock of its own. With R releases per
-second lately and Q requests ahead, the wait is about (Q + 1) / R, clamped to sane bounds.
+second lately and Q requests ahead, the wait is about (Q + 1) / R, clamped to sane bounds. Where
+costs are tokens (adaptive admission), releases carry their tokens and the hint is the tokens that
+must drain (those queued ahead, plus the caller's own) over the tokens released per second.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class ReleaseRate:
         if window < 2:
             raise ValueError("window must hold at least 2 releases")
         self._times: deque[float] = deque(maxlen=window)
+        self._amounts: deque[int] = deque(maxlen=window)
         self._bounds = bounds or HintBounds()
         self._last_seen = float("-inf")
 
@@ -36,9 +39,10 @@ class ReleaseRate:
     def bounds(self) -> HintBounds:
         return self._bounds
 
-    def observe(self, at: float) -> None:
-        """Record one release at time ``at`` (the bulkhead's clock, seconds)."""
+    def observe(self, at: float, amount: int = 1) -> None:
+        """Record one release of ``amount`` (tokens; 1 for a permit) at time ``at`` (seconds)."""
         self._times.append(at)
+        self._amounts.append(amount)
         self._last_seen = max(self._last_seen, at)
 
     def rate_per_s(self, now: float | None = None) -> float | None:
@@ -52,9 +56,29 @@ class ReleaseRate:
             return None
         return (len(self._times) - 1) / span
 
-    def retry_after_s(self, queue_ahead: int, now: float | None = None) -> float:
-        """Seconds until ``queue_ahead`` waiters and then this caller could be served, clamped."""
-        bounds = self._bounds
+    def drain_per_s(self, now: float | None = None) -> float | None:
+        """Tokens (amounts) released per second over the window; None before two releases."""
         rate = self.rate_per_s(now)
-        estimate = bounds.unknown_s if rate is None else (max(queue_ahead, 0) + 1) / rate
+        if rate is None or len(self._times) < 2:
+            return None
+        # The first release only opens the span; the amounts after it are what drained in it.
+        drained = sum(self._amounts) - self._amounts[0]
+        return rate * drained / (len(self._times) - 1)
+
+    def retry_after_s(
+        self, queue_ahead: int, now: float | None = None, *, tokens: int | None = None
+    ) -> float:
+        """Seconds until ``queue_ahead`` waiters and then this caller could be served, clamped.
+
+        With ``tokens`` (what must drain first, the caller's own included) the token drain rate
+        decides instead of the release count.
+        """
+        bounds = self._bounds
+        if tokens is None:
+            rate = self.rate_per_s(now)
+            need = max(queue_ahead, 0) + 1
+        else:
+            rate = self.drain_per_s(now)
+            need = max(tokens, 0)
+        estimate = bounds.unknown_s if not rate else need / rate
         return min(max(estimate, bounds.low_s), bounds.high_s)

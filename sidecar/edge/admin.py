@@ -10,7 +10,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from sidecar.limiter.bulkhead import Bulkhead
+from sidecar.live.adaptive import AdaptiveCapacity
 from sidecar.live.control_loop import CapacityController
+from sidecar.telemetry.adaptive_metrics import adaptive_json
 from sidecar.telemetry.capacity_metrics import capacity_json
 
 
@@ -24,6 +26,7 @@ class Admin:
     clock: Callable[[], float]
     draining: Callable[[], bool]
     loop_alive: Callable[[], bool]
+    adaptive: AdaptiveCapacity | None = None
 
 
 ADMIN = web.AppKey("admin", Admin)
@@ -65,6 +68,10 @@ def capacity_document(admin: Admin) -> dict[str, Any]:
         "stale": state["stale"],
         "on_floor": state["on_floor"],
         "plan_age_s": state["plan_age_s"],
+        "warnings": state["warnings"],
+        "served_model": state["served_model"],
+        "engine_kv_usage_ratio": (state["engine"] or {}).get("kv_usage_ratio"),
+        "adaptive": adaptive_json(admin.adaptive, snap) if admin.adaptive is not None else None,
         "compartments": [asdict(part) for part in snap.compartments],
         "counters": {
             "granted": snap.granted_total,
@@ -93,8 +100,12 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Not ready while draining; ready but saying so while running on a stale plan or the floor."""
+    """Not ready while draining or with no capacity at all (the reason says why); ready but
+    saying so while running on a stale plan or the floor."""
     admin = request.app[ADMIN]
     state = admin.controller.state
-    body = {"ready": not admin.draining(), "draining": admin.draining(), "capacity": state.mode}
-    return web.json_response(body, status=503 if admin.draining() else 200)
+    ready = not admin.draining() and state.available
+    body: dict[str, Any] = {"ready": ready, "draining": admin.draining(), "capacity": state.mode}
+    if not state.available:
+        body["reason"] = next(w.message for w in state.warnings if w.code == "no_capacity")
+    return web.json_response(body, status=200 if ready else 503)

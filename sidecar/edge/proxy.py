@@ -15,6 +15,7 @@ import structlog
 from aiohttp import web
 
 from sidecar.core.errors import AdmissionRejectedError, RequestError, UpstreamError
+from sidecar.core.ledger import StreamUsage
 from sidecar.core.request_checks import (
     CheckedRequest,
     Endpoint,
@@ -50,6 +51,9 @@ class ProxyConfig:
     compartment_of: Callable[[Mapping[str, str]], str]
     tenant_of: Callable[[Mapping[str, str]], str | None]
     sheddable: Callable[[Mapping[str, str]], bool] = lambda _headers: False
+    # Adaptive admission: a request's live footprint, and what a completed one teaches.
+    usage_of: Callable[[CheckedRequest, str], StreamUsage | None] = lambda _r, _c: None
+    learn: Callable[[StreamUsage], None] = lambda _u: None
 
 
 @dataclass(frozen=True)
@@ -107,20 +111,24 @@ async def _admit_and_forward(
     request: web.Request, proxy: Proxy, checked: CheckedRequest, request_id: str, started: float
 ) -> web.StreamResponse:
     compartment = proxy.config.compartment_of(request.headers)
-    cost = proxy.config.price(checked)
+    usage = proxy.config.usage_of(checked, compartment)
+    cost = usage.charge() if usage is not None else proxy.config.price(checked)
     outcome, queue_wait = "error", 0.0
     try:
         may_wait = not proxy.config.sheddable(request.headers)
-        async with proxy.bulkhead.admit(cost, compartment, may_wait=may_wait) as permit:
+        async with proxy.bulkhead.admit(cost, compartment, usage, may_wait=may_wait) as permit:
             queue_wait = permit.wait_s
             _log_grant(permit, checked)
             response, outcome = await _forward(request, proxy, checked, permit, request_id)
+            if outcome == "completed" and permit.usage is not None:
+                proxy.config.learn(permit.usage)
             return response
     except AdmissionRejectedError as exc:
-        outcome = exc.reason
+        outcome, queue_wait = exc.reason, exc.waited_s
         log.info(
             exc.refusal.log_event,
             reason=exc.reason,
+            queue_wait_s=round(queue_wait, 4),
             retry_after_s=round(exc.retry_after_s, 2),
             cost=cost,
             compartment=compartment,
@@ -166,7 +174,7 @@ async def _forward(
         return error_response(exc), _upstream_outcome(exc)
     try:
         if checked.stream:
-            result = await relay_stream(request, upstream, request_id)
+            result = await relay_stream(request, upstream, request_id, permit.usage)
             return result_response(result, permit)
         return await _relay_whole(upstream, permit, request_id)
     finally:
@@ -202,17 +210,23 @@ async def _relay_whole(
     if upstream.status >= 500:
         permit.outcome = "failed"
         return response, "upstream_error"
-    _log_usage(body)
+    completion = _log_usage(body)
+    if permit.usage is not None and completion is not None:
+        permit.usage.relayed = completion
     return response, "completed" if upstream.status < 400 else "upstream_rejected"
 
 
-def _log_usage(body: bytes) -> None:
+def _log_usage(body: bytes) -> int | None:
+    """Log the engine's usage object; returns its completion_tokens where it gives them."""
     try:
         usage: Any = json.loads(body).get("usage")
     except (ValueError, AttributeError):
-        return
-    if isinstance(usage, dict):
-        log.info("usage", **{k: v for k, v in usage.items() if isinstance(v, int)})
+        return None
+    if not isinstance(usage, dict):
+        return None
+    counts = {k: v for k, v in usage.items() if isinstance(v, int)}
+    log.info("usage", **counts)
+    return counts.get("completion_tokens")
 
 
 def _upstream_outcome(exc: UpstreamError) -> str:

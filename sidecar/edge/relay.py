@@ -16,10 +16,14 @@ import aiohttp
 from aiohttp import web
 
 from sidecar.core.errors import UpstreamError
+from sidecar.core.ledger import StreamUsage
 from sidecar.edge.engine_client import end_to_end, read_chunk
 from sidecar.edge.http_errors import refusal_body
 
 RelayEnd = Literal["completed", "client_gone", "upstream_failed"]
+
+# One per choice object of an OpenAI stream chunk: a token event (the usage chunk has none).
+TOKEN_MARK = b'"index":'
 
 
 @dataclass(frozen=True)
@@ -72,11 +76,15 @@ def response_for(upstream: aiohttp.ClientResponse, request_id: str) -> web.Strea
 
 
 async def relay_stream(
-    request: web.Request, upstream: aiohttp.ClientResponse, request_id: str
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    request_id: str,
+    tally: StreamUsage | None = None,
 ) -> RelayResult:
     """Copy the engine's body to the client as it arrives.
 
-    The loop is the hot path: one read, one framing scan for SSE, one write; no parsing.
+    The loop is the hot path: one read, one framing scan for SSE, one write; no parsing. With a
+    ``tally`` (adaptive admission), one ``bytes.count`` per chunk adds the token events relayed.
     """
     response = response_for(upstream, request_id)
     framer = EventFramer() if upstream.content_type == "text/event-stream" else None
@@ -93,6 +101,8 @@ async def relay_stream(
             break
         if framer is not None and not (chunk := framer.feed(chunk)):
             continue
+        if tally is not None:
+            tally.relayed += chunk.count(TOKEN_MARK)
         try:
             await response.write(chunk)
         except ConnectionResetError:

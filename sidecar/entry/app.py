@@ -12,6 +12,8 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from sidecar.core.compartments import parse_compartments
+from sidecar.core.ledger import StreamUsage
 from sidecar.core.request_checks import CheckedRequest, TokenPolicy
 from sidecar.core.tenancy import compartment_key, is_sheddable, parse_names, tenant_id
 from sidecar.edge.admin import Admin, build_admin_app
@@ -19,10 +21,16 @@ from sidecar.edge.engine_client import Upstream
 from sidecar.edge.prompt_count import EnginePromptCounter
 from sidecar.edge.proxy import Proxy, ProxyConfig, build_proxy_app
 from sidecar.entry.settings import Settings
-from sidecar.entry.wiring import build_bulkhead, build_controller
+from sidecar.entry.wiring import (
+    adaptive_resize,
+    build_adaptive,
+    build_bulkhead,
+    build_controller,
+)
 from sidecar.limiter.bulkhead import AdmissionEvent
 from sidecar.live.control_loop import CapacityController
 from sidecar.live.probes import GpuProbe
+from sidecar.telemetry.adaptive_metrics import AdaptiveCollector
 from sidecar.telemetry.capacity_metrics import register_capacity_metrics
 from sidecar.telemetry.metrics import BulkheadCollector, RequestMetrics
 
@@ -43,8 +51,15 @@ class SidecarServer:
         self.registry = CollectorRegistry(auto_describe=True)
         self.metrics = RequestMetrics(self.registry)
         self.bulkhead = build_bulkhead(settings, limit=0, clock=clock, on_event=self._on_event)
+        self.adaptive = build_adaptive(settings)
+        self._compartments = parse_compartments(settings.compartments)
         self.controller: CapacityController = build_controller(
-            settings, self.bulkhead.resize, clock=clock, nvml=gpu_probe
+            settings,
+            adaptive_resize(self.bulkhead, self.adaptive),
+            clock=clock,
+            nvml=gpu_probe,
+            adaptive=self.adaptive,
+            available=self.bulkhead.set_available,
         )
         self.upstream = Upstream(
             settings.upstream_url,
@@ -56,6 +71,8 @@ class SidecarServer:
         self.proxy_port = self.admin_port = 0
         register_capacity_metrics(self.registry, self.controller, clock)
         self.registry.register(BulkheadCollector(self.bulkhead.snapshot, self._plan_permits))
+        if self.adaptive is not None:
+            self.registry.register(AdaptiveCollector(self.adaptive, self.bulkhead.snapshot))
 
     def _plan_permits(self) -> int:
         plan = self.controller.state.plan
@@ -79,6 +96,17 @@ class SidecarServer:
             request.prompt_tokens + request.completion_tokens
         )
         return per_sequence * request.sequences
+
+    def _usage(self, request: CheckedRequest, compartment: str) -> StreamUsage | None:
+        """Adaptive mode: the request's live footprint, priced at its learned length."""
+        if self.adaptive is None:
+            return None
+        return self.adaptive.usage_for(
+            self._compartments.resolve(compartment),
+            request.prompt_tokens,
+            request.completion_tokens,
+            request.sequences,
+        )
 
     def _proxy(self) -> Proxy:
         s = self.settings
@@ -108,6 +136,8 @@ class SidecarServer:
                 sheddable=parse_names(s.sheddable),
                 priority_header=s.priority_header,
             ),
+            usage_of=self._usage,
+            learn=self.adaptive.learn if self.adaptive is not None else lambda _u: None,
         )
         counter = EnginePromptCounter(self.upstream) if s.prompt_tokens == "engine" else None
         return Proxy(config, self.bulkhead, self.upstream, self.metrics, self.clock, counter)
@@ -120,6 +150,7 @@ class SidecarServer:
             self.clock,
             draining=lambda: self.draining,
             loop_alive=self.controller.running,
+            adaptive=self.adaptive,
         )
 
     async def start(self) -> None:

@@ -11,8 +11,12 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 
+import sidecar
 from sidecar.core.errors import SidecarError
+
+DISTRIBUTION = "gpu-admission-sidecar"
 
 COMMANDS = {
     "plan": ("sidecar.entry.plan_command", "work out how many concurrent requests a GPU can hold"),
@@ -24,15 +28,30 @@ COMMANDS = {
 }
 
 
+def version() -> str:
+    """The installed distribution's version; the package's own when it is not installed."""
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return sidecar.__version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sidecar",
         description="GPU-aware admission controller for LLM inference servers "
         "(the demo is `python -m demo`).",
+        epilog="`sidecar COMMAND --help` shows a command's options.",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     for name, (module_name, help_text) in COMMANDS.items():
-        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub = commands.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         module = importlib.import_module(module_name)
         module.add_arguments(sub)
         sub.set_defaults(_run=module.run)
@@ -42,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:  # bare `sidecar`: show what it can do, as a usage error
+        parser.print_help(sys.stderr)
+        return 2
     try:
         status: int = args._run(args)
     except SidecarError as exc:

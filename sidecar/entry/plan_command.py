@@ -8,7 +8,8 @@ from pathlib import Path
 
 from sidecar.core.capacity import Budget, KvCost, MemoryInputs, Plan, Source, Term, make_plan
 from sidecar.core.errors import ConfigError
-from sidecar.core.model_spec import LayerKind, load_model_spec, weights_bytes_in
+from sidecar.core.model_spec import LayerKind, load_model_spec, preset_names, weights_bytes_in
+from sidecar.core.preset_ids import HUB_IDS
 from sidecar.core.sizes import format_size, parse_size
 
 DEFAULT_PROMPT_TOKENS = 3000
@@ -18,8 +19,13 @@ DEFAULT_OVERHEAD = "2GiB"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of `sidecar plan`."""
-    parser.add_argument("--model", required=True, help="config.json, model directory or preset")
-    memory = parser.add_argument_group("memory (sizes like 24GiB, 24GB, 512MiB or bytes)")
+    parser.epilog = _presets_help()
+    parser.add_argument(
+        "--model", required=True, help="config.json, model directory, preset or Hugging Face id"
+    )
+    memory = parser.add_argument_group(
+        "memory (sizes: 24GiB or 24Gi = 24 x 1024^3 B, 24GB or 24G = 24 x 1000^3 B, or bytes)"
+    )
     memory.add_argument("--vram", help="total memory of one GPU")
     memory.add_argument("--weights", help="weights of the whole model, or 'auto' (model dir)")
     memory.add_argument("--overhead", help=f"per GPU: CUDA context etc. ({DEFAULT_OVERHEAD})")
@@ -33,6 +39,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (1)")
     parser.add_argument("--block-size", type=int, help="tokens per KV block, e.g. 16 for vLLM")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _presets_help() -> str:
+    lines = ["presets (--model NAME, or one of the Hugging Face ids it answers to):"]
+    for name in preset_names():
+        ids = ", ".join(HUB_IDS.get(name, ()))
+        lines.append(f"  {name:<16}{ids}")
+    lines += [
+        "",
+        "example: sidecar plan --model qwen2.5-7b --vram 8GiB --weights 5GiB --overhead 1.5GiB \\",
+        "           --max-tokens 4000 --alpha 0.8",
+    ]
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,18 +100,27 @@ def _memory(args: argparse.Namespace) -> MemoryInputs | Term:
     if args.kv_pool is not None:
         if args.vram is not None or args.weights is not None:
             raise ConfigError("give either --kv-pool or --vram with --weights, not both")
-        return Term("kv_pool_per_gpu", parse_size(args.kv_pool), Source.DECLARED)
+        return Term("kv_pool_per_gpu", _size("--kv-pool", args.kv_pool), Source.DECLARED)
     if args.vram is None or args.weights is None:
         raise ConfigError("give --vram and --weights (and --overhead), or --kv-pool")
     if args.weights.strip().lower() == "auto":
         weights = Term("weights", weights_bytes_in(_model_dir(args.model)), Source.MEASURED)
     else:
-        weights = Term("weights", parse_size(args.weights), Source.DECLARED)
+        weights = Term("weights", _size("--weights", args.weights), Source.DECLARED)
+    overhead = _size("--overhead", args.overhead or DEFAULT_OVERHEAD)
     return MemoryInputs(
-        vram_total=Term("vram_total", parse_size(args.vram), Source.DECLARED),
+        vram_total=Term("vram_total", _size("--vram", args.vram), Source.DECLARED),
         weights=weights,
-        overhead=Term("overhead", parse_size(args.overhead or DEFAULT_OVERHEAD), Source.DECLARED),
+        overhead=Term("overhead", overhead, Source.DECLARED),
     )
+
+
+def _size(flag: str, text: str) -> int:
+    """A size flag's bytes; the error names the flag, then says what SIDECAR_* settings say."""
+    try:
+        return parse_size(text)
+    except ConfigError as exc:
+        raise ConfigError(f"{flag}: {exc}") from exc
 
 
 def _model_dir(model: str) -> Path:

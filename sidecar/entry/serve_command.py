@@ -12,12 +12,17 @@ import structlog
 from sidecar.entry.app import SidecarServer
 from sidecar.entry.logs import configure_logging
 from sidecar.entry.settings import Settings, load_settings
+from sidecar.entry.settings_reference import help_text, setting_rows
 
 log = structlog.get_logger("sidecar")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = "All settings come from SIDECAR_* environment variables; see the README."
+    parser.description = (
+        "Run the sidecar: a proxy port for clients, an admin port for /capacity and /metrics.\n"
+        "Every setting comes from a SIDECAR_* environment variable; there are no flags."
+    )
+    parser.epilog = help_text(setting_rows())
 
 
 def run(_args: argparse.Namespace) -> int:

@@ -11,10 +11,11 @@ import os
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import ByteSize, Field, ValidationError, field_validator, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from sidecar.core.errors import ConfigError
+from sidecar.core.sizes import parse_size
 
 ENV_PREFIX = "SIDECAR_"
 
@@ -23,66 +24,210 @@ NonNegativeInt = Annotated[int, Field(ge=0)]
 Port = Annotated[int, Field(ge=0, le=65535)]  # 0: any free port (tests)
 
 
+def _read_size(value: Any) -> Any:
+    """Sizes in the environment are text; read them with the CLI's parser, so both agree."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return parse_size(value)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from exc
+
+
+Size = Annotated[int, BeforeValidator(_read_size), Field(ge=0)]
+"""Bytes, written as 24GiB, 24Gi, 24GB, 24G, 512MiB or 1073741824 (see sidecar.core.sizes)."""
+
+# Where each group of settings starts, in declaration order (`sidecar serve --help`, the docs).
+# A setting belongs to the group of the nearest start above it.
+GROUP_STARTS = {
+    "upstream_url": "network",
+    "capacity_source": "capacity",
+    "admission": "admission",
+    "log_level": "logs",
+}
+
+
 class Settings(BaseSettings):
     """Every ``SIDECAR_*`` setting, with its default."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
     # --- network -------------------------------------------------------------------------------
-    upstream_url: str = "http://127.0.0.1:8000"
-    host: str = "0.0.0.0"  # noqa: S104 - a sidecar listens on the pod's interfaces
-    port: Port = 8080
-    admin_host: str = "0.0.0.0"  # noqa: S104
-    admin_port: Port = 9090
-    upstream_connect_timeout_ms: PositiveInt = 2000
-    upstream_read_timeout_ms: PositiveInt = 60_000
-    max_body_bytes: ByteSize = ByteSize(4 * 1024 * 1024)
-    drain_grace_s: Annotated[float, Field(ge=0)] = 30.0
+    upstream_url: str = Field(
+        "http://127.0.0.1:8000",
+        description="the engine's base URL (vLLM or any OpenAI-compatible server)",
+    )
+    host: str = Field("0.0.0.0", description="address the proxy listens on")  # noqa: S104
+    port: Port = Field(8080, description="proxy port clients connect to (0: any free port)")
+    admin_host: str = Field(
+        "0.0.0.0",  # noqa: S104
+        description="address the admin listener (/capacity, /metrics, /healthz, /readyz) binds",
+    )
+    admin_port: Port = Field(9090, description="admin port (0: any free port)")
+    upstream_connect_timeout_ms: PositiveInt = Field(
+        2000, description="longest wait to connect to the engine"
+    )
+    upstream_read_timeout_ms: PositiveInt = Field(
+        60_000,
+        description="longest silence from the engine (between chunks, or before an answer)",
+    )
+    max_body_bytes: Size = Field(
+        4 * 1024 * 1024, description="largest request body (a size); larger bodies get 413"
+    )
+    drain_grace_s: Annotated[float, Field(ge=0)] = Field(
+        30.0,
+        description="after SIGTERM, how long running streams may finish before the sidecar stops",
+    )
 
     # --- capacity ------------------------------------------------------------------------------
-    capacity_source: Literal["auto", "nvml", "vllm", "static"] = "auto"
-    model: str | None = None
-    vram_total: ByteSize | None = None
-    weights: ByteSize | Literal["auto"] | None = None
-    overhead: ByteSize = ByteSize(2 * 1024**3)
-    kv_pool: ByteSize | None = None
-    kv_dtype: str = "auto"
-    tensor_parallel_size: PositiveInt = 1
-    block_size: PositiveInt | None = None
-    max_prompt_tokens: PositiveInt = 3000
-    max_completion_tokens: PositiveInt = 1000
-    safety_factor: Annotated[float, Field(gt=0, le=1)] = 0.8
-    gpus: str | None = None
-    engine_metrics_url: str | None = None
-    engine_pid: PositiveInt | None = None
-    refresh_ms: PositiveInt = 1000
-    stale_after_ms: PositiveInt = 10_000
-    floor_permits: NonNegativeInt | None = None
-    disagreement_tolerance: Annotated[float, Field(ge=0)] = 0.10
+    capacity_source: Literal["auto", "nvml", "vllm", "static"] = Field(
+        "auto",
+        description="where the KV pool comes from: auto, nvml (GPU), vllm (engine's pool), static",
+    )
+    model: str | None = Field(
+        None,
+        description="a config.json, a model directory or a preset name (see `sidecar plan --help`)",
+    )
+    vram_total: Size | None = Field(
+        None, description="memory of one GPU (a size); static source, or instead of NVML's reading"
+    )
+    weights: Size | Literal["auto"] | None = Field(
+        None,
+        description="whole-model weights (a size), or auto: measured from SIDECAR_MODEL's files",
+    )
+    overhead: Size = Field(
+        2 * 1024**3,
+        description="per GPU: CUDA context, activations, fragmentation (a size), when not measured",
+    )
+    kv_pool: Size | None = Field(
+        None,
+        description="a declared KV pool per GPU (a size), instead of total - weights - overhead",
+    )
+    kv_dtype: str = Field(
+        "auto", description="KV cache dtype: auto (the model's), fp16, bf16, fp32, fp8..."
+    )
+    tensor_parallel_size: PositiveInt = Field(1, description="GPUs in the tensor-parallel group")
+    block_size: PositiveInt | None = Field(
+        None,
+        description="tokens per paged-KV block; unset: the engine's own, where it reports one",
+    )
+    max_prompt_tokens: PositiveInt = Field(
+        3000, description="prompt budget of one request, in tokens"
+    )
+    max_completion_tokens: PositiveInt = Field(
+        1000, description="completion budget of one request (max_tokens), in tokens"
+    )
+    safety_factor: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.8, description="alpha: the share of the KV pool that permits may spend, in (0, 1]"
+    )
+    gpus: str | None = Field(
+        None, description="GPU indexes or UUIDs, comma-separated; unset: every visible GPU"
+    )
+    engine_metrics_url: str | None = Field(
+        None, description="the engine's Prometheus endpoint; unset: SIDECAR_UPSTREAM_URL + /metrics"
+    )
+    engine_pid: PositiveInt | None = Field(
+        None,
+        description="the engine's host PID as NVML lists it; unset: the GPU's largest process",
+    )
+    refresh_ms: PositiveInt = Field(
+        1000, description="period of the control loop that recomputes the plan"
+    )
+    stale_after_ms: PositiveInt = Field(
+        10_000,
+        description="without a good reading for this long, the plan is stale and the floor applies",
+    )
+    floor_permits: NonNegativeInt | None = Field(
+        None, description="permits while the plan is stale; unset: the static plan's, else 1"
+    )
+    disagreement_tolerance: Annotated[float, Field(ge=0)] = Field(
+        0.10, description="relative gap between the engine's KV pool and NVML's that is reported"
+    )
 
     # --- admission -----------------------------------------------------------------------------
-    admission: Literal["count", "tokens"] = "count"
-    max_wait_ms: NonNegativeInt = 3000
-    max_queue: NonNegativeInt = 64
-    shadow: bool = False
-    max_concurrent_calls: PositiveInt | None = None
-    over_budget: Literal["reject", "clamp"] = "reject"
-    prompt_bytes_per_token: Annotated[float, Field(gt=0)] = 4.0
-    prompt_tokens: Literal["estimate", "engine"] = "estimate"
-    reject_mode: Literal["sse", "http"] = "sse"
-    compartments: str | None = None
-    compartment_by: Literal["tenant", "priority"] = "tenant"
-    tenant_header: str = "x-tenant-id"
-    tenant_from_api_key: bool = True
-    priority_header: str = "x-priority"
+    admission: Literal["count", "tokens", "adaptive"] = Field(
+        "count",
+        description="count: N worst-case permits; tokens: each request reserves its own KV "
+        "bytes; adaptive: learned completion lengths, a live ledger and AIMD over-commit",
+    )
+    max_wait_ms: NonNegativeInt = Field(
+        3000, description="longest wait in the admission queue before the busy answer"
+    )
+    max_queue: NonNegativeInt = Field(
+        64, description="most requests waiting for a permit; one more gets the busy answer at once"
+    )
+    shadow: bool = Field(
+        False, description="compute and export every decision, enforce none (for a safe roll-out)"
+    )
+    max_concurrent_calls: PositiveInt | None = Field(
+        None, description="hard cap on requests in flight, whatever the plan says; unset: none"
+    )
+    over_budget: Literal["reject", "clamp"] = Field(
+        "reject",
+        description="max_tokens over the completion budget: reject (400) or clamp to the budget",
+    )
+    prompt_bytes_per_token: Annotated[float, Field(gt=0)] = Field(
+        4.0, description="prompt estimate: UTF-8 bytes per token"
+    )
+    prompt_tokens: Literal["estimate", "engine"] = Field(
+        "estimate",
+        description="estimate (from the bytes) or engine (exact, from the engine's POST /tokenize)",
+    )
+    reject_mode: Literal["sse", "http"] = Field(
+        "sse",
+        description="busy answer for streams: sse (fallback event) or http (429/503, Retry-After)",
+    )
+    compartments: str | None = Field(
+        None,
+        description="compartments as name=share[:cap],..., e.g. gold=50%:80%,silver=0.3",
+    )
+    compartment_by: Literal["tenant", "priority"] = Field(
+        "tenant", description="what picks a request's compartment: tenant or priority"
+    )
+    tenant_header: str = Field("x-tenant-id", description="request header naming the tenant")
+    tenant_from_api_key: bool = Field(
+        True,
+        description="without the tenant header: key- + 12 hex of the API key's SHA-256",
+    )
+    priority_header: str = Field(
+        "x-priority", description="request header naming the priority class"
+    )
     sheddable: str | None = Field(
         default=None,
         description="comma-separated priority classes (x-priority or the gateway's "
         "x-gateway-inference-objective) that are refused at once rather than queued when full",
     )
 
+    # --- adaptive admission (SIDECAR_ADMISSION=adaptive) ----------------------------------------
+    adaptive_quantile: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.9, description="quantile of recent completion lengths a request is priced at"
+    )
+    adaptive_min_samples: PositiveInt = Field(
+        20, description="completions a band must have seen before its quantile replaces max_tokens"
+    )
+    adaptive_window: PositiveInt = Field(
+        256, description="recent completion lengths kept per compartment and max_tokens band"
+    )
+    adaptive_min_overcommit: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.5, description="lowest over-commit ratio (x alpha x KV pool tokens) AIMD may cut to"
+    )
+    adaptive_max_overcommit: Annotated[float, Field(ge=1)] = Field(
+        3.0, description="highest over-commit ratio AIMD may grow to while the engine is healthy"
+    )
+    adaptive_increase: Annotated[float, Field(ge=0)] = Field(
+        0.05, description="added to the over-commit ratio on each healthy control-loop tick"
+    )
+    adaptive_decrease: Annotated[float, Field(gt=0, lt=1)] = Field(
+        0.9, description="the over-commit ratio is multiplied by this on each tick of pressure"
+    )
+    adaptive_kv_high_watermark: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.95, description="engine KV usage (0..1) above which adaptive admission backs off"
+    )
+
     # --- logs ----------------------------------------------------------------------------------
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="debug, info, warning or error"
+    )
 
     @field_validator("log_level", "kv_dtype", "capacity_source", "admission", mode="before")
     @classmethod
@@ -92,7 +237,12 @@ class Settings(BaseSettings):
     @field_validator("weights", mode="before")
     @classmethod
     def _weights_auto(cls, value: Any) -> Any:
-        return "auto" if isinstance(value, str) and value.strip().lower() == "auto" else value
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        size = _read_size(value)
+        if isinstance(size, int) and size < 0:
+            raise ValueError("weights cannot be negative")
+        return size
 
     @model_validator(mode="after")
     def _static_needs_numbers(self) -> Settings:
@@ -146,5 +296,6 @@ def _describe(exc: ValidationError) -> str:
         name = f"{ENV_PREFIX}{field.split('.')[0].upper()}" if field else "settings"
         given = error.get("input")
         shown = f" (got {given!r})" if isinstance(given, str | int | float) else ""
-        lines.append(f"invalid setting {name}{shown}: {error['msg']}")
+        message = error["msg"].removeprefix("Value error, ")
+        lines.append(f"invalid setting {name}{shown}: {message}")
     return "; ".join(dict.fromkeys(lines))

@@ -13,12 +13,15 @@ from typing import Any
 
 import aiohttp
 
-from sidecar.core.capacity import Budget, KvCost, Plan, make_plan
+from sidecar.core.capacity import Budget, KvCost, Plan, engine_cost, make_plan
 from sidecar.core.compartments import parse_compartments
 from sidecar.core.errors import ConfigError
+from sidecar.core.estimator import EstimatorConfig
 from sidecar.core.model_spec import load_model_spec, weights_bytes_in
+from sidecar.core.overcommit import AimdConfig
 from sidecar.entry.settings import Settings
 from sidecar.limiter.bulkhead import Bulkhead
+from sidecar.live.adaptive import AdaptiveCapacity
 from sidecar.live.control_loop import CapacityController, Floor
 from sidecar.live.probes import GpuProbe
 from sidecar.live.probes.engine import VllmMetricsProbe
@@ -41,6 +44,53 @@ def build_bulkhead(settings: Settings, *, limit: int, **seams: Any) -> Bulkhead:
     )
 
 
+def adaptive_resize(bulkhead: Bulkhead, adaptive: AdaptiveCapacity | None) -> Callable[[int], None]:
+    """The controller's resize: adaptive limits also carry the pool as the too_large ceiling."""
+    if adaptive is None:
+        return bulkhead.resize
+    return lambda limit: bulkhead.resize(limit, adaptive.ceiling())
+
+
+def build_adaptive(settings: Settings) -> AdaptiveCapacity | None:
+    """The adaptive admission state SIDECAR_ADAPTIVE_* describe (None unless adaptive)."""
+    if settings.admission != "adaptive":
+        return None
+    if settings.adaptive_min_samples > settings.adaptive_window:
+        raise ConfigError("SIDECAR_ADAPTIVE_MIN_SAMPLES must not exceed SIDECAR_ADAPTIVE_WINDOW")
+    return AdaptiveCapacity(
+        estimator=EstimatorConfig(
+            settings.adaptive_quantile, settings.adaptive_min_samples, settings.adaptive_window
+        ),
+        aimd=AimdConfig(
+            low=settings.adaptive_min_overcommit,
+            high=settings.adaptive_max_overcommit,
+            start=1.0,
+            increase=settings.adaptive_increase,
+            decrease=settings.adaptive_decrease,
+            high_watermark=settings.adaptive_kv_high_watermark,
+        ),
+    )
+
+
+def model_cost(settings: Settings) -> KvCost | None:
+    """The model config's pricing; None without SIDECAR_MODEL, where the engine's must do."""
+    if not settings.model:
+        if settings.capacity_source in ("nvml", "static"):
+            msg = (
+                f"SIDECAR_MODEL is required with SIDECAR_CAPACITY_SOURCE="
+                f"{settings.capacity_source} (a model directory or a preset): only the engine "
+                "(auto or vllm) can price a token without it"
+            )
+            raise ConfigError(msg)
+        return None
+    return KvCost(
+        load_model_spec(settings.model),
+        settings.kv_dtype,
+        settings.tensor_parallel_size,
+        settings.block_size,
+    )
+
+
 def build_controller(
     settings: Settings,
     resize: Callable[[int], None],
@@ -48,21 +98,20 @@ def build_controller(
     clock: Callable[[], float] = time.monotonic,
     nvml: GpuProbe | None = None,
     http_session: aiohttp.ClientSession | None = None,
+    adaptive: AdaptiveCapacity | None = None,
+    available: Callable[[bool], None] | None = None,
 ) -> CapacityController:
-    """The controller ``settings`` describe; ``nvml`` replaces the NVML probe (tests, demo)."""
-    if not settings.model:
-        raise ConfigError("SIDECAR_MODEL is required to size requests (a directory or a preset)")
-    cost = KvCost(
-        load_model_spec(settings.model),
-        settings.kv_dtype,
-        settings.tensor_parallel_size,
-        settings.block_size,
-    )
+    """The controller ``settings`` describe; ``nvml`` replaces the NVML probe (tests, demo).
+
+    ``available`` hears when a plan of 0 permits starts or stops (the bulkhead refuses at once).
+    """
+    cost = model_cost(settings)
     budget = Budget(settings.max_prompt_tokens, settings.max_completion_tokens)
     declared = declared_from(settings, clock())
-    limit_of = _limit_rule(settings)
+    limit_of = _limit_rule(settings, adaptive)
     live = settings.capacity_source != "static"
-    metrics_url = settings.engine_metrics_url or settings.upstream_url.rstrip("/") + "/metrics"
+    upstream = settings.upstream_url.rstrip("/")
+    metrics_url = settings.engine_metrics_url or upstream + "/metrics"
     return CapacityController(
         source=settings.capacity_source,
         cost=cost,
@@ -71,11 +120,13 @@ def build_controller(
         declared=declared,
         resize=resize,
         limit_of=limit_of,
-        floor=_floor(settings, cost, budget, declared, limit_of),
+        floor=_floor(settings, cost or engine_cost(1, None), budget, declared, limit_of),
         gpu_probe=(nvml or NvmlProbe(parse_gpu_selection(settings.gpus), clock=clock))
         if live
         else None,
-        engine_probe=VllmMetricsProbe(metrics_url, session=http_session, clock=clock)
+        engine_probe=VllmMetricsProbe(
+            metrics_url, session=http_session, clock=clock, models_url=upstream + "/v1/models"
+        )
         if live
         else None,
         refresh_s=settings.refresh_ms / 1000,
@@ -83,11 +134,16 @@ def build_controller(
         engine_pid=settings.engine_pid,
         tolerance=settings.disagreement_tolerance,
         clock=clock,
+        feedback=adaptive.observe if adaptive is not None else None,
+        available=available,
     )
 
 
-def _limit_rule(settings: Settings) -> Callable[[Plan], int]:
-    """Permits (capped by SIDECAR_MAX_CONCURRENT_CALLS) in count mode, bytes in token mode."""
+def _limit_rule(settings: Settings, adaptive: AdaptiveCapacity | None) -> Callable[[Plan], int]:
+    """Permits (capped by SIDECAR_MAX_CONCURRENT_CALLS) in count mode, bytes in token mode,
+    tokens (pool x alpha x over-commit) in adaptive mode."""
+    if adaptive is not None:
+        return adaptive.limit_of
     if settings.admission == "tokens":
         return lambda plan: plan.admissible_bytes
     cap = settings.max_concurrent_calls
@@ -102,7 +158,9 @@ def _floor(
     limit_of: Callable[[Plan], int],
 ) -> Floor:
     """SIDECAR_FLOOR_PERMITS, else the static plan where one is declared, else one permit."""
-    per_request = cost.request_bytes(budget.total) if settings.admission == "tokens" else 1
+    per_request = {"tokens": cost.request_bytes(budget.total), "adaptive": budget.total}.get(
+        settings.admission, 1
+    )
     if settings.floor_permits is not None:
         return Floor(None, settings.floor_permits * per_request)
     if declared.plannable:

@@ -24,17 +24,17 @@ from sidecar.core.admission import (
     Outcome,
     Queued,
     Rejected,
-    UnknownTicketError,
 )
 from sidecar.core.compartments import DEFAULT, Compartments
 from sidecar.core.errors import AdmissionRejectedError
+from sidecar.core.ledger import Ledger, StreamUsage
 from sidecar.core.outcomes import RejectReason
 from sidecar.core.retry_hint import ReleaseRate
 from sidecar.limiter.expiry import CallLater, Expiry
 
 log = structlog.get_logger(__name__)
 
-Mode = Literal["count", "tokens"]
+Mode = Literal["count", "tokens", "adaptive"]
 EventKind = Literal["granted", "queued", "rejected"]
 
 
@@ -59,6 +59,8 @@ class BulkheadSnapshot(AdmissionSnapshot):
     mode: Mode
     shadow: bool
     max_in_flight: int | None
+    ledger_tokens: int = 0  # adaptive: what running streams hold now, as relayed
+    ledger_reserved_tokens: int = 0  # adaptive: what they are charged (held + expected growth)
 
 
 @dataclass(eq=False, slots=True)
@@ -70,6 +72,7 @@ class Permit:
     wait_s: float
     _ticket: int | None = field(repr=False)
     _bulkhead: Bulkhead = field(repr=False)
+    usage: StreamUsage | None = None
     outcome: Outcome | None = None
     shadow_rejected: RejectReason | None = None
     _released: bool = field(default=False, repr=False)
@@ -97,15 +100,24 @@ class _Admitting(AbstractAsyncContextManager[Permit]):
     based context costs ~2.0 us where this one costs ~0.4 us (docs/performance.md).
     """
 
-    __slots__ = ("_bulkhead", "_compartment", "_cost", "_may_wait", "_permit")
+    __slots__ = ("_bulkhead", "_compartment", "_cost", "_may_wait", "_permit", "_usage")
 
-    def __init__(self, bulkhead: Bulkhead, cost: int, compartment: str, may_wait: bool) -> None:
+    def __init__(
+        self,
+        bulkhead: Bulkhead,
+        cost: int,
+        compartment: str,
+        may_wait: bool,
+        usage: StreamUsage | None = None,
+    ) -> None:
         self._bulkhead, self._cost, self._compartment = bulkhead, cost, compartment
-        self._may_wait = may_wait
+        self._may_wait, self._usage = may_wait, usage
         self._permit: Permit | None = None
 
     async def __aenter__(self) -> Permit:
-        self._permit = await self._bulkhead._acquire(self._cost, self._compartment, self._may_wait)
+        self._permit = await self._bulkhead._acquire(
+            self._cost, self._compartment, self._may_wait, self._usage
+        )
         return self._permit
 
     async def __aexit__(
@@ -146,8 +158,9 @@ class Bulkhead:
             max_queue=max_queue,
             compartments=compartments,
             max_in_flight=max_in_flight,
-            reject_oversize=mode == "tokens",
+            reject_oversize=mode != "count",
         )
+        self._ledger = Ledger()
         self._mode: Mode = mode
         self._shadow = shadow
         self._max_wait_s = max_wait_s
@@ -169,17 +182,35 @@ class Bulkhead:
     # --- public ----------------------------------------------------------------------------------
 
     def admit(
-        self, cost: int = 1, compartment: str = DEFAULT, *, may_wait: bool = True
+        self,
+        cost: int = 1,
+        compartment: str = DEFAULT,
+        usage: StreamUsage | None = None,
+        *,
+        may_wait: bool = True,
     ) -> AbstractAsyncContextManager[Permit]:
         """Hold capacity for the body of ``async with``; raises AdmissionRejectedError before it.
 
-        ``may_wait=False``: refused at once (``shed``) unless capacity is free now.
+        ``may_wait=False``: refused at once (``shed``) unless capacity is free now. Adaptive mode:
+        ``usage`` is the request's live footprint; its charge grows while it runs.
         """
-        return _Admitting(self, cost, compartment, may_wait)
+        return _Admitting(self, cost, compartment, may_wait, usage)
 
-    def resize(self, limit: int) -> None:
-        """New limit (permits or bytes): growing wakes waiters now, shrinking revokes nothing."""
-        self._wake(self._core.resize(limit))
+    def resize(self, limit: int, ceiling: int | None = None) -> None:
+        """New limit (permits, bytes or tokens): growing wakes waiters now, shrinking revokes
+        nothing. ``ceiling``: the largest worst case that can ever run, where not the limit."""
+        self.sync()
+        self._wake(self._core.resize(limit, ceiling))
+
+    def set_available(self, available: bool) -> None:
+        """False while there is no capacity at all: refuse at once (no_capacity), queued too."""
+        for ticket in self._core.set_available(available):
+            self._refuse_waiter(self._waiters.pop(ticket), "no_capacity")
+
+    def sync(self) -> None:
+        """Charge running streams what they have grown to (adaptive); revokes nothing."""
+        for ticket, charge in self._ledger.grown():
+            self._core.grow(ticket, charge)
 
     def drain(self) -> None:
         """Refuse new requests and queued waiters with ``draining``; running work continues."""
@@ -202,23 +233,38 @@ class Bulkhead:
             mode=self._mode,
             shadow=self._shadow,
             max_in_flight=self._max_in_flight,
+            ledger_tokens=self._ledger.occupancy(),
+            ledger_reserved_tokens=self._ledger.reserved(),
         )
 
     # --- acquiring -------------------------------------------------------------------------------
 
-    async def _acquire(self, cost: int, compartment: str, may_wait: bool) -> Permit:
+    async def _acquire(
+        self, cost: int, compartment: str, may_wait: bool, usage: StreamUsage | None = None
+    ) -> Permit:
         if cost < 0:
             raise ValueError("cost must be >= 0")
         started = self._clock()
+        self.sync()
+        worst = usage.worst() if usage is not None else None
         decision = self._core.request(
-            cost if self._mode == "tokens" else 1, compartment, may_wait=may_wait
+            cost if self._mode != "count" else 1, compartment, worst, may_wait=may_wait
         )
         if isinstance(decision, Granted):
             self._emit("granted", decision.compartment, decision.cost)
-            return self._permit(decision.ticket, decision.cost, decision.compartment, 0.0)
-        if isinstance(decision, Rejected):
+            permit = self._permit(decision.ticket, decision.cost, decision.compartment, 0.0)
+        elif isinstance(decision, Rejected):
             return self._rejected(decision)
-        return await self._wait(decision, started)
+        else:
+            permit = await self._wait(decision, started)
+        if (
+            usage is not None
+            and permit._ticket is not None
+            and self._core.is_granted(permit._ticket)
+        ):
+            permit.usage = usage
+            self._ledger.open(permit._ticket, usage, permit.cost)
+        return permit
 
     def _rejected(self, decision: Rejected) -> Permit:
         error = self._error(decision.reason, decision.compartment)
@@ -296,8 +342,11 @@ class Bulkhead:
     def _refuse_waiter(self, wait: _Wait, reason: RejectReason) -> None:
         self._forget(wait.queued.ticket)
         name, cost = wait.queued.compartment, wait.queued.cost
-        error = self._error(reason, name)
-        self._emit("rejected", name, cost, reason=reason, retry_after_s=error.retry_after_s)
+        error = self._error(reason, name, waited_s=self._clock() - wait.started)
+        self._emit(
+            "rejected", name, cost, reason=reason, retry_after_s=error.retry_after_s,
+            wait_s=error.waited_s,
+        )  # fmt: skip
         if wait.permit is not None:
             wait.permit.shadow_rejected = reason
         if wait.future is not None and not wait.future.done():
@@ -325,12 +374,14 @@ class Bulkhead:
             self._idle = None
 
     def _give_back(self, ticket: int, compartment: str, cost: int, outcome: Outcome) -> None:
-        try:
+        if self._core.is_granted(ticket):
+            self.sync()
+            usage = self._ledger.close(ticket)
+            amount = 1 if self._mode == "count" else cost
+            if usage is not None:
+                amount = max(cost, usage.charge())
             grants = self._core.release(ticket, outcome)
-        except UnknownTicketError:
-            grants = None  # not granted: a shadow waiter, or a grant given back already
-        if grants is not None:
-            self._hint.observe(self._clock())
+            self._hint.observe(self._clock(), amount)
             self._wake(grants)
         elif (wait := self._waiters.pop(ticket, None)) is not None:
             # Shadow: the request ran at once and ended before its would-be grant came.
@@ -339,12 +390,19 @@ class Bulkhead:
 
     # --- reporting -------------------------------------------------------------------------------
 
-    def _error(self, reason: RejectReason, compartment: str) -> AdmissionRejectedError:
+    def _error(
+        self, reason: RejectReason, compartment: str, waited_s: float = 0.0
+    ) -> AdmissionRejectedError:
         if reason == "too_large":
             retry = self._hint.bounds.high_s  # retrying cannot help; say so with the longest hint
+        elif self._mode == "adaptive":
+            ahead = self._core.queued_cost_ahead(compartment) + self._core.in_use_cost
+            # Tokens that must drain before this caller fits: those ahead, beyond the limit.
+            need = max(1, ahead - self._core.limit + 1)
+            retry = self._hint.retry_after_s(0, self._clock(), tokens=need)
         else:
             retry = self._hint.retry_after_s(self._core.queued_ahead(compartment), self._clock())
-        return AdmissionRejectedError(reason, retry)
+        return AdmissionRejectedError(reason, retry, waited_s)
 
     def _emit(self, kind: EventKind, compartment: str, cost: int, **details: Any) -> None:
         if self.on_event is None:

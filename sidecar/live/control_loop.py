@@ -15,8 +15,9 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from sidecar.core.capacity import Budget, KvCost, Plan, make_plan
+from sidecar.core.capacity import Budget, KvCost, Plan, engine_cost, make_plan
 from sidecar.core.errors import PlanError, ProbeError
+from sidecar.core.warnings import CLEARED_EVENT, RAISED_EVENT, ConfigWarning, changes, no_capacity
 from sidecar.live.probes import EngineProbe, EngineReading, GpuProbe, GpuSnapshot
 from sidecar.live.probes.static import Declared
 from sidecar.live.sources import Disagreement, Readings, plan_inputs
@@ -39,6 +40,12 @@ class CapacityState:
     readings: Readings | None = None
     disagreements: tuple[Disagreement, ...] = ()
     error: str | None = None
+    warnings: tuple[ConfigWarning, ...] = ()
+
+    @property
+    def available(self) -> bool:
+        """False while the plan cannot hold one request (requests are refused at once)."""
+        return not any(w.code == "no_capacity" for w in self.warnings)
 
     @property
     def mode(self) -> str:
@@ -73,7 +80,7 @@ class CapacityController:
         self,
         *,
         source: str,
-        cost: KvCost,
+        cost: KvCost | None,
         budget: Budget,
         alpha: float,
         declared: Declared,
@@ -88,6 +95,8 @@ class CapacityController:
         tolerance: float = 0.10,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        feedback: Callable[[Readings], tuple[ConfigWarning, ...]] | None = None,
+        available: Callable[[bool], None] | None = None,
     ) -> None:
         self._wanted, self._cost, self._budget, self._alpha = source, cost, budget, alpha
         self._declared, self._resize, self._limit_of, self._floor = (
@@ -100,6 +109,7 @@ class CapacityController:
         self._refresh_s, self._stale_after_s = refresh_s, stale_after_s
         self._engine_pid, self._tolerance = engine_pid, tolerance
         self._clock, self._sleep = clock, sleep
+        self._feedback, self._available = feedback, available
         self._state = CapacityState(plan=None, source="none", limit=floor.limit, on_floor=True)
         self._resized_to: int | None = None
         self._published = False
@@ -120,7 +130,9 @@ class CapacityController:
         """What one token and one request cost in KV bytes (token-mode admission prices with it),
         as the plan in force counts it (the engine's block size included)."""
         plan = self._state.plan
-        return plan.cost if plan is not None else self._cost
+        if plan is not None:
+            return plan.cost
+        return self._cost or engine_cost(1, None)  # no plan, no model: one unit per token
 
     def running(self) -> bool:
         """True while the loop's task is alive (liveness reports a dead loop)."""
@@ -131,6 +143,7 @@ class CapacityController:
         readings = await self._read()
         now = self._clock()
         cost = self._cost_for(readings)
+        extra = self._feedback(readings) if self._feedback is not None else ()
         try:
             inputs = plan_inputs(
                 self._wanted,
@@ -139,7 +152,7 @@ class CapacityController:
                 engine_pid=self._engine_pid,
                 tolerance=self._tolerance,
             )
-            plan = make_plan(cost, inputs.memory, self._budget, self._alpha)
+            plan = make_plan(inputs.cost, inputs.memory, self._budget, self._alpha)
         except (ProbeError, PlanError) as exc:
             failed = degrade(self._state, now, self._stale_after_s, self._floor)
             new = replace(failed, readings=readings, error=str(exc))
@@ -151,16 +164,24 @@ class CapacityController:
                 planned_at=now,
                 readings=readings,
                 disagreements=inputs.disagreements,
+                warnings=inputs.warnings + self._empty(plan) + extra,
             )
         self._publish(new)
         return new
 
-    def _cost_for(self, readings: Readings) -> KvCost:
+    def _empty(self, plan: Plan) -> tuple[ConfigWarning, ...]:
+        """A no_capacity warning, with its arithmetic, when not one request fits."""
+        if plan.permits > 0:
+            return ()
+        return (no_capacity(plan.kv_pool_tokens, plan.request_max_tokens, plan.alpha),)
+
+    def _cost_for(self, readings: Readings) -> KvCost | None:
         """SIDECAR_BLOCK_SIZE when declared, else the block size the engine pages its cache in."""
         cache = readings.engine.cache if readings.engine is not None else None
-        if self._cost.block_size is not None or cache is None or cache.block_size is None:
-            return self._cost
-        return replace(self._cost, block_size=cache.block_size)
+        cost = self._cost
+        if cost is None or cost.block_size is not None or cache is None or cache.block_size is None:
+            return cost
+        return replace(cost, block_size=cache.block_size)
 
     def start(self) -> None:
         """Run ``refresh()`` every SIDECAR_REFRESH_MS in a named, guarded task."""
@@ -206,6 +227,9 @@ class CapacityController:
         if (old.mode, old.source) != (new.mode, new.source) or not self._published:
             _log_transition(old, new)
         self._published = True
+        if old.available != new.available and self._available is not None:
+            self._available(new.available)
+        _log_warnings(old, new)
         if _flagged(old) != _flagged(new):
             log.warning("capacity_disagreement", gpus=sorted(_flagged(new)), checks=_checks(new))
 
@@ -230,6 +254,14 @@ def _log_transition(old: CapacityState, new: CapacityState) -> None:
         log.warning("capacity_stale", error=new.error, **fields)
     else:
         log.error("capacity_on_floor", error=new.error, **fields)
+
+
+def _log_warnings(old: CapacityState, new: CapacityState) -> None:
+    raised, cleared = changes(old.warnings, new.warnings)
+    for warning in raised:
+        log.warning(RAISED_EVENT, code=warning.code, message=warning.message)
+    for warning in cleared:
+        log.info(CLEARED_EVENT, code=warning.code)
 
 
 def _flagged(state: CapacityState) -> set[str]:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sidecar.core.capacity import KvCost, MemoryInputs, Source, Term
+from sidecar.core.capacity import KvCost, MemoryInputs, Source, Term, engine_cost
 from sidecar.core.errors import ProbeError, ProbeTemporaryError, ProbeUnavailableError
+from sidecar.core.warnings import ConfigWarning, model_mismatch
 from sidecar.live.probes import EngineCacheConfig, EngineReading, GpuReading, GpuSnapshot
 from sidecar.live.probes.static import Declared
 
@@ -44,7 +45,9 @@ class PlanInputs:
 
     source: str
     memory: MemoryInputs | Term
+    cost: KvCost
     disagreements: tuple[Disagreement, ...] = ()
+    warnings: tuple[ConfigWarning, ...] = ()
 
 
 def pick_source(wanted: str, readings: Readings) -> str:
@@ -63,15 +66,27 @@ def pick_source(wanted: str, readings: Readings) -> str:
 
 
 def plan_inputs(
-    wanted: str, readings: Readings, cost: KvCost, *, engine_pid: int | None, tolerance: float
+    wanted: str,
+    readings: Readings,
+    cost: KvCost | None,
+    *,
+    engine_pid: int | None,
+    tolerance: float,
 ) -> PlanInputs:
-    """Plan inputs from ``readings``; raises the failed probe's ProbeError when it is needed."""
+    """Plan inputs from ``readings``; raises the failed probe's ProbeError when it is needed.
+
+    ``cost`` is the model config's pricing (None without SIDECAR_MODEL: only the engine's
+    numbers can size requests then).
+    """
     source = pick_source(wanted, readings)
     if source == "vllm":
         return _from_engine(readings, cost, engine_pid, tolerance)
+    if cost is None:
+        msg = f"the {source} capacity source needs SIDECAR_MODEL to price a token"
+        raise ProbeUnavailableError(msg)
     if source == "nvml":
-        return PlanInputs("nvml", _from_nvml(readings, cost, engine_pid))
-    return PlanInputs("static", static_memory(readings.declared))
+        return PlanInputs("nvml", _from_nvml(readings, cost, engine_pid), cost)
+    return PlanInputs("static", static_memory(readings.declared), cost)
 
 
 def static_memory(declared: Declared) -> MemoryInputs | Term:
@@ -113,17 +128,58 @@ def neighbour_bytes(gpu: GpuReading, engine_pid: int | None) -> int:
     return max(0, listed - engine_process_bytes(gpu, engine_pid)) if gpu.processes else 0
 
 
+def engine_pool_tokens(cache: EngineCacheConfig) -> int | None:
+    """The engine's pool in tokens: kv_cache_size_tokens, else num_gpu_blocks x block_size."""
+    if cache.kv_cache_size_tokens is not None:
+        return cache.kv_cache_size_tokens
+    if cache.num_gpu_blocks is not None and cache.block_size is not None:
+        return cache.num_gpu_blocks * cache.block_size
+    return None
+
+
+def engine_bytes_per_token(cache: EngineCacheConfig) -> int | None:
+    """What the engine's allocator spends per token: kv_cache_memory_bytes / its tokens."""
+    tokens = engine_pool_tokens(cache)
+    if cache.kv_cache_memory_bytes is None or not tokens:
+        return None
+    return round(cache.kv_cache_memory_bytes / tokens)
+
+
+def engine_pricing(
+    cache: EngineCacheConfig, cost: KvCost | None, tolerance: float
+) -> tuple[KvCost, tuple[ConfigWarning, ...]]:
+    """The cost to plan with: the model config's where it agrees with the engine, else the
+    engine's own bytes per token (and a model_mismatch warning when they disagree)."""
+    engine_bytes = engine_bytes_per_token(cache)
+    if cost is None:
+        if engine_bytes is None and engine_pool_tokens(cache) is None:
+            raise ProbeUnavailableError("the engine gives no pool in tokens; set SIDECAR_MODEL")
+        # Tokens without bytes: plan in tokens, each counted as one byte.
+        return engine_cost(engine_bytes or 1, cache.block_size), ()
+    block = cost.block_size
+    if engine_bytes is None:
+        return cost, ()
+    ours = cost.bytes_per_token_per_gpu
+    if abs(ours - engine_bytes) / engine_bytes <= tolerance:
+        return cost, ()
+    return engine_cost(engine_bytes, block, cost.spec.name), (
+        model_mismatch(ours, engine_bytes, tolerance),
+    )
+
+
 def _from_engine(
-    readings: Readings, cost: KvCost, engine_pid: int | None, tolerance: float
+    readings: Readings, cost: KvCost | None, engine_pid: int | None, tolerance: float
 ) -> PlanInputs:
     engine = readings.engine
     if engine is None or engine.cache is None:
         raise readings.engine_error or ProbeTemporaryError("the engine reports no KV cache config")
-    pool = engine_pool_per_gpu(engine.cache, cost)
+    priced, warnings = engine_pricing(engine.cache, cost, tolerance)
+    pool = engine_pool_per_gpu(engine.cache, priced)
     if pool is None:
         raise ProbeTemporaryError("the engine's cache_config_info carries no pool size")
-    checks = _cross_check(readings, cost, pool, engine_pid, tolerance)
-    return PlanInputs("vllm", Term("kv_pool", pool, Source.ENGINE, engine.observed_at), checks)
+    checks = _cross_check(readings, priced, pool, engine_pid, tolerance)
+    term = Term("kv_pool", pool, Source.ENGINE, engine.observed_at)
+    return PlanInputs("vllm", term, priced, checks, warnings)
 
 
 def _cross_check(

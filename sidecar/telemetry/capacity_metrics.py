@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from sidecar.core.warnings import WARNING_CODES
 from sidecar.telemetry.gauges import gauge
 
 if TYPE_CHECKING:
@@ -54,6 +55,20 @@ class _CapacityCollector(Collector):
                 state.plan.request_max_bytes,
             )
         yield from _reading_metrics(state)
+        yield _warnings(state)
+
+
+def _warnings(state: CapacityState) -> Metric:
+    """1 for each standing warning's code, 0 for every other known code (alerts use == 1)."""
+    standing = {w.code for w in state.warnings}
+    family = GaugeMetricFamily(
+        "sidecar_config_warning",
+        "1 while a configuration warning stands (see /capacity warnings for the message).",
+        labels=["code"],
+    )
+    for code in WARNING_CODES:
+        family.add_metric([code], int(code in standing))
+    return family
 
 
 def _reading_metrics(state: CapacityState) -> Iterator[Metric]:
@@ -109,6 +124,8 @@ def capacity_json(state: CapacityState, requested: str, now: float) -> dict[str,
         "limit": state.limit,
         "plan_age_s": state.age_s(now),
         "error": state.error,
+        "warnings": [w.to_dict() for w in state.warnings],
+        "served_model": readings.engine.served_model if readings and readings.engine else None,
         "plan": plan,
         "gpus": [asdict(g) for g in readings.gpus.gpus] if readings and readings.gpus else [],
         "engine": asdict(readings.engine) if readings and readings.engine else None,

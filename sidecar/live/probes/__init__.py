@@ -71,6 +71,7 @@ class EngineReading:
     preemptions_total: float | None
     observed_at: float
     provenance: str = "vllm"
+    served_model: str | None = None  # the first model of the engine's GET /v1/models
 
 
 class GpuProbe(Protocol):

@@ -6,9 +6,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -114,6 +117,15 @@ def _float(value: str | None) -> float | None:
         return None
 
 
+def served_model_of(body: Any) -> str | None:
+    """The first model id of an OpenAI ``/v1/models`` answer."""
+    data = body.get("data") if isinstance(body, dict) else None
+    if isinstance(data, list) and data and isinstance(data[0], dict):
+        name = data[0].get("id")
+        return name if isinstance(name, str) else None
+    return None
+
+
 class VllmMetricsProbe:
     """Fetches ``url`` (the engine's /metrics) over one kept-alive session: ``session``, or one of
     its own opened on the first read and closed by ``close()``."""
@@ -125,8 +137,11 @@ class VllmMetricsProbe:
         session: aiohttp.ClientSession | None = None,
         clock: Callable[[], float] = time.monotonic,
         timeout_s: float = 2.0,
+        models_url: str | None = None,
     ) -> None:
         self._url = url
+        self._models_url = models_url
+        self._served: str | None = None
         self._session = session
         self._owned: aiohttp.ClientSession | None = None
         self._clock = clock
@@ -134,18 +149,28 @@ class VllmMetricsProbe:
 
     async def read(self) -> EngineReading:
         """Scrape and parse; an unreachable or failing engine raises ProbeTemporaryError."""
-        text = await self._fetch()
+        text = await self._fetch(self._url)
         try:
-            return parse_metrics(text, self._clock())
+            reading = parse_metrics(text, self._clock())
         except ValueError as exc:
             msg = f"engine metrics at {self._url} are not Prometheus text: {exc}"
             raise ProbeTemporaryError(msg) from exc
+        return dataclasses.replace(reading, served_model=await self._served_model())
 
     async def close(self) -> None:
         """Close the session this probe opened (a session it was given is its owner's)."""
         owned, self._owned = self._owned, None
         if owned is not None:
             await owned.close()
+
+    async def _served_model(self) -> str | None:
+        """The engine's model name, asked once (until an answer); a failure is not an error."""
+        if self._served is None and self._models_url is not None:
+            try:
+                self._served = served_model_of(json.loads(await self._fetch(self._models_url)))
+            except (ProbeTemporaryError, ValueError):
+                return None
+        return self._served
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is not None:
@@ -154,13 +179,13 @@ class VllmMetricsProbe:
             self._owned = aiohttp.ClientSession()
         return self._owned
 
-    async def _fetch(self) -> str:
+    async def _fetch(self, url: str) -> str:
         try:
-            async with self._client().get(self._url, timeout=self._timeout) as response:
+            async with self._client().get(url, timeout=self._timeout) as response:
                 if response.status != 200:
-                    msg = f"engine metrics at {self._url} answered HTTP {response.status}"
+                    msg = f"engine at {url} answered HTTP {response.status}"
                     raise ProbeTemporaryError(msg)
                 return await response.text()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            msg = f"engine metrics at {self._url} unreachable: {exc or type(exc).__name__}"
+            msg = f"engine at {url} unreachable: {exc or type(exc).__name__}"
             raise ProbeTemporaryError(msg) from exc

@@ -1,0 +1,90 @@
+"""The live ledger of adaptive admission: what each running stream holds, and will hold.
+
+A stream is charged ``prompt + max(expected completion, tokens relayed so far)`` (never above its
+worst case, in whole blocks), so a long request's reservation grows to its real size while it runs.
+The relay only bumps ``relayed``; the bulkhead reads the charges when it decides. Pure, no clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def in_blocks(tokens: int, block_size: int) -> int:
+    """``tokens`` rounded up to whole blocks (a paged engine allocates no less)."""
+    return -(-tokens // block_size) * block_size
+
+
+@dataclass(slots=True)
+class StreamUsage:
+    """One request's footprint; ``relayed`` is bumped by the relay as token events go out."""
+
+    compartment: str
+    prompt_tokens: int
+    max_tokens: int
+    expected_tokens: int  # the completion length it is priced at when admitted
+    sequences: int = 1
+    block_size: int = 1
+    relayed: int = field(default=0)
+
+    def _held(self, completion: int) -> int:
+        per_sequence = in_blocks(self.prompt_tokens + completion, self.block_size)
+        return per_sequence * self.sequences
+
+    def charge(self) -> int:
+        """Tokens reserved now: the expected footprint, or what it has really grown to."""
+        per_sequence = -(-self.relayed // self.sequences)
+        grown = min(self.max_tokens, max(self.expected_tokens, per_sequence))
+        return self._held(grown)
+
+    def worst(self) -> int:
+        """Tokens it holds if it runs to max_tokens."""
+        return self._held(self.max_tokens)
+
+    def occupancy(self) -> int:
+        """Tokens it holds at the engine now, as far as the sidecar has seen."""
+        return self.prompt_tokens * self.sequences + self.relayed
+
+    def completion_tokens(self) -> int:
+        """Completion tokens per sequence so far (what the estimator learns on completion)."""
+        return min(self.max_tokens, -(-self.relayed // self.sequences))
+
+
+class Ledger:
+    """Every running stream's usage, by admission ticket."""
+
+    def __init__(self) -> None:
+        self._streams: dict[int, StreamUsage] = {}
+        self._charged: dict[int, int] = {}
+
+    def open(self, ticket: int, usage: StreamUsage, charged: int) -> None:
+        """A stream was granted at ``charged`` tokens."""
+        self._streams[ticket] = usage
+        self._charged[ticket] = charged
+
+    def close(self, ticket: int) -> StreamUsage | None:
+        """The stream ended; forget it."""
+        self._charged.pop(ticket, None)
+        return self._streams.pop(ticket, None)
+
+    def grown(self) -> list[tuple[int, int]]:
+        """(ticket, new charge) of every stream whose charge grew since it was last read."""
+        found = []
+        for ticket, usage in self._streams.items():
+            charge = usage.charge()
+            if charge > self._charged[ticket]:
+                self._charged[ticket] = charge
+                found.append((ticket, charge))
+        return found
+
+    @property
+    def streams(self) -> int:
+        return len(self._streams)
+
+    def occupancy(self) -> int:
+        """Tokens the running streams hold now (prompts plus what was relayed)."""
+        return sum(usage.occupancy() for usage in self._streams.values())
+
+    def reserved(self) -> int:
+        """Tokens the running streams are charged (occupancy plus expected growth)."""
+        return sum(self._charged.values())

@@ -1,0 +1,99 @@
+"""Adaptive admission's moving parts, fed by the control loop: the over-commit ratio (AIMD on the
+engine's evidence), the learned completion lengths, and the limit in tokens they give.
+
+Over-commit is only for engines that preempt: one that exports no ``vllm:num_preemptions_total``
+(the emulator's --oom mode, engines that crash on overflow) is priced at the worst case instead,
+and an ``adaptive_unsupported`` warning says so.
+"""
+
+from __future__ import annotations
+
+import math
+
+import structlog
+
+from sidecar.core.capacity import Plan
+from sidecar.core.estimator import CompletionEstimator, EstimatorConfig
+from sidecar.core.exact import exact
+from sidecar.core.ledger import StreamUsage, in_blocks
+from sidecar.core.overcommit import AimdConfig, EngineEvidence, Overcommit
+from sidecar.core.warnings import ConfigWarning, adaptive_unsupported
+from sidecar.live.sources import Readings
+
+log = structlog.get_logger("sidecar.live.adaptive")
+
+NO_PREEMPTION_SERIES = "the engine exports no vllm:num_preemptions_total (it may not preempt)"
+NO_ENGINE = "no engine metrics to watch (capacity source without the engine)"
+
+
+class AdaptiveCapacity:
+    """Prices requests by their expected footprint and sets the limit in tokens, pool x ratio."""
+
+    def __init__(
+        self,
+        *,
+        estimator: EstimatorConfig | None = None,
+        aimd: AimdConfig | None = None,
+    ) -> None:
+        self.estimator = CompletionEstimator(estimator)
+        self.overcommit = Overcommit(aimd)
+        self.unsupported: str | None = NO_ENGINE
+        self.block_size = 1
+        self.pool_tokens = 0
+
+    @property
+    def ratio(self) -> float:
+        """The over-commit ratio in force (1 while falling back to worst-case pricing)."""
+        return 1.0 if self.unsupported else self.overcommit.ratio
+
+    def observe(self, readings: Readings) -> tuple[ConfigWarning, ...]:
+        """One tick: step the AIMD on the engine's evidence; warn while over-commit is off."""
+        engine = readings.engine
+        if engine is None:
+            # Not seen this tick: hold the ratio, keep the last verdict (unless never seen).
+            return (adaptive_unsupported(self.unsupported),) if self.unsupported else ()
+        reason = NO_PREEMPTION_SERIES if engine.preemptions_total is None else None
+        if reason != self.unsupported:
+            log.info("adaptive_mode", overcommit=reason is None, reason=reason)
+        self.unsupported = reason
+        if reason is not None:
+            return (adaptive_unsupported(reason),)
+        before = self.overcommit.ratio
+        ratio = self.overcommit.observe(
+            EngineEvidence(engine.preemptions_total, engine.kv_usage_ratio, engine.requests_waiting)
+        )
+        if ratio < before:
+            log.info("adaptive_backoff", pressure=self.overcommit.last_pressure, ratio=ratio)
+        return ()
+
+    def limit_of(self, plan: Plan) -> int:
+        """floor(pool tokens x alpha x ratio), never below one worst-case request of the budget."""
+        self.block_size = plan.cost.block_size or 1
+        self.pool_tokens = plan.kv_pool_tokens
+        admissible = math.floor(plan.kv_pool_tokens * exact(plan.alpha) * exact(self.ratio))
+        one = in_blocks(plan.request_max_tokens, self.block_size)
+        return max(admissible, min(one, plan.kv_pool_tokens))
+
+    def ceiling(self) -> int | None:
+        """The largest worst case that can ever run: the whole pool (None before a plan)."""
+        return self.pool_tokens or None
+
+    def usage_for(
+        self, compartment: str, prompt_tokens: int, max_tokens: int, sequences: int
+    ) -> StreamUsage:
+        """A new request's footprint, priced at its learned length (worst case if unsupported)."""
+        expected = (
+            max_tokens if self.unsupported else self.estimator.expected(compartment, max_tokens)
+        )
+        return StreamUsage(
+            compartment=compartment,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            expected_tokens=expected,
+            sequences=sequences,
+            block_size=self.block_size,
+        )
+
+    def learn(self, usage: StreamUsage) -> None:
+        """A request completed: its real completion length teaches its band."""
+        self.estimator.observe(usage.compartment, usage.max_tokens, usage.completion_tokens())
