@@ -21,6 +21,7 @@ from sidecar.core.request_checks import (
 )
 from sidecar.edge.prompt_count import EnginePromptCounter
 
+
 async def read_body(request: web.Request, timeout_s: float) -> bytes:
     """The whole body, within the size limit and ``timeout_s``; RequestError/EdgeRefusedError."""
     try:
