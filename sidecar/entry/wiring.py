@@ -83,6 +83,7 @@ def build_controller(
         engine_pid=settings.engine_pid,
         tolerance=settings.disagreement_tolerance,
         clock=clock,
+        probe_timeout_s=settings.probe_timeout_ms / 1000,
     )
 
 
