@@ -143,8 +143,12 @@ class Bulkhead:
         return self._admit(cost, compartment)
 
     def resize(self, limit: int) -> None:
-        """New limit (permits or bytes): growing wakes waiters now, shrinking revokes nothing."""
-        self._wake(self._core.resize(limit))
+        """New limit (permits or bytes): growing wakes waiters now, shrinking revokes nothing;
+        a waiter that can never fit the new limit is refused at once (``too_large``)."""
+        grants = self._core.resize(limit)
+        for ticket in self._core.refused_oversize():
+            self._refuse_waiter(self._waiters.pop(ticket), "too_large")
+        self._wake(grants)
 
     def drain(self) -> None:
         """Refuse new requests and queued waiters with ``draining``; running work continues."""
