@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from sidecar.core.errors import EdgeRefusedError, RequestError
 from sidecar.core.request_checks import (
@@ -37,6 +38,8 @@ async def read_body(request: web.Request, timeout_s: float) -> bytes:
         ) from exc
     except (asyncio.IncompleteReadError, aiohttp.ClientPayloadError) as exc:
         raise RequestError("request body ended early", code="incomplete_body") from exc
+    except HttpProcessingError as exc:  # a bad chunk size, a broken encoding: never echoed
+        raise RequestError("request body is not valid HTTP/1.1 framing", code="bad_body") from exc
 
 
 def require_json(request: web.Request) -> None:

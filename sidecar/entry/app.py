@@ -63,7 +63,7 @@ class SidecarServer:
         self.draining = False
         self.in_flight = InFlight()
         self.gate = Gate(settings.max_pre_admission)
-        self.connections: ConnectionCount | None = None
+        self.proxy_connections: ConnectionCount | None = None
         self._runners: list[web.AppRunner] = []
         self.proxy_port = self.admin_port = 0
         register_capacity_metrics(self.registry, self.controller, clock)
@@ -183,7 +183,7 @@ class SidecarServer:
         )
 
     async def _listen(self, app: web.Application, sock: socket.socket, cap: int) -> int:
-        runner, self.connections = await serve(app, sock, self._edge_limits(cap))
+        runner, self.proxy_connections = await serve(app, sock, self._edge_limits(cap))
         self._runners.append(runner)
         return int(sock.getsockname()[1])  # the real port, also when 0 asked for any
 
