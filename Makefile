@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check bench soak test-vllm plan clean
+.PHONY: demo test check bench soak test-vllm plan clean lock
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,7 @@ check: $(STAMP)
 	$(BIN)/ruff check sidecar emulator demo tests benchmarks scripts tests_vllm
 	$(BIN)/ruff format --check sidecar emulator demo tests benchmarks scripts tests_vllm
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
@@ -32,6 +33,13 @@ soak: $(STAMP)
 
 test-vllm: $(STAMP)
 	bash scripts/test_vllm.sh
+
+# The image's hash-locked dependencies (Dockerfile), resolved from PyPI alone, whatever pip.conf says.
+LOCK := PIP_CONFIG_FILE=/dev/null $(BIN)/pip-compile --quiet --generate-hashes --strip-extras \
+	--no-emit-index-url --no-emit-find-links --index-url https://pypi.org/simple
+lock: $(STAMP)
+	$(LOCK) --upgrade -o deploy/docker/requirements.lock pyproject.toml
+	$(LOCK) --upgrade --allow-unsafe -o deploy/docker/build-requirements.lock deploy/docker/build-requirements.in
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

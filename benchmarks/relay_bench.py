@@ -1,63 +1,67 @@
-"""Relay cost: the same streams straight to the emulated engine and through the sidecar, one run.
+"""Relay cost: the same SSE streams direct, through the sidecar and through nginx, in one run.
 
-Prints chunks/s both ways and their ratio, and the TTFT the sidecar adds at p50 and p99. The
-engine generates as fast as it can, so what is measured is the proxy's own cost per chunk. Each
-request is measured in bytes the client received; chunk counts depend on how TCP coalesces.
+At each concurrency (1, 64, 256 by default) every target gets the same load from a lean client:
+events per second relative to direct, the proxy's CPU microseconds per relayed event (its
+utime+stime from /proc over the events it relayed: contention on a small machine does not skew
+it), and the TTFT it adds at p50 and p99 over direct. The engine is ``benchmarks.sse_engine``,
+which streams as fast as it can, so the proxy is what is measured. nginx (1 worker, no buffering,
+kept-alive HTTP/1.1 upstream) is the C reference when installed; without it the rest still runs.
+
+Sizes: BENCH_RELAY_LEVELS (1,64,256), BENCH_RELAY_SECONDS per measurement (3), BENCH_RELAY_ROUNDS
+(2, best round kept), BENCH_RELAY_EVENTS token events per stream (64), BENCH_RELAY_TARGETS
+(direct,sidecar,nginx), BENCH_RELAY_JSON (.bench/relay.json). SIDECAR_* variables in the
+environment reach the sidecar (e.g. SIDECAR_EVENT_LOOP=asyncio); BENCH_SIDECAR_PROFILE=FILE runs
+it under cProfile and writes its stats to FILE.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
+import platform
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import aiohttp
+from benchmarks.loops import loop_factory, run
+from benchmarks.nginx_proxy import INSTALL_HINT, nginx_binary, start_nginx, worker_pids
+from benchmarks.stream_client import LoadResult, load
 
-STREAMS = int(os.environ.get("BENCH_STREAMS", "400"))
-CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "16"))
-TOKENS = 64
-BODY = {
-    "model": "bench",
-    "messages": [{"role": "user", "content": "benchmark"}],
-    "stream": True,
-    "max_tokens": TOKENS,
-}
-
-
-async def _one(session: aiohttp.ClientSession, url: str) -> tuple[float, int]:
-    started = time.perf_counter()
-    ttft, chunks = 0.0, 0
-    async with session.post(url, json=BODY) as response:
-        async for chunk in response.content.iter_any():
-            if not chunks:
-                ttft = time.perf_counter() - started
-            chunks += len(chunk)
-    return ttft, chunks
+LEVELS = [int(n) for n in os.environ.get("BENCH_RELAY_LEVELS", "1,64,256").split(",")]
+SECONDS = float(os.environ.get("BENCH_RELAY_SECONDS", "3"))
+ROUNDS = int(os.environ.get("BENCH_RELAY_ROUNDS", "2"))
+TOKENS = int(os.environ.get("BENCH_RELAY_EVENTS", "64"))
+EVENTS_PER_STREAM = TOKENS + 2  # the role event, the tokens, [DONE]
+TARGETS = os.environ.get("BENCH_RELAY_TARGETS", "direct,sidecar,nginx").split(",")
+JSON_PATH = Path(os.environ.get("BENCH_RELAY_JSON", ".bench/relay.json"))
+MAX_STREAMS = 200_000
+TTFT_LEVEL = 64
 
 
-async def _run(url: str) -> tuple[float, list[float], int]:
-    """Seconds for all streams, every stream's TTFT, bytes received."""
-    gate = asyncio.Semaphore(CONCURRENCY)
-    connector = aiohttp.TCPConnector(limit=CONCURRENCY)
-    async with aiohttp.ClientSession(connector=connector) as session:
+@dataclass(frozen=True)
+class Row:
+    """One target at one concurrency, as printed and written to JSON."""
 
-        async def bounded() -> tuple[float, int]:
-            async with gate:
-                return await _one(session, url)
-
-        started = time.perf_counter()
-        results = await asyncio.gather(*(bounded() for _ in range(STREAMS)))
-        elapsed = time.perf_counter() - started
-    return elapsed, [ttft for ttft, _ in results], sum(chunks for _, chunks in results)
-
-
-def _p(values: list[float], q: int) -> float:
-    return statistics.quantiles(values, n=100)[q - 1]
+    level: int
+    target: str
+    streams: int
+    failures: int
+    events_per_s: float
+    vs_direct: float | None
+    proxy_cpu_us_per_event: float | None
+    engine_cpu_us_per_event: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    added_ttft_p50_ms: float | None
+    added_ttft_p99_ms: float | None
 
 
 def _free_port() -> int:
@@ -66,20 +70,34 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-async def _ready(url: str, process: subprocess.Popen[bytes]) -> None:
-    """Poll until ``url`` answers 200; bounded, and fails fast if the process died."""
-    async with aiohttp.ClientSession() as session:
-        for _ in range(300):
-            if process.poll() is not None:
-                raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
-            try:
-                async with session.get(url) as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-    raise RuntimeError(f"{url} not ready")
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of processes, all their threads, from /proc (Linux)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _cores() -> tuple[set[int], set[int], set[int]]:
+    """Cores for the proxy, the engine and the client: the proxy gets one of its own."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= 3:
+        return {cpus[0]}, {cpus[1]}, set(cpus[2:])
+    if len(cpus) == 2:
+        return {cpus[0]}, {cpus[1]}, {cpus[1]}
+    return set(cpus), set(cpus), set(cpus)
+
+
+@contextlib.contextmanager
+def _pinned(cpus: set[int]) -> Iterator[None]:
+    """Start children inside this block on ``cpus`` (they inherit this process's affinity)."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def _start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -91,102 +109,252 @@ def _start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Pop
     )
 
 
-async def bench() -> None:
-    """Engine and sidecar each in their own process, as in a pod; the client here."""
-    engine_port, proxy_port, admin_port = _free_port(), _free_port(), _free_port()
-    engine_url = f"http://127.0.0.1:{engine_port}"
-    processes = [
-        _start(
+async def _ready(port: int, path: str, process: subprocess.Popen[bytes]) -> None:
+    """Poll until GET ``path`` answers 200; bounded, and fails fast if the process died."""
+    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode()
+    for _ in range(400):
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
+        with contextlib.suppress(OSError):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request)
+            status = await reader.readline()
+            writer.close()
+            if b" 200 " in status:
+                return
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"127.0.0.1:{port}{path} not ready")
+
+
+def _sidecar_args() -> list[str]:
+    profile = os.environ.get("BENCH_SIDECAR_PROFILE")
+    if profile:
+        return [sys.executable, "-m", "cProfile", "-o", profile, "-m", "sidecar", "serve"]
+    return [sys.executable, "-m", "sidecar", "serve"]
+
+
+def _sidecar_env(engine_port: int, port: int, admin_port: int) -> dict[str, str]:
+    env = {
+        "SIDECAR_UPSTREAM_URL": f"http://127.0.0.1:{engine_port}",
+        "SIDECAR_HOST": "127.0.0.1",
+        "SIDECAR_ADMIN_HOST": "127.0.0.1",
+        "SIDECAR_PORT": str(port),
+        "SIDECAR_ADMIN_PORT": str(admin_port),
+        "SIDECAR_CAPACITY_SOURCE": "static",
+        "SIDECAR_MODEL": "qwen2.5-7b",
+        "SIDECAR_VRAM_TOTAL": "80GiB",
+        "SIDECAR_WEIGHTS": "15GiB",
+        "SIDECAR_MAX_PROMPT_TOKENS": "256",
+        "SIDECAR_MAX_COMPLETION_TOKENS": "256",  # ~1,800 permits: nothing queues at 256 streams
+        "SIDECAR_MAX_QUEUE": "1000",
+        "SIDECAR_LOG_LEVEL": "warning",
+    }
+    return env | {k: v for k, v in os.environ.items() if k.startswith("SIDECAR_")}
+
+
+@dataclass
+class _Target:
+    name: str
+    port: int
+    process: subprocess.Popen[bytes] | None
+    pids: list[int]
+
+
+async def _measure(target: _Target, engine_pid: int, level: int) -> tuple[LoadResult, float, float]:
+    """The best of ROUNDS loads: its result, proxy CPU s and engine CPU s during it."""
+    best: tuple[LoadResult, float, float] | None = None
+    for _ in range(ROUNDS):
+        proxy0, engine0 = _cpu_seconds(target.pids), _cpu_seconds([engine_pid])
+        result = await load(
+            target.port,
+            concurrency=level,
+            seconds=SECONDS,
+            max_streams=MAX_STREAMS,
+            max_tokens=TOKENS,
+        )
+        measured = (
+            result,
+            _cpu_seconds(target.pids) - proxy0,
+            _cpu_seconds([engine_pid]) - engine0,
+        )
+        if best is None or _rate(result) > _rate(best[0]):
+            best = measured
+    assert best is not None
+    return best
+
+
+def _rate(result: LoadResult) -> float:
+    return result.streams * EVENTS_PER_STREAM / result.elapsed_s
+
+
+def _p(values: list[float], q: int) -> float:
+    if len(values) < 2:
+        return values[0] if values else float("nan")
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+async def _start_targets(
+    engine_port: int, tmp: Path, cores: set[int]
+) -> tuple[list[_Target], list[subprocess.Popen[bytes]]]:
+    targets, started = [], []
+    if "direct" in TARGETS:
+        targets.append(_Target("direct", engine_port, None, []))
+    if "sidecar" in TARGETS:
+        port, admin = _free_port(), _free_port()
+        with _pinned(cores):
+            sidecar = _start(_sidecar_args(), _sidecar_env(engine_port, port, admin))
+        started.append(sidecar)
+        await _ready(admin, "/readyz", sidecar)
+        targets.append(_Target("sidecar", port, sidecar, [sidecar.pid]))
+    binary = nginx_binary() if "nginx" in TARGETS else None
+    if "nginx" in TARGETS and binary is None:
+        print(f"  {INSTALL_HINT}")
+    if binary is not None:
+        port = _free_port()
+        with _pinned(cores):
+            nginx = start_nginx(binary, tmp, port, engine_port)
+        started.append(nginx)
+        await _ready(port, "/health", nginx)
+        targets.append(_Target("nginx", port, nginx, [nginx.pid, *worker_pids(nginx.pid)]))
+    return targets, started
+
+
+async def bench() -> list[Row]:
+    proxy_cores, engine_cores, client_cores = _cores()
+    engine_port = _free_port()
+    with _pinned(engine_cores):
+        engine = _start(
             [
                 sys.executable,
                 "-m",
-                "emulator",
+                "benchmarks.sse_engine",
                 "--port",
                 str(engine_port),
-                "--model-name",
-                "bench",
-                "--tokens-per-s",
-                "0",
-                "--kv-tokens",
-                str(1 << 20),
-                "--max-num-seqs",
-                "256",
+                "--events",
+                str(TOKENS),
             ]
         )
-    ]
-    processes.append(
-        _start(
-            [sys.executable, "-m", "sidecar", "serve"],
-            {
-                "SIDECAR_UPSTREAM_URL": engine_url,
-                "SIDECAR_HOST": "127.0.0.1",
-                "SIDECAR_ADMIN_HOST": "127.0.0.1",
-                "SIDECAR_PORT": str(proxy_port),
-                "SIDECAR_ADMIN_PORT": str(admin_port),
-                "SIDECAR_CAPACITY_SOURCE": "static",
-                "SIDECAR_MODEL": "qwen2.5-7b",
-                "SIDECAR_VRAM_TOTAL": "80GiB",
-                "SIDECAR_WEIGHTS": "15GiB",
-                "SIDECAR_MAX_QUEUE": "1000",
-                "SIDECAR_LOG_LEVEL": "warning",
-            },
+    started = [engine]
+    rows: list[Row] = []
+    with _pinned(client_cores), tempfile.TemporaryDirectory(prefix="relay-bench-") as tmp:
+        try:
+            await _ready(engine_port, "/health", engine)
+            targets, proxies = await _start_targets(engine_port, Path(tmp), proxy_cores)
+            started += proxies
+            for target in targets:  # warm every path up once
+                await load(
+                    target.port, concurrency=8, seconds=0.5, max_streams=400, max_tokens=TOKENS
+                )
+            for level in LEVELS:
+                measured = {t.name: await _measure(t, engine.pid, level) for t in targets}
+                rows += _rows(level, measured)
+        finally:
+            for process in reversed(started):
+                process.terminate()
+                process.wait(timeout=30)
+    return rows
+
+
+def _rows(level: int, measured: dict[str, tuple[LoadResult, float, float]]) -> list[Row]:
+    direct = measured.get("direct")
+    rows = []
+    for name, (result, proxy_cpu, engine_cpu) in measured.items():
+        events = result.streams * EVENTS_PER_STREAM
+        ttfts = result.ttfts_s
+        added = None if direct is None or name == "direct" else direct[0].ttfts_s
+        rows.append(
+            Row(
+                level=level,
+                target=name,
+                streams=result.streams,
+                failures=result.failures,
+                events_per_s=_rate(result),
+                vs_direct=None if direct is None else _rate(result) / _rate(direct[0]),
+                proxy_cpu_us_per_event=None if name == "direct" else proxy_cpu / events * 1e6,
+                engine_cpu_us_per_event=engine_cpu / events * 1e6,
+                ttft_p50_ms=_p(ttfts, 50) * 1e3,
+                ttft_p99_ms=_p(ttfts, 99) * 1e3,
+                added_ttft_p50_ms=None if added is None else (_p(ttfts, 50) - _p(added, 50)) * 1e3,
+                added_ttft_p99_ms=None if added is None else (_p(ttfts, 99) - _p(added, 99)) * 1e3,
+            )
         )
-    )
-    try:
-        await _ready(f"{engine_url}/health", processes[0])
-        await _ready(f"http://127.0.0.1:{admin_port}/readyz", processes[1])
-        sidecar_url = f"http://127.0.0.1:{proxy_port}/v1/chat/completions"
-        await _run(sidecar_url)  # warm both paths up
-        urls = {"direct": f"{engine_url}/v1/chat/completions", "sidecar": sidecar_url}
-        # Alternate the two paths and keep each one's best round, so neither pays for going first.
-        cpu_before = _cpu_seconds(processes[1].pid)
-        rounds = [(name, await _run(url)) for _ in range(2) for name, url in urls.items()]
-        sidecar_cpu = (_cpu_seconds(processes[1].pid) - cpu_before) / 2
-        results = {
-            name: min((r for n, r in rounds if n == name), key=lambda r: r[0]) for name in urls
-        }
-    finally:
-        for process in reversed(processes):
-            process.terminate()
-            process.wait(timeout=30)
-    _report(results)
-    # On a 2-core machine client, engine and sidecar share the cores, so the ratios above also
-    # measure contention; the sidecar's own CPU time per stream does not.
-    per_stream = sidecar_cpu / STREAMS
+    return rows
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _report(rows: list[Row]) -> None:
     print(
-        f"  sidecar CPU per stream: {per_stream * 1e3:.2f} ms "
-        f"({per_stream / TOKENS * 1e6:.0f} us per relayed token, admission and checks included)"
+        f"{TOKENS + 2} events per stream, {SECONDS:g} s per measurement, best of {ROUNDS}; "
+        f"{os.cpu_count()} CPUs; proxy pinned to its own core"
     )
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process, from /proc (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _report(results: dict[str, tuple[float, list[float], int]]) -> None:
-    rate = {name: STREAMS * TOKENS / elapsed for name, (elapsed, _, _) in results.items()}
     print(
-        f"{STREAMS} streams x {TOKENS} tokens, {CONCURRENCY} at a time; "
-        "emulated engine at full speed, engine and sidecar in their own processes"
+        f"  {'streams':>7} {'target':8} {'events/s':>9} {'vs direct':>9} {'proxy us/ev':>11} "
+        f"{'engine us/ev':>12} {'TTFT p50':>9} {'p99':>7} {'added p50':>9} {'p99':>7}"
     )
-    for name, (elapsed, ttfts, received) in results.items():
+    for r in rows:
         print(
-            f"  {name:8} {received / 1e6:5.2f} MB in {elapsed:5.2f} s = "
-            f"{rate[name]:7.0f} tokens/s   "
-            f"TTFT p50 {_p(ttfts, 50) * 1e3:6.2f} ms  p99 {_p(ttfts, 99) * 1e3:6.2f} ms"
+            f"  {r.level:7d} {r.target:8} {r.events_per_s:9.0f} {_fmt(r.vs_direct, '9.2f')} "
+            f"{_fmt(r.proxy_cpu_us_per_event, '11.1f')} {r.engine_cpu_us_per_event:12.1f} "
+            f"{r.ttft_p50_ms:9.2f} {r.ttft_p99_ms:7.2f} {_fmt(r.added_ttft_p50_ms, '+9.2f')} "
+            f"{_fmt(r.added_ttft_p99_ms, '+7.2f')}"
+            + (f"  ({r.failures} failed)" * bool(r.failures))
         )
-    direct, via = results["direct"][1], results["sidecar"][1]
-    print(f"  throughput ratio sidecar/direct: {rate['sidecar'] / rate['direct']:.2f}")
-    print(
-        f"  TTFT added by the sidecar: p50 {(_p(via, 50) - _p(direct, 50)) * 1e3:+.2f} ms, "
-        f"p99 {(_p(via, 99) - _p(direct, 99)) * 1e3:+.2f} ms"
-    )
+    _targets(rows)
+
+
+def _failed(count: int) -> str:
+    return f"  ({count} failed)" if count else ""
+
+
+def _targets(rows: list[Row]) -> None:
+    found = {(r.level, r.target): r for r in rows}
+    for level in LEVELS:
+        sidecar, nginx = found.get((level, "sidecar")), found.get((level, "nginx"))
+        if sidecar is None or nginx is None:
+            continue
+        assert sidecar.proxy_cpu_us_per_event is not None
+        assert nginx.proxy_cpu_us_per_event is not None
+        ratio = sidecar.proxy_cpu_us_per_event / nginx.proxy_cpu_us_per_event
+        _verdict(
+            f"CPU per relayed event at {level} streams <= 1.0x nginx", ratio <= 1.0, f"{ratio:.2f}x"
+        )
+    sidecar = found.get((TTFT_LEVEL, "sidecar"))
+    if sidecar is not None and sidecar.added_ttft_p50_ms is not None:
+        assert sidecar.added_ttft_p99_ms is not None
+        p50, p99 = sidecar.added_ttft_p50_ms, sidecar.added_ttft_p99_ms
+        _verdict(
+            f"added TTFT p50 at {TTFT_LEVEL} streams <= 0.25 ms", p50 <= 0.25, f"{p50:+.2f} ms"
+        )
+        _verdict(f"added TTFT p99 at {TTFT_LEVEL} streams <= 1 ms", p99 <= 1.0, f"{p99:+.2f} ms")
+
+
+def _verdict(target: str, met: bool, measured: str) -> None:
+    print(f"  {'PASS' if met else 'MISS'}  {target}: {measured}")
+
+
+def _write_json(rows: list[Row]) -> None:
+    JSON_PATH.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "seconds": SECONDS,
+        "rounds": ROUNDS,
+        "events_per_stream": EVENTS_PER_STREAM,
+        "client_loop": "uvloop" if loop_factory() else "asyncio",
+        "sidecar_env": {k: v for k, v in os.environ.items() if k.startswith("SIDECAR_")},
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    JSON_PATH.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2))
+    print(f"  written to {JSON_PATH}")
 
 
 def main() -> None:
-    asyncio.run(bench())
+    rows = run(bench())
+    _report(rows)
+    _write_json(rows)
 
 
 if __name__ == "__main__":

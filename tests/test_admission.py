@@ -267,9 +267,12 @@ class AdmissionMachine(RuleBasedStateMachine):
             queue.pop(0)
             self._take(grant.ticket, grant.compartment, grant.cost)
 
-    @rule(target=waiting, cost=st.integers(1, 4), name=st.sampled_from(NAMES))
-    def request(self, cost: int, name: str) -> int:
-        decision = self.core.request(cost, name)
+    @rule(
+        target=waiting, cost=st.integers(1, 4), name=st.sampled_from(NAMES), may_wait=st.booleans()
+    )
+    def request(self, cost: int, name: str, may_wait: bool) -> int:
+        decision = self.core.request(cost, name, may_wait=may_wait)
+        assert may_wait or not isinstance(decision, Queued), "sheddable traffic never waits"
         if isinstance(decision, Rejected):
             return -1
         self.cost[decision.ticket] = (decision.compartment, cost)
@@ -383,3 +386,16 @@ PlainAdmissionMachine.TestCase.settings = settings(
 )
 TestAdmissionMachine = AdmissionMachine.TestCase
 TestPlainAdmissionMachine = PlainAdmissionMachine.TestCase
+
+
+def test_a_request_that_may_not_wait_is_shed_instead_of_queued() -> None:
+    """Sheddable traffic runs if there is room now, else is refused ``shed``; the queue stays."""
+    core = Admission(limit=1, max_queue=4)
+    running = core.request(1, "default", may_wait=False)
+    waiter = core.request(1, "default")
+    shed = core.request(1, "default", may_wait=False)
+    assert isinstance(running, Granted)
+    assert isinstance(waiter, Queued)
+    assert isinstance(shed, Rejected)
+    assert (shed.reason, core.queued) == ("shed", 1)
+    assert core.release(running.ticket, "completed") == (Granted(waiter.ticket, "default", 1),)

@@ -244,6 +244,9 @@ class ScriptedEngine:
         cache = EngineCacheConfig(8192, self.block_size, 1_048_576, GIB, "auto", 0.9)
         return EngineReading(cache, 0.0, 0.0, 0.0, 0.0, observed_at=0.0)
 
+    async def close(self) -> None:
+        pass
+
 
 @pytest.mark.parametrize(
     ("declared_block", "engine_block", "permits"),

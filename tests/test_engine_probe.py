@@ -10,7 +10,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from sidecar.core.errors import ProbeTemporaryError
-from sidecar.live.probes.engine import VllmMetricsProbe, parse_metrics
+from sidecar.live.probes.engine import VllmMetricsProbe, parse_families, parse_metrics
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32"  # captured from vLLM 0.32
 
@@ -62,8 +62,31 @@ def test_metrics_without_vllm_series_read_as_unknown() -> None:
     assert (reading.cache, reading.kv_usage_ratio, reading.requests_waiting) == (None, None, None)
 
 
-async def serve(status: int = 200) -> TestServer:
-    async def metrics(_request: web.Request) -> web.Response:
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param((FIXTURES / "metrics-idle.txt").read_text(), id="vllm-0.32-idle"),
+        pytest.param((FIXTURES / "metrics-after-traffic.txt").read_text(), id="vllm-0.32-traffic"),
+        pytest.param(TWO_ENGINES, id="two-engines"),
+    ],
+)
+def test_dropping_unread_families_first_reads_the_same(text: str) -> None:
+    """Parsing only the families the probe reads gives exactly the full parse's reading."""
+    assert parse_metrics(text, observed_at=3.0) == parse_families(text, observed_at=3.0)
+
+
+def test_text_that_is_not_prometheus_still_fails_to_parse() -> None:
+    """The pre-parse filter keeps what it cannot name, so an HTML error page is still refused."""
+    with pytest.raises(ValueError):  # noqa: PT011 - the parser's own error, whatever its text
+        parse_metrics("<html><body>502 Bad Gateway</body></html>\n", observed_at=0.0)
+
+
+async def serve(status: int = 200, peers: list[object] | None = None) -> TestServer:
+    async def metrics(request: web.Request) -> web.Response:
+        if peers is not None:
+            peers.append(
+                request.transport.get_extra_info("peername") if request.transport else None
+            )
         return web.Response(
             text=(FIXTURES / "metrics-after-traffic.txt").read_text(), status=status
         )
@@ -79,11 +102,13 @@ async def test_scraper_reads_a_live_endpoint() -> None:
     """Over a real socket, with its own session and with a shared one."""
     server = await serve()
     url = str(server.make_url("/metrics"))
+    probe = VllmMetricsProbe(url, clock=lambda: 3.0)
     try:
-        own = await VllmMetricsProbe(url, clock=lambda: 3.0).read()
+        own = await probe.read()
         async with aiohttp.ClientSession() as session:
             shared = await VllmMetricsProbe(url, session=session).read()
     finally:
+        await probe.close()
         await server.close()
     assert own.observed_at == 3.0
     assert own.cache == shared.cache
@@ -98,13 +123,35 @@ async def test_failing_engine_is_a_temporary_probe_error(status: int, message: s
     """A non-200 answer is worth retrying next tick."""
     server = await serve(status=status)
     try:
+        probe = VllmMetricsProbe(str(server.make_url("/metrics")))
         with pytest.raises(ProbeTemporaryError, match=message):
-            await VllmMetricsProbe(str(server.make_url("/metrics"))).read()
+            await probe.read()
+        await probe.close()
     finally:
         await server.close()
 
 
 async def test_unreachable_engine_is_a_temporary_probe_error() -> None:
     """Nothing listening: a clear temporary error naming the URL."""
+    probe = VllmMetricsProbe("http://127.0.0.1:9/metrics")
     with pytest.raises(ProbeTemporaryError, match=r"127\.0\.0\.1:9/metrics unreachable"):
-        await VllmMetricsProbe("http://127.0.0.1:9/metrics").read()
+        await probe.read()
+    await probe.close()
+
+
+async def test_every_scrape_reuses_one_kept_alive_connection() -> None:
+    """Ticks after the first open no new connection; close() ends the probe's own session."""
+    peers: list[object] = []
+    server = await serve(peers=peers)
+    probe = VllmMetricsProbe(str(server.make_url("/metrics")))
+    try:
+        for _ in range(3):
+            await probe.read()
+        await probe.close()
+        await probe.read()  # a closed probe opens afresh rather than failing
+        await probe.close()
+    finally:
+        await server.close()
+    assert len(peers) == 4
+    assert peers[0] == peers[1] == peers[2]
+    assert peers[3] != peers[0]

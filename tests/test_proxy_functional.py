@@ -357,3 +357,34 @@ async def test_tenant_header_selects_its_compartment(start_sidecar: StartSidecar
     parts = {part["name"]: part for part in doc["compartments"]}
     assert parts["gold"]["in_use"] == 1
     assert parts["default"]["in_use"] == 0
+
+
+async def test_sheddable_gateway_objective_is_refused_at_once_while_others_queue(
+    start_sidecar: StartSidecar,
+) -> None:
+    """With the permit taken, a sheddable objective gets a busy answer now; a normal one waits."""
+    server = await start_sidecar(
+        SIDECAR_KV_POOL="131072", SIDECAR_MAX_QUEUE="2", SIDECAR_SHEDDABLE="batch"
+    )
+    async with aiohttp.ClientSession() as session:
+        holder = await hold_stream(session, proxy_url(server))
+        shed = await session.post(
+            f"{proxy_url(server)}/v1/chat/completions",
+            json={**CHAT, "stream": True},
+            headers={"x-gateway-inference-objective": "batch"},
+        )
+        fallback = await shed.text()
+        queued = asyncio.ensure_future(
+            session.post(f"{proxy_url(server)}/v1/chat/completions", json={**CHAT, "stream": True})
+        )
+        assert await until(lambda: _queued(server, 1))
+        holder.close()
+        answer = await asyncio.wait_for(queued, 5)
+        body = await answer.text()
+    assert (
+        shed.headers["X-Sidecar-Outcome"],
+        json.loads(fallback.split("data: ")[1])["error"]["code"],
+    ) == ("shed", "shed")
+    assert answer.status == 200
+    assert body.rstrip().endswith("data: [DONE]")
+    assert "fallback" not in body

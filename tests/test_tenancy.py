@@ -6,7 +6,13 @@ import hashlib
 
 import pytest
 
-from sidecar.core.tenancy import compartment_key, hash_api_key, tenant_id
+from sidecar.core.tenancy import (
+    compartment_key,
+    hash_api_key,
+    is_sheddable,
+    parse_names,
+    tenant_id,
+)
 
 SECRET = "sk-live-do-not-leak-0123456789"
 HASHED = "key-" + hashlib.sha256(SECRET.encode()).hexdigest()[:12]
@@ -38,6 +44,18 @@ HASHED = "key-" + hashlib.sha256(SECRET.encode()).hexdigest()[:12]
         pytest.param({"x-tenant-id": "a b/../c"}, {}, "a_b_.._c", id="unsafe-chars-replaced"),
         pytest.param({"x-tenant-id": "t" * 500}, {}, "t" * 64, id="bounded-length"),
         pytest.param({"x-tenant-id": "  "}, {}, None, id="blank-header"),
+        pytest.param(
+            {"x-gateway-inference-fairness-id": "team-a", "authorization": f"Bearer {SECRET}"},
+            {},
+            "team-a",
+            id="gateway-fairness-id-before-key",
+        ),
+        pytest.param(
+            {"x-tenant-id": "acme", "x-gateway-inference-fairness-id": "team-a"},
+            {},
+            "acme",
+            id="tenant-header-before-fairness-id",
+        ),
     ],
 )
 def test_tenant_id(
@@ -65,8 +83,37 @@ def test_api_key_never_returned_in_clear() -> None:
         pytest.param({"x-priority": "HIGH"}, "priority", "high", id="priority-lowercased"),
         pytest.param({"x-tenant-id": "acme"}, "priority", "default", id="priority-ignores-tenant"),
         pytest.param({}, "priority", "default", id="no-priority-is-default"),
+        pytest.param(
+            {"x-gateway-inference-objective": "Batch"}, "priority", "batch", id="gateway-objective"
+        ),
+        pytest.param(
+            {"x-priority": "high", "x-gateway-inference-objective": "batch"},
+            "priority",
+            "high",
+            id="priority-header-before-objective",
+        ),
     ],
 )
 def test_compartment_key(headers: dict[str, str], by: str, expected: str) -> None:
     """Compartments follow the configured dimension, falling back to default."""
     assert compartment_key(headers, by=by) == expected  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("headers", "sheddable", "expected"),
+    [
+        pytest.param({"x-gateway-inference-objective": "batch"}, "batch", True, id="objective"),
+        pytest.param({"x-priority": "BATCH"}, "Batch, bulk", True, id="priority-any-case"),
+        pytest.param({"x-gateway-inference-objective": "chat"}, "batch", False, id="other-class"),
+        pytest.param({}, "batch", False, id="no-class"),
+        pytest.param({"x-priority": "batch"}, None, False, id="nothing-sheddable"),
+    ],
+)
+def test_is_sheddable(headers: dict[str, str], sheddable: str | None, expected: bool) -> None:
+    """Only the configured priority classes are shed instead of queued."""
+    assert is_sheddable(headers, parse_names(sheddable)) is expected
+
+
+def test_parse_names_cleans_like_requests() -> None:
+    """Configured names are trimmed, lower-cased and stripped of empties, as header values are."""
+    assert parse_names(" Batch,,bulk , ") == frozenset({"batch", "bulk"})

@@ -149,8 +149,11 @@ class Admission:
 
     # --- decisions -------------------------------------------------------------------------------
 
-    def request(self, cost: int, compartment: str) -> Decision:
-        """Decide a new request of ``cost`` in ``compartment`` (resolved through the spec)."""
+    def request(self, cost: int, compartment: str, *, may_wait: bool = True) -> Decision:
+        """Decide a new request of ``cost`` in ``compartment`` (resolved through the spec).
+
+        ``may_wait=False`` (sheddable traffic): granted now or refused ``shed``, never queued.
+        """
         name = compartment if compartment in self._queues else DEFAULT
         refusal = self._refusal(cost, name)
         if refusal is not None:
@@ -164,9 +167,9 @@ class Admission:
         self._queued_tickets[waiter.ticket] = waiter
         if any(g.ticket == waiter.ticket for g in self._pump()):
             return Granted(waiter.ticket, name, cost)
-        if self.queued > self._max_queue:
+        if self.queued > self._max_queue or not may_wait:
             self._remove_queued(waiter)
-            return self._reject("queue_full", name, cost)
+            return self._reject("queue_full" if may_wait else "shed", name, cost)
         self._stats["queued"] += 1
         return Queued(waiter.ticket, name, cost, len(self._queues[name]) - 1)
 

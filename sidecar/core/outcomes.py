@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-RejectReason = Literal["queue_full", "timeout", "too_large", "draining", "no_capacity"]
+RejectReason = Literal["queue_full", "shed", "timeout", "too_large", "draining", "no_capacity"]
 UpstreamFailure = Literal["upstream_unavailable", "upstream_timeout"]
 EdgeFault = Literal[
     "edge_busy", "too_many_connections", "header_timeout", "body_timeout", "bad_request",
@@ -43,6 +43,9 @@ def _upstream(code: str, status: int, message: str) -> Refusal:
 REJECTIONS: Mapping[RejectReason, Refusal] = {
     "queue_full": _busy(
         "queue_full", 429, "the server is at capacity and its queue is full; retry later"
+    ),
+    "shed": _busy(
+        "shed", 429, "the server is at capacity and does not queue this priority class; retry later"
     ),
     "timeout": _busy(
         "timeout", 429, "the request waited the maximum time for capacity; retry later"

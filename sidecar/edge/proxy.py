@@ -51,6 +51,7 @@ class ProxyConfig:
     free_paths: frozenset[str] = frozenset(DEFAULT_FREE_PATHS)
     body_timeout_s: float = 30.0
     write_timeout_s: float = 30.0
+    sheddable: Callable[[Mapping[str, str]], bool] = lambda _headers: False
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,8 @@ async def _admit_and_forward(
     compartment = proxy.config.compartment_of(request.headers)
     outcome, queue_wait = "error", 0.0
     try:
-        async with proxy.bulkhead.admit(cost=job.cost, compartment=compartment) as permit:
+        may_wait = not proxy.config.sheddable(request.headers)
+        async with proxy.bulkhead.admit(job.cost, compartment, may_wait=may_wait) as permit:
             queue_wait = permit.wait_s
             _log_grant(permit, job)
             with proxy.in_flight.track() as stop:
@@ -152,9 +154,13 @@ async def _admit_and_forward(
     except AdmissionRejectedError as exc:
         outcome = exc.reason
         log.info(
-            "admission_rejected", reason=exc.reason, retry_after_s=round(exc.retry_after_s, 2),
-            cost=job.cost, compartment=compartment, stream=job.stream,
-        )  # fmt: skip
+            exc.refusal.log_event,
+            reason=exc.reason,
+            retry_after_s=round(exc.retry_after_s, 2),
+            cost=job.cost,
+            compartment=compartment,
+            stream=job.stream,
+        )
         return busy_response(exc, stream=job.stream, mode=proxy.config.reject_mode)
     except asyncio.CancelledError:
         outcome = "client_gone"
@@ -188,7 +194,7 @@ async def _forward(
         upstream = await proxy.upstream.send(request.method, job.target.path_qs, headers, job.body)
     except UpstreamError as exc:
         permit.outcome = "failed"
-        log.warning("upstream_failed", error=str(exc), phase="connect")
+        log.warning(exc.refusal.log_event, error=str(exc), phase="connect")
         return error_response(exc), exc.refusal.code
     except asyncio.CancelledError:
         if not stop.claim():
@@ -219,7 +225,7 @@ def result_response(result: RelayResult, permit: Permit) -> tuple[web.StreamResp
         return result.response, "draining" if result.end == "stopped" else result.end
     if result.error is not None:
         permit.outcome = "failed"
-        log.warning("upstream_failed", error=str(result.error), phase="stream")
+        log.warning(result.error.refusal.log_event, error=str(result.error), phase="stream")
         return result.response, result.error.refusal.code
     if result.response.status >= 500:
         permit.outcome = "failed"
@@ -234,7 +240,7 @@ async def _relay_whole(
         body = await read_all(upstream)
     except UpstreamError as exc:
         permit.outcome = "failed"
-        log.warning("upstream_failed", error=str(exc), phase="body")
+        log.warning(exc.refusal.log_event, error=str(exc), phase="body")
         return error_response(exc), exc.refusal.code
     except asyncio.CancelledError:
         if not stop.claim():

@@ -15,7 +15,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from sidecar.core.request_checks import CheckedRequest, TokenPolicy
-from sidecar.core.tenancy import compartment_key, tenant_id
+from sidecar.core.tenancy import compartment_key, is_sheddable, parse_names, tenant_id
 from sidecar.edge.admin import Admin, build_admin_app
 from sidecar.edge.engine_client import Upstream
 from sidecar.edge.in_flight import InFlight
@@ -118,6 +118,11 @@ class SidecarServer:
             ),
             tenant_of=partial(
                 tenant_id, tenant_header=s.tenant_header, from_api_key=s.tenant_from_api_key
+            ),
+            sheddable=partial(
+                is_sheddable,
+                sheddable=parse_names(s.sheddable),
+                priority_header=s.priority_header,
             ),
         )
         counter = EnginePromptCounter(self.upstream) if s.prompt_tokens == "engine" else None

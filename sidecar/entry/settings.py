@@ -103,6 +103,11 @@ class Settings(BaseSettings):
     tenant_header: str = "x-tenant-id"
     tenant_from_api_key: bool = True
     priority_header: str = "x-priority"
+    sheddable: str | None = Field(
+        default=None,
+        description="comma-separated priority classes (x-priority or the gateway's "
+        "x-gateway-inference-objective) that are refused at once rather than queued when full",
+    )
 
     # --- logs ----------------------------------------------------------------------------------
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -199,16 +199,17 @@ class CapacityController:
             self._watchdog.add_done_callback(_report_exit)
 
     async def stop(self) -> None:
-        """Cancel the loop and the watchdog, wait for them, and close the GPU probe."""
+        """Cancel the loop and the watchdog, wait for them, and close the probes."""
         tasks = [t for t in (self._task, self._watchdog) if t is not None]
         self._task = self._watchdog = None
         for task in tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self._gpu_probe is not None:
-            with contextlib.suppress(ProbeError):
-                await self._gpu_probe.close()
+        for probe in (self._gpu_probe, self._engine_probe):
+            if probe is not None:
+                with contextlib.suppress(ProbeError):
+                    await probe.close()
 
     def enforce(self) -> CapacityState:
         """Hand the bulkhead the limit of the state as judged now (the floor once it is stale)."""

@@ -1,0 +1,136 @@
+"""The outcome table: every refusal and upstream failure, walked through a real socket."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+
+from sidecar.core.errors import (
+    AdmissionRejectedError,
+    UpstreamError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+)
+from sidecar.core.outcomes import (
+    REJECTIONS,
+    REQUEST_OUTCOMES,
+    UPSTREAM_FAILURES,
+    Refusal,
+    RejectReason,
+    UpstreamFailure,
+)
+from sidecar.edge.busy import busy_response
+from sidecar.edge.http_errors import error_response
+from sidecar.edge.relay import in_band_error
+from sidecar.telemetry.metrics import RequestMetrics
+from tests.servers import serve_app
+
+UPSTREAM_CLASSES: dict[UpstreamFailure, type[UpstreamError]] = {
+    "upstream_unavailable": UpstreamUnavailableError,
+    "upstream_timeout": UpstreamTimeoutError,
+}
+# What each row must say, written out by hand so a wrong table entry fails here.
+EXPECTED = {
+    "queue_full": (429, "rate_limit_error", "admission_rejected"),
+    "shed": (429, "rate_limit_error", "admission_rejected"),
+    "timeout": (429, "rate_limit_error", "admission_rejected"),
+    "too_large": (429, "rate_limit_error", "admission_rejected"),
+    "draining": (503, "service_unavailable", "admission_rejected"),
+    "no_capacity": (503, "service_unavailable", "admission_rejected"),
+    "upstream_unavailable": (502, "upstream_error", "upstream_failed"),
+    "upstream_timeout": (504, "upstream_error", "upstream_failed"),
+}
+
+Handler = Callable[[web.Request], web.StreamResponse]
+Fetch = Callable[[Handler], Awaitable[tuple[int, dict[str, str], bytes]]]
+
+
+@pytest.fixture
+async def answer() -> AsyncIterator[Fetch]:
+    """Serve one handler on a real loopback socket and fetch its answer."""
+    runners: list[web.AppRunner] = []
+
+    async def fetch(handler: Handler) -> tuple[int, dict[str, str], bytes]:
+        app = web.Application()
+
+        async def route(request: web.Request) -> web.StreamResponse:
+            return handler(request)
+
+        app.router.add_post("/", route)
+        runner, url = await serve_app(app)
+        runners.append(runner)
+        async with aiohttp.ClientSession() as session, session.post(url + "/") as response:
+            return response.status, dict(response.headers), await response.read()
+
+    yield fetch
+    for runner in runners:
+        await runner.cleanup()
+
+
+def test_every_row_is_declared_as_expected() -> None:
+    """Each row's status, error type and log event is the one written out by hand."""
+    table: dict[str, Refusal] = dict(REJECTIONS.items()) | dict(UPSTREAM_FAILURES.items())
+    assert {code: (r.status, r.error_type, r.log_event) for code, r in table.items()} == EXPECTED
+    assert all(code == row.code for code, row in table.items())
+
+
+@pytest.mark.parametrize("reason", list(REJECTIONS), ids=str)
+async def test_rejection_as_plain_http(answer: Fetch, reason: RejectReason) -> None:
+    """A rejection answers with its row's status, OpenAI body and a Retry-After."""
+    exc = AdmissionRejectedError(reason, 2.2)
+    status, headers, body = await answer(lambda _r: busy_response(exc, stream=False, mode="sse"))
+    row = REJECTIONS[reason]
+    assert status == EXPECTED[reason][0]
+    assert json.loads(body)["error"] == {
+        "message": row.message,
+        "type": row.error_type,
+        "param": None,
+        "code": reason,
+    }
+    assert headers["Retry-After"] == "3"
+
+
+@pytest.mark.parametrize("reason", list(REJECTIONS), ids=str)
+async def test_rejection_as_sse_fallback(answer: Fetch, reason: RejectReason) -> None:
+    """A streaming rejection is a 200 fallback event carrying the same error object."""
+    exc = AdmissionRejectedError(reason, 0.6)
+    status, headers, body = await answer(lambda _r: busy_response(exc, stream=True, mode="sse"))
+    fallback, done, rest = body.decode().split("\n\n")
+    event, data = fallback.split("\n")
+    payload = json.loads(data.removeprefix("data: "))
+    assert (status, headers["X-Sidecar-Outcome"], event) == (200, reason, "event: fallback")
+    assert (payload["error"]["code"], payload["error"]["type"]) == (reason, EXPECTED[reason][1])
+    assert payload["retry_after_s"] == 0.6
+    assert (done, rest) == ("data: [DONE]", "")
+
+
+@pytest.mark.parametrize("failure", list(UPSTREAM_FAILURES), ids=str)
+async def test_upstream_failure_as_http(answer: Fetch, failure: UpstreamFailure) -> None:
+    """An upstream failure before the answer started maps to its row's status and code."""
+    exc = UPSTREAM_CLASSES[failure]("detail")
+    status, _headers, body = await answer(lambda _r: error_response(exc))
+    error = json.loads(body)["error"]
+    assert (status, error["type"], error["code"]) == (*EXPECTED[failure][:2], failure)
+    assert error["message"] == UPSTREAM_FAILURES[failure].message + ": detail"
+
+
+@pytest.mark.parametrize("failure", list(UPSTREAM_FAILURES), ids=str)
+def test_upstream_failure_in_band(failure: UpstreamFailure) -> None:
+    """A failure mid-stream ends the SSE stream with the same row's error object, then [DONE]."""
+    data, done = in_band_error(UPSTREAM_CLASSES[failure]()).decode().split("\n\n")[:2]
+    error = json.loads(data.removeprefix("data: "))["error"]
+    assert (error["type"], error["code"], done) == (EXPECTED[failure][1], failure, "data: [DONE]")
+
+
+def test_every_outcome_is_a_metric_label_from_the_start() -> None:
+    """sidecar_requests exports every outcome (0 until it happens), the table's codes included."""
+    registry = CollectorRegistry()
+    RequestMetrics(registry)
+    text = generate_latest(registry).decode()
+    for code in (*REJECTIONS, *UPSTREAM_FAILURES, *REQUEST_OUTCOMES):
+        assert f'sidecar_requests_total{{outcome="{code}"}} 0.0' in text
