@@ -7,16 +7,26 @@ import asyncio
 import io
 import json
 import logging
+from collections.abc import Iterator
 
 import pytest
+import structlog
 
 from sidecar.entry.logs import (
     OncePer,
-    StdlibBridge,
     configure_logging,
     loop_exception_handler,
     redact_secrets,
 )
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """configure_logging is global: put structlog and the root logger back afterwards."""
+    handlers = logging.getLogger().handlers[:]
+    yield
+    structlog.reset_defaults()
+    logging.getLogger().handlers[:] = handlers
 
 
 class Clock:
@@ -75,8 +85,6 @@ def test_library_records_become_json_without_tracebacks() -> None:
     assert (event["event"], event["error"]) == ("library_log", "ValueError")
     assert "sk-secret" not in lines[0]
     assert "Traceback" not in lines[0]
-    logging.getLogger().handlers[:] = [h for h in logging.getLogger().handlers
-                                       if not isinstance(h, StdlibBridge)]  # fmt: skip
 
 
 async def test_accept_errors_are_logged_once_per_interval() -> None:
@@ -94,4 +102,3 @@ async def test_accept_errors_are_logged_once_per_interval() -> None:
     events = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [e["repeated"] for e in events] == [0, 999]
     assert {e["event"] for e in events} == {"loop_error"}
-    logging.getLogger().handlers.clear()
