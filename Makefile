@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check docs bench test-vllm plan clean lock
+.PHONY: demo test check docs bench soak test-vllm plan clean lock
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ docs: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
+
+# Thousands of hostile and faulty requests; SOAK_REQUESTS sets the size (default 10000).
+soak: $(STAMP)
+	$(BIN)/python -m benchmarks.soak
 
 test-vllm: $(STAMP)
 	bash scripts/test_vllm.sh

@@ -306,8 +306,26 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     @rule(limit=st.integers(0, 12))
     def resize(self, limit: int) -> None:
-        self._granted(self.core.resize(limit))
+        grants = self.core.resize(limit)
+        for ticket in self.core.refused_oversize():
+            name, cost = self.cost[ticket]
+            assert limit > 0, "refused as too large while nothing can run at all"
+            assert cost > self._caps()[name], "refused a request that could fit"
+            self.pending[name].remove(ticket)
+        self._granted(grants)
         self.high_water = max(limit, self.core.in_use_cost)
+
+    def _caps(self) -> dict[str, int]:
+        return {c.name: c.ceiling for c in self.core.snapshot().compartments}
+
+    @invariant()
+    def no_waiter_that_can_never_fit(self) -> None:
+        """After any step, nothing queued is bigger than its compartment's ceiling (limit > 0)."""
+        if self.core.limit == 0:
+            return
+        caps = self._caps()
+        for name, queue in self.pending.items():
+            assert all(self.cost[t][1] <= caps[name] for t in queue), "head of line blocked"
 
     @invariant()
     def in_flight_within_limit_except_after_a_shrink(self) -> None:

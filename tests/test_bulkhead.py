@@ -399,3 +399,31 @@ async def test_default_timer_uses_the_running_loop() -> None:
             async with bulkhead.admit():
                 pass
     assert caught.value.reason == "timeout"
+
+
+async def test_shrink_refuses_a_queued_request_that_can_never_fit_and_lets_the_next_run() -> None:
+    """Token mode: after a shrink, a queued 800-byte head is refused too_large at once and the
+    200-byte request behind it is granted as soon as it fits, not blocked behind the head."""
+    bulkhead = make(FakeTime(), limit=1000, mode="tokens")
+    gate = asyncio.Event()
+
+    async def run(cost: int) -> int:
+        async with bulkhead.admit(cost) as permit:
+            await gate.wait()
+            return permit.cost
+
+    holder = asyncio.create_task(run(900))
+    await settle()
+    big, small = asyncio.create_task(run(800)), asyncio.create_task(run(200))
+    await settle()
+    bulkhead.resize(500)
+    await settle()
+    assert big.done()
+    with pytest.raises(AdmissionRejectedError) as caught:
+        big.result()
+    assert caught.value.reason == "too_large"
+    assert bulkhead.snapshot().queued == 1  # the small one waits only for the holder
+    gate.set()
+    assert await holder == 900
+    assert await small == 200
+    assert bulkhead.snapshot().in_use == 0

@@ -151,7 +151,7 @@ async def test_plan_age_grows_with_the_clock() -> None:
 
 
 async def test_loop_survives_a_crashing_tick_and_stops_cleanly() -> None:
-    """A bug in one tick is logged; the named task keeps running until stop()."""
+    """A bug in one tick degrades the plan (logged once); the named task runs until stop()."""
     gpu, ticks, third = ScriptedGpu(), [], asyncio.Event()
 
     class Exploding(ScriptedGpu):
@@ -175,7 +175,8 @@ async def test_loop_survives_a_crashing_tick_and_stops_cleanly() -> None:
         await asyncio.sleep(0)  # let the third tick publish
         await loop.stop()
     assert TASK_NAME in names
-    assert logs[0]["event"] == "capacity_tick_crashed"
+    assert logs[0]["event"] == "capacity_on_floor"
+    assert "RuntimeError('bug')" in logs[0]["error"]
     assert loop.state.limit == 5
     assert TASK_NAME not in {t.get_name() for t in asyncio.all_tasks()}
 

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from sidecar.core.errors import UpstreamTimeoutError, UpstreamUnavailableError
-from sidecar.edge.relay import EventFramer, in_band_error
+from sidecar.edge.relay import in_band_error
+from sidecar.edge.sse_framing import EventFramer
 
 
 @pytest.mark.parametrize(

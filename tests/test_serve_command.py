@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -110,3 +111,83 @@ async def _status(session: aiohttp.ClientSession, url: str, expected: int) -> bo
             return response.status == expected
     except aiohttp.ClientError:
         return False
+
+
+def _one_line_exit_2(env: dict[str, str], *names: str) -> None:
+    process = serve(env)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 2, stderr
+    assert "Traceback" not in stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    for name in names:
+        assert name in stderr
+
+
+URL = "SIDECAR_UPSTREAM_URL"
+START_UP_FAULTS = [
+    pytest.param({URL: "localhost:8000"}, [URL], id="no-scheme"),
+    pytest.param({URL: "http://"}, [URL], id="no-host"),
+    pytest.param(
+        {"SIDECAR_PORT": "9191", "SIDECAR_ADMIN_PORT": "9191"},
+        ["SIDECAR_PORT", "SIDECAR_ADMIN_PORT"],
+        id="port-clash",
+    ),
+    pytest.param({"SIDECAR_HOST": "no-such-host.invalid"}, ["SIDECAR_HOST"], id="bad-host"),
+    pytest.param(
+        {"SIDECAR_MAX_CONNECTIONS": "100000000"}, ["SIDECAR_MAX_CONNECTIONS"], id="cap-over-rlimit"
+    ),
+]
+
+
+@pytest.mark.parametrize(("overrides", "names"), START_UP_FAULTS)
+def test_start_up_faults_are_one_line_and_exit_2(
+    overrides: dict[str, str], names: list[str]
+) -> None:
+    """A bad URL, a port clash, an unresolvable host, a cap the descriptors cannot hold."""
+    _one_line_exit_2({**BASE_ENV, **overrides}, *names)
+
+
+def test_a_port_in_use_is_one_line_naming_it() -> None:
+    """Another process holds SIDECAR_PORT: one line naming it, exit 2, no traceback."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        _one_line_exit_2({**BASE_ENV, "SIDECAR_PORT": port}, "SIDECAR_PORT", port)
+
+
+async def test_drain_ends_within_grace_whatever_a_never_reading_client_does(
+    slow_engine: str,
+) -> None:
+    """SIGTERM with 1 s grace and a stalled stream to a client that never reads: exit 0 in 3 s."""
+    proxy, admin = free_port(), free_port()
+    env = {**BASE_ENV, "SIDECAR_UPSTREAM_URL": slow_engine, "SIDECAR_PORT": str(proxy),
+           "SIDECAR_ADMIN_PORT": str(admin), "SIDECAR_DRAIN_GRACE_S": "1"}  # fmt: skip
+    process = serve(env)
+    body = json.dumps({"model": "tiny-llama", "prompt": "hi", "max_tokens": 20, "stream": True})
+    request = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nx-emulator-fault: stall-after=1\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}"
+    ).encode()
+    try:
+        async with aiohttp.ClientSession() as session:
+            ready = f"http://127.0.0.1:{admin}/readyz"
+            assert await until(lambda: _status(session, ready, 200), 20)
+            _reader, writer = await asyncio.open_connection("127.0.0.1", proxy)
+            writer.write(request)
+            assert await until(lambda: _in_use(session, admin, 1), 5)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(process.wait, 10) == 0
+        assert loop.time() - started < 1 + 2
+        writer.close()
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
+
+
+async def _in_use(session: aiohttp.ClientSession, admin: int, n: int) -> bool:
+    async with session.get(f"http://127.0.0.1:{admin}/capacity") as response:
+        return bool((await response.json())["in_use"] == n)

@@ -8,6 +8,10 @@ up to the borrower's cap. Nothing is revoked, so borrowed capacity comes back as
 meanwhile no new borrowing is granted while any other compartment has a request waiting within
 its own guarantee, so the owner is the next to be served.
 
+Head of line after a shrink: in token mode a queued request bigger than its compartment's new
+ceiling can never run, so a resize refuses it at once (``too_large``, collected through
+``refused_oversize()``) and those behind it are considered in the same pass.
+
 Starvation: queues are strict FIFO per compartment, so a large request at the head of a queue is
 never overtaken inside its compartment. Across compartments, once an older head is waiting for
 room, no later request may *borrow*; borrowed capacity drains back as running work ends, and the
@@ -139,6 +143,7 @@ class Admission:
         self._granted: dict[int, _Waiter] = {}
         self._queued_tickets: dict[int, _Waiter] = {}
         self._next_ticket = 0
+        self._evicted: list[int] = []
         self._draining = False
         self._ceiling: int | None = None  # largest cost that can ever run (None: the cap)
         self._available = True
@@ -216,7 +221,13 @@ class Admission:
             raise ValueError("limit must be >= 0")
         self._set_limit(limit)
         self._ceiling = ceiling
+        self._evict_oversize()
         return self._pump()
+
+    def refused_oversize(self) -> tuple[int, ...]:
+        """Queued tickets that resizes since the last call refused as ``too_large``."""
+        tickets, self._evicted = tuple(self._evicted), []
+        return tickets
 
     def grow(self, ticket: int, cost: int) -> None:
         """A running request now holds more (adaptive ledger); never revokes, only blocks grants."""
@@ -328,6 +339,20 @@ class Admission:
             return "too_large"
         # Cannot run at the present limit; waiting only makes sense if a queue is allowed.
         return "no_capacity" if self._max_queue == 0 else None
+
+    def _evict_oversize(self) -> None:
+        """Token mode: take out every waiter that can never fit under the new ceilings.
+
+        Adaptive admission (a ``ceiling`` beyond the limit) keeps them: its limit grows back.
+        """
+        if not self._reject_oversize or self._limit == 0 or self._ceiling is not None:
+            return
+        for waiter in [
+            w for w in self._queued_tickets.values() if w.cost > self._cap[w.compartment]
+        ]:
+            self._remove_queued(waiter)
+            self._rejected["too_large"] += 1
+            self._evicted.append(waiter.ticket)
 
     def _reject(self, reason: RejectReason, name: str, cost: int) -> Rejected:
         self._rejected[reason] += 1

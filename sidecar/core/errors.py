@@ -9,6 +9,7 @@ SidecarError
 │   └── ProbeUnavailableError will not get better by retrying (no driver, not supported)
 ├── AdmissionRejectedError         the bulkhead said no (queue full, wait timed out, draining...)
 ├── RequestError              the client's request is invalid (4xx, OpenAI-shaped body)
+├── EdgeRefusedError          the bounded edge refused or ended it (busy, too slow, stalled)
 └── UpstreamError             the engine could not be reached or did not answer in time
     ├── UpstreamUnavailableError  502
     └── UpstreamTimeoutError      504
@@ -16,7 +17,14 @@ SidecarError
 
 from __future__ import annotations
 
-from sidecar.core.outcomes import REJECTIONS, UPSTREAM_FAILURES, RejectReason, UpstreamFailure
+from sidecar.core.outcomes import (
+    EDGE_FAULTS,
+    REJECTIONS,
+    UPSTREAM_FAILURES,
+    EdgeFault,
+    RejectReason,
+    UpstreamFailure,
+)
 
 
 class SidecarError(Exception):
@@ -76,6 +84,15 @@ class RequestError(SidecarError):
         self.status = status
         self.param = param
         self.code = code
+
+
+class EdgeRefusedError(SidecarError):
+    """The edge's own bounds refused the request; ``fault`` is its row in the outcome table."""
+
+    def __init__(self, fault: EdgeFault) -> None:
+        self.refusal = EDGE_FAULTS[fault]
+        super().__init__(self.refusal.message)
+        self.fault: EdgeFault = fault
 
 
 class UpstreamError(SidecarError):

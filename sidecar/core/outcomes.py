@@ -14,6 +14,10 @@ from typing import Literal
 
 RejectReason = Literal["queue_full", "shed", "timeout", "too_large", "draining", "no_capacity"]
 UpstreamFailure = Literal["upstream_unavailable", "upstream_timeout"]
+EdgeFault = Literal[
+    "edge_busy", "too_many_connections", "header_timeout", "body_timeout", "bad_request",
+    "client_stalled",
+]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +66,36 @@ UPSTREAM_FAILURES: Mapping[UpstreamFailure, Refusal] = {
     ),
 }
 
+
+def _edge(code: str, status: int, error_type: str, message: str) -> Refusal:
+    return Refusal(code, status, error_type, message, code)
+
+
+# What the bounded edge refuses or ends before (or instead of) admission.
+EDGE_FAULTS: Mapping[EdgeFault, Refusal] = {
+    "edge_busy": _edge(
+        "edge_busy", 503, "service_unavailable",
+        "too many requests are being read and checked at once; retry shortly",
+    ),
+    "too_many_connections": _edge(
+        "too_many_connections", 503, "service_unavailable",
+        "the server holds its maximum number of client connections; retry shortly",
+    ),
+    "header_timeout": _edge(
+        "header_timeout", 408, "invalid_request_error", "the request headers took too long"
+    ),
+    "body_timeout": _edge(
+        "body_timeout", 408, "invalid_request_error", "the request body took too long to arrive"
+    ),
+    "bad_request": _edge(
+        "bad_request", 400, "invalid_request_error", "the request is not valid HTTP/1.1"
+    ),
+    "client_stalled": _edge(
+        "client_stalled", 408, "invalid_request_error",
+        "the client stopped reading the response; the stream was ended",
+    ),
+}  # fmt: skip
+
 # Every value of sidecar_requests{outcome=...}: how a completion request ended.
 REQUEST_OUTCOMES: tuple[str, ...] = (
     "completed",
@@ -71,5 +105,6 @@ REQUEST_OUTCOMES: tuple[str, ...] = (
     "upstream_error",
     *UPSTREAM_FAILURES,
     *REJECTIONS,
+    *EDGE_FAULTS,
     "error",
 )

@@ -14,8 +14,12 @@ from typing import Any, Literal
 
 from sidecar.core.errors import RequestError
 
-Endpoint = Literal["chat", "completions"]
+Endpoint = Literal["chat", "completions", "responses"]
 TOKEN_KEYS = ("max_completion_tokens", "max_tokens")
+# The Responses API names its completion budget differently and has no `n`.
+RESPONSES_TOKEN_KEYS = ("max_output_tokens",)
+# Above this many digits a number is not echoed back in an error message.
+ECHO_DIGITS = 24
 # Chat templates add a few tokens per message (role markers, separators).
 MESSAGE_OVERHEAD_TOKENS = 4
 
@@ -58,15 +62,16 @@ def check_request(raw: bytes, endpoint: Endpoint, budget: TokenPolicy) -> Checke
     prompt_tokens, prompts, param = _estimate_prompt(body, endpoint, budget)
     if not budget.count_from_engine:
         enforce_prompt_budget(prompt_tokens, param, budget)
-    sequences = _positive_int(body, "n", default=1) * prompts
-    completion, changed = _completion_tokens(body, budget)
+    keys = RESPONSES_TOKEN_KEYS if endpoint == "responses" else TOKEN_KEYS
+    n = 1 if endpoint == "responses" else _positive_int(body, "n", default=1)
+    completion, changed = _completion_tokens(body, budget, keys)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise RequestError("'model' must be a string", param="model", code="invalid_type")
-    forwarded = json.dumps(body).encode() if changed else raw
+    forwarded = _serialise(body) if changed else raw
     tokenize = _tokenize_payload(body, endpoint) if budget.count_from_engine else None
     return CheckedRequest(
-        forwarded, stream, completion, prompt_tokens, sequences, model, param, tokenize
+        forwarded, stream, completion, prompt_tokens, n * prompts, model, param, tokenize
     )
 
 
@@ -92,6 +97,8 @@ def enforce_prompt_budget(
 def _tokenize_payload(body: dict[str, Any], endpoint: Endpoint) -> dict[str, Any] | None:
     """vLLM's /tokenize request for this prompt; None where the estimate is exact or must do."""
     base = {"model": body["model"]} if isinstance(body.get("model"), str) else {}
+    if endpoint == "responses":
+        return None  # /tokenize knows no Responses input items: the estimate prices it
     if endpoint == "chat":
         return {**base, "messages": body["messages"], "add_generation_prompt": True}
     if isinstance(body.get("prompt"), str):
@@ -100,13 +107,27 @@ def _tokenize_payload(body: dict[str, Any], endpoint: Endpoint) -> dict[str, Any
 
 
 def _parse_object(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object; only UTF-8 (json.loads would also guess UTF-16 and UTF-32)."""
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestError("request body is not UTF-8 JSON", code="invalid_json") from exc
+    try:
+        body = json.loads(text)
+    except RecursionError as exc:
+        raise RequestError("request body is nested too deeply", code="invalid_json") from exc
+    except ValueError as exc:  # JSONDecodeError, and integers past Python's digit limit
         raise RequestError(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object", code="invalid_json")
     return body
+
+
+def _serialise(body: dict[str, Any]) -> bytes:
+    try:
+        return json.dumps(body).encode()
+    except (RecursionError, ValueError) as exc:
+        raise RequestError("request body is nested too deeply", code="invalid_json") from exc
 
 
 def _optional_bool(body: dict[str, Any], key: str) -> bool:
@@ -126,17 +147,24 @@ def _positive_int(body: dict[str, Any], key: str, default: int) -> int:
         raise RequestError(f"'{key}' must be an integer", param=key, code="invalid_type")
     if value <= 0:
         raise RequestError(
-            f"'{key}' must be at least 1, got {value}", param=key, code="invalid_value"
+            f"'{key}' must be at least 1, got {_shown(value)}", param=key, code="invalid_value"
         )
     return value
 
 
-def _completion_tokens(body: dict[str, Any], budget: TokenPolicy) -> tuple[int, bool]:
+def _shown(value: int) -> str:
+    """A number as an error message may echo it: huge ones are not repeated back."""
+    return str(value) if abs(value) < 10**ECHO_DIGITS else "a number too large to show"
+
+
+def _completion_tokens(
+    body: dict[str, Any], budget: TokenPolicy, keys: tuple[str, ...]
+) -> tuple[int, bool]:
     """The completion budget the engine will honour, and whether the body had to change."""
     limit = budget.max_completion_tokens
-    given = {key: _positive_int(body, key, 0) for key in TOKEN_KEYS if body.get(key) is not None}
+    given = {key: _positive_int(body, key, 0) for key in keys if body.get(key) is not None}
     if not given:
-        body["max_tokens"] = limit
+        body[keys[-1]] = limit
         return limit, True
     over = {key: value for key, value in given.items() if value > limit}
     if not over:
@@ -144,7 +172,7 @@ def _completion_tokens(body: dict[str, Any], budget: TokenPolicy) -> tuple[int, 
     if budget.over_budget == "reject":
         key, value = next(iter(over.items()))
         raise RequestError(
-            f"'{key}' is {value}, above this server's completion budget of {limit} tokens",
+            f"'{key}' is {_shown(value)}, above this server's completion budget of {limit} tokens",
             param=key,
             code="max_tokens_over_budget",
         )
@@ -159,6 +187,8 @@ def _estimate_prompt(
     """The largest prompt's estimated tokens, how many prompts there are, and their field."""
     if endpoint == "chat":
         return _chat_prompt_tokens(body, budget), 1, "messages"
+    if endpoint == "responses":
+        return _responses_prompt_tokens(body, budget), 1, "input"
     tokens, prompts = _completion_prompt_tokens(body, budget)
     return tokens, prompts, "prompt"
 
@@ -175,13 +205,40 @@ def _chat_prompt_tokens(body: dict[str, Any], budget: TokenPolicy) -> int:
     return total
 
 
-def _message_text(message: dict[str, Any]) -> str:
+def _message_text(message: dict[str, Any], param: str = "messages") -> str:
     content = message.get("content")
     if content is None or isinstance(content, str):
         return content or ""
     if isinstance(content, list):
-        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    raise RequestError("message 'content' must be a string or an array", param="messages")
+        return "".join(_part_text(part, param) for part in content if isinstance(part, dict))
+    raise RequestError("message 'content' must be a string or an array", param=param)
+
+
+def _part_text(part: dict[str, Any], param: str) -> str:
+    text = part.get("text")
+    if text is None or isinstance(text, str):
+        return text or ""
+    raise RequestError("a content part's 'text' must be a string", param=param)
+
+
+def _responses_prompt_tokens(body: dict[str, Any], budget: TokenPolicy) -> int:
+    """Responses API: ``instructions`` plus ``input``, a string or an array of input items."""
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise RequestError("'instructions' must be a string", param="instructions")
+    total = _text_tokens(instructions or "", budget)
+    given = body.get("input")
+    if isinstance(given, str):
+        return total + _text_tokens(given, budget)
+    if not isinstance(given, list) or not given:
+        raise RequestError("'input' must be a string or a non-empty array", param="input")
+    for item in given:
+        if not isinstance(item, dict):
+            raise RequestError("each input item must be an object", param="input")
+        output = item.get("output")
+        text = _message_text(item, "input") + (output if isinstance(output, str) else "")
+        total += MESSAGE_OVERHEAD_TOKENS + _text_tokens(text, budget)
+    return total
 
 
 def _completion_prompt_tokens(body: dict[str, Any], budget: TokenPolicy) -> tuple[int, int]:
@@ -208,4 +265,5 @@ def _is_token_id(item: object) -> bool:
 def _text_tokens(text: str, budget: TokenPolicy) -> int:
     if not text:
         return 0
-    return math.ceil(len(text.encode()) / budget.prompt_bytes_per_token)
+    # surrogatepass: a lone surrogate ("\ud800" in the JSON) is priced, not a crash.
+    return math.ceil(len(text.encode("utf-8", "surrogatepass")) / budget.prompt_bytes_per_token)

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 
 import aiohttp
 from multidict import CIMultiDict
+from yarl import URL
 
 from sidecar.core.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
 
@@ -120,11 +121,14 @@ class Upstream:
     async def send(
         self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None
     ) -> aiohttp.ClientResponse:
-        """Send one request and return once the engine's status line and headers arrived."""
+        """Send one request and return once the engine's status line and headers arrived.
+
+        ``path_qs`` goes out exactly as given (already normalised: it is what was admitted).
+        """
         with translated():
             return await self.session.request(
                 method,
-                self.base_url + path_qs,
+                URL(self.base_url + path_qs, encoded=True),
                 headers=headers,
                 data=body,
                 allow_redirects=False,

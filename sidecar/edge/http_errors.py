@@ -13,7 +13,13 @@ from typing import Any
 
 from aiohttp import web
 
-from sidecar.core.errors import AdmissionRejectedError, RequestError, SidecarError, UpstreamError
+from sidecar.core.errors import (
+    AdmissionRejectedError,
+    EdgeRefusedError,
+    RequestError,
+    SidecarError,
+    UpstreamError,
+)
 from sidecar.core.outcomes import Refusal
 
 
@@ -61,6 +67,9 @@ def error_response(exc: SidecarError) -> web.Response:
         )
     if isinstance(exc, UpstreamError):
         return _refusal_response(exc.refusal, str(exc), {})
+    if isinstance(exc, EdgeRefusedError):
+        retry = {"Retry-After": "1"} if exc.refusal.status == 503 else {}
+        return _refusal_response(exc.refusal, exc.refusal.message, retry)
     return json_error(500, "internal sidecar error", type_="server_error", code="internal_error")
 
 

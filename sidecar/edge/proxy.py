@@ -1,4 +1,5 @@
-"""The proxy port: completions go through admission, every other path passes straight through."""
+"""The proxy port: one handler routes on the normalised path; everything that may generate passes
+admission, priced by its token budget where it has one; free paths pass straight through."""
 
 from __future__ import annotations
 
@@ -7,37 +8,34 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import aiohttp
 import structlog
 from aiohttp import web
 
-from sidecar.core.errors import AdmissionRejectedError, RequestError, UpstreamError
-from sidecar.core.ledger import StreamUsage
-from sidecar.core.request_checks import (
-    CheckedRequest,
-    Endpoint,
-    TokenPolicy,
-    check_request,
-    enforce_prompt_budget,
-    with_prompt_tokens,
+from sidecar.core.errors import (
+    AdmissionRejectedError,
+    EdgeRefusedError,
+    RequestError,
+    UpstreamError,
 )
+from sidecar.core.ledger import StreamUsage
+from sidecar.core.request_checks import CheckedRequest, TokenPolicy
 from sidecar.edge.busy import busy_response
 from sidecar.edge.engine_client import Upstream, end_to_end, finish, read_all
 from sidecar.edge.http_errors import error_response
+from sidecar.edge.in_flight import InFlight, Stop
+from sidecar.edge.intake import checked_request, read_body
+from sidecar.edge.limits import Gate
 from sidecar.edge.prompt_count import EnginePromptCounter
 from sidecar.edge.relay import RelayResult, relay_stream
+from sidecar.edge.routes import DEFAULT_FREE_PATHS, Target, route
 from sidecar.limiter.bulkhead import Bulkhead, Permit
 from sidecar.telemetry.metrics import RequestMetrics
 
 log = structlog.get_logger("sidecar.edge.proxy")
-
-ENDPOINTS: Mapping[str, Endpoint] = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-}
 
 
 @dataclass(frozen=True)
@@ -50,6 +48,10 @@ class ProxyConfig:
     price: Callable[[CheckedRequest], int]
     compartment_of: Callable[[Mapping[str, str]], str]
     tenant_of: Callable[[Mapping[str, str]], str | None]
+    flat_price: Callable[[], int] = lambda: 1
+    free_paths: frozenset[str] = frozenset(DEFAULT_FREE_PATHS)
+    body_timeout_s: float = 30.0
+    write_timeout_s: float = 30.0
     sheddable: Callable[[Mapping[str, str]], bool] = lambda _headers: False
     # Adaptive admission: a request's live footprint, and what a completed one teaches.
     usage_of: Callable[[CheckedRequest, str], StreamUsage | None] = lambda _r, _c: None
@@ -64,64 +66,100 @@ class Proxy:
     metrics: RequestMetrics
     clock: Callable[[], float] = time.monotonic
     counter: EnginePromptCounter | None = None
+    gate: Gate = field(default_factory=lambda: Gate(32))
+    in_flight: InFlight = field(default_factory=InFlight)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A request read and priced, ready for admission."""
+
+    target: Target
+    body: bytes | None
+    cost: int
+    stream: bool  # streaming completion: busy answers are SSE
+    whole: bool  # a non-streaming completion: read the engine's answer whole
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    checked: CheckedRequest | None = None  # a completion's checks, for adaptive pricing
 
 
 PROXY = web.AppKey("proxy", Proxy)
 
 
 def build_proxy_app(proxy: Proxy) -> web.Application:
+    # The body limit is enforced by read_body; routing is ours, on the normalised path.
     app = web.Application(client_max_size=proxy.config.max_body_bytes)
     app[PROXY] = proxy
-    for path in ENDPOINTS:
-        app.router.add_post(path, completions)
-    app.router.add_route("*", "/{tail:.*}", passthrough)
+    app.router.add_route("*", "/{tail:.*}", handle)
     return app
 
 
-async def completions(request: web.Request) -> web.StreamResponse:
-    """Check, admit (or turn away), forward and relay one completion request."""
+async def handle(request: web.Request) -> web.StreamResponse:
+    """Route, read and check (inside the gate), admit, forward, relay."""
     proxy = request.app[PROXY]
     request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
     tenant = proxy.config.tenant_of(request.headers)
     with structlog.contextvars.bound_contextvars(request_id=request_id, tenant=tenant):
         started = proxy.clock()
         try:
-            checked = await _checked(request, proxy, request_id)
-        except RequestError as exc:
-            proxy.metrics.finished("invalid", proxy.clock() - started)
-            log.info("request_invalid", code=exc.code, param=exc.param, status=exc.status)
-            return error_response(exc)
-        return await _admit_and_forward(request, proxy, checked, request_id, started)
+            target = route(request.method, request.raw_path, proxy.config.free_paths)
+            if target.kind == "free":
+                return await passthrough(request, proxy, target, request_id)
+            job = await _intake(request, proxy, target, request_id)
+        except (RequestError, EdgeRefusedError) as exc:
+            return _refused(proxy, exc, started)
+        return await _admit_and_forward(request, proxy, job, request_id, started)
 
 
-async def _checked(request: web.Request, proxy: Proxy, request_id: str) -> CheckedRequest:
-    """The request, validated and budgeted; its prompt counted by the engine where configured."""
-    budget = proxy.config.budget
-    checked = check_request(await _read_body(request), ENDPOINTS[request.path], budget)
-    if checked.tokenize is None or proxy.counter is None:
-        return checked
-    tokens = await proxy.counter.count(checked.tokenize, _upstream_headers(request, request_id))
-    if tokens is None:  # the engine could not say: the estimate prices it, and bounds it
-        enforce_prompt_budget(checked.prompt_tokens, checked.prompt_param, budget)
-        return checked
-    return with_prompt_tokens(checked, tokens, budget)
+def _refused(proxy: Proxy, exc: RequestError | EdgeRefusedError, started: float) -> web.Response:
+    outcome = exc.fault if isinstance(exc, EdgeRefusedError) else "invalid"
+    proxy.metrics.finished(outcome, proxy.clock() - started)
+    status = exc.refusal.status if isinstance(exc, EdgeRefusedError) else exc.status
+    code = exc.refusal.code if isinstance(exc, EdgeRefusedError) else exc.code
+    log.info("request_invalid", code=code, status=status)
+    return error_response(exc)
+
+
+async def _intake(request: web.Request, proxy: Proxy, target: Target, request_id: str) -> Job:
+    """Everything before admission, bounded by the gate: body, checks, engine prompt count."""
+    config = proxy.config
+    with proxy.gate.enter():
+        if target.endpoint is None:
+            body = await read_body(request, config.body_timeout_s) if request.body_exists else None
+            return Job(target, body, config.flat_price(), stream=False, whole=False)
+        checked = await checked_request(
+            request,
+            target.endpoint,
+            config.budget,
+            body_timeout_s=config.body_timeout_s,
+            counter=proxy.counter,
+            headers=_upstream_headers(request, request_id),
+        )
+    return Job(
+        target, checked.body, config.price(checked), checked.stream, not checked.stream,
+        checked.prompt_tokens, checked.completion_tokens, checked,
+    )  # fmt: skip
 
 
 async def _admit_and_forward(
-    request: web.Request, proxy: Proxy, checked: CheckedRequest, request_id: str, started: float
+    request: web.Request, proxy: Proxy, job: Job, request_id: str, started: float
 ) -> web.StreamResponse:
-    compartment = proxy.config.compartment_of(request.headers)
-    usage = proxy.config.usage_of(checked, compartment)
-    cost = usage.charge() if usage is not None else proxy.config.price(checked)
+    config = proxy.config
+    compartment = config.compartment_of(request.headers)
+    usage = config.usage_of(job.checked, compartment) if job.checked is not None else None
+    cost = usage.charge() if usage is not None else job.cost
     outcome, queue_wait = "error", 0.0
     try:
-        may_wait = not proxy.config.sheddable(request.headers)
+        may_wait = not config.sheddable(request.headers)
         async with proxy.bulkhead.admit(cost, compartment, usage, may_wait=may_wait) as permit:
             queue_wait = permit.wait_s
-            _log_grant(permit, checked)
-            response, outcome = await _forward(request, proxy, checked, permit, request_id)
+            _log_grant(permit, job)
+            with proxy.in_flight.track() as stop:
+                forwarded = _forward(request, proxy, job, permit, request_id, stop=stop)
+                response, outcome = await forwarded
             if outcome == "completed" and permit.usage is not None:
-                proxy.config.learn(permit.usage)
+                config.learn(permit.usage)
             return response
     except AdmissionRejectedError as exc:
         outcome, queue_wait = exc.reason, exc.waited_s
@@ -132,9 +170,9 @@ async def _admit_and_forward(
             retry_after_s=round(exc.retry_after_s, 2),
             cost=cost,
             compartment=compartment,
-            stream=checked.stream,
+            stream=job.stream,
         )
-        return busy_response(exc, stream=checked.stream, mode=proxy.config.reject_mode)
+        return busy_response(exc, stream=job.stream, mode=proxy.config.reject_mode)
     except asyncio.CancelledError:
         outcome = "client_gone"
         raise
@@ -142,54 +180,65 @@ async def _admit_and_forward(
         duration = proxy.clock() - started
         proxy.metrics.finished(outcome, duration)
         log.info(
-            "request_finished",
-            outcome=outcome,
-            duration_s=round(duration, 4),
-            queue_wait_s=round(queue_wait, 4),
-            prompt_tokens_est=checked.prompt_tokens,
-            max_tokens=checked.completion_tokens,
-        )
+            "request_finished", outcome=outcome, duration_s=round(duration, 4),
+            queue_wait_s=round(queue_wait, 4), path=job.target.path,
+            prompt_tokens_est=job.prompt_tokens, max_tokens=job.completion_tokens,
+        )  # fmt: skip
 
 
-def _log_grant(permit: Permit, checked: CheckedRequest) -> None:
+def _log_grant(permit: Permit, job: Job) -> None:
     log.info(
         "admission_granted",
         queue_wait_s=round(permit.wait_s, 4),
         cost=permit.cost,
         compartment=permit.compartment,
-        stream=checked.stream,
+        stream=job.stream,
         shadow_would_reject=permit.shadow_rejected,
     )
 
 
 async def _forward(
-    request: web.Request, proxy: Proxy, checked: CheckedRequest, permit: Permit, request_id: str
+    request: web.Request, proxy: Proxy, job: Job, permit: Permit, request_id: str, *, stop: Stop
 ) -> tuple[web.StreamResponse, str]:
     headers = _upstream_headers(request, request_id)
     try:
-        upstream = await proxy.upstream.send("POST", request.path_qs, headers, checked.body)
+        upstream = await proxy.upstream.send(request.method, job.target.path_qs, headers, job.body)
     except UpstreamError as exc:
         permit.outcome = "failed"
         log.warning(exc.refusal.log_event, error=str(exc), phase="connect")
-        return error_response(exc), _upstream_outcome(exc)
+        return error_response(exc), exc.refusal.code
+    except asyncio.CancelledError:
+        if not stop.claim():
+            raise
+        return _stopped_response(permit)
     try:
-        if checked.stream:
-            result = await relay_stream(request, upstream, request_id, permit.usage)
-            return result_response(result, permit)
-        return await _relay_whole(upstream, permit, request_id)
+        if job.whole:
+            return await _relay_whole(upstream, permit, request_id, stop)
+        result = await relay_stream(
+            request, upstream, request_id,
+            write_timeout_s=proxy.config.write_timeout_s, stop=stop, tally=permit.usage,
+        )  # fmt: skip
+        return result_response(result, permit)
     finally:
         finish(upstream)
 
 
+def _stopped_response(permit: Permit) -> tuple[web.StreamResponse, str]:
+    permit.outcome = "cancelled"
+    return error_response(AdmissionRejectedError("draining", 1.0)), "draining"
+
+
 def result_response(result: RelayResult, permit: Permit) -> tuple[web.StreamResponse, str]:
     """Turn a finished relay into the outcome the permit and the metrics report."""
-    if result.end == "client_gone":
+    if result.end in ("client_gone", "client_stalled", "stopped"):
         permit.outcome = "cancelled"
-        return result.response, "client_gone"
+        if result.end == "client_stalled":
+            log.warning("client_stalled", phase="stream")
+        return result.response, "draining" if result.end == "stopped" else result.end
     if result.error is not None:
         permit.outcome = "failed"
         log.warning(result.error.refusal.log_event, error=str(result.error), phase="stream")
-        return result.response, _upstream_outcome(result.error)
+        return result.response, result.error.refusal.code
     if result.response.status >= 500:
         permit.outcome = "failed"
         return result.response, "upstream_error"
@@ -197,14 +246,18 @@ def result_response(result: RelayResult, permit: Permit) -> tuple[web.StreamResp
 
 
 async def _relay_whole(
-    upstream: aiohttp.ClientResponse, permit: Permit, request_id: str
+    upstream: aiohttp.ClientResponse, permit: Permit, request_id: str, stop: Stop
 ) -> tuple[web.StreamResponse, str]:
     try:
         body = await read_all(upstream)
     except UpstreamError as exc:
         permit.outcome = "failed"
         log.warning(exc.refusal.log_event, error=str(exc), phase="body")
-        return error_response(exc), _upstream_outcome(exc)
+        return error_response(exc), exc.refusal.code
+    except asyncio.CancelledError:
+        if not stop.claim():
+            raise
+        return _stopped_response(permit)
     response = web.Response(status=upstream.status, body=body, headers=end_to_end(upstream.headers))
     response.headers["X-Request-Id"] = request_id
     if upstream.status >= 500:
@@ -220,7 +273,7 @@ def _log_usage(body: bytes) -> int | None:
     """Log the engine's usage object; returns its completion_tokens where it gives them."""
     try:
         usage: Any = json.loads(body).get("usage")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return None
     if not isinstance(usage, dict):
         return None
@@ -229,39 +282,26 @@ def _log_usage(body: bytes) -> int | None:
     return counts.get("completion_tokens")
 
 
-def _upstream_outcome(exc: UpstreamError) -> str:
-    return exc.refusal.code
-
-
-async def passthrough(request: web.Request) -> web.StreamResponse:
-    """Any other path: forwarded as it is, without a permit."""
-    proxy = request.app[PROXY]
-    request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+async def passthrough(
+    request: web.Request, proxy: Proxy, target: Target, request_id: str
+) -> web.StreamResponse:
+    """A free path (GET, HEAD, OPTIONS, or a configured cheap POST): forwarded without a permit."""
     try:
-        body = await _read_body(request) if request.body_exists else None
+        with proxy.gate.enter():
+            timeout = proxy.config.body_timeout_s
+            body = await read_body(request, timeout) if request.body_exists else None
         upstream = await proxy.upstream.send(
-            request.method, request.path_qs, _upstream_headers(request, request_id), body
+            request.method, target.path_qs, _upstream_headers(request, request_id), body
         )
-    except (RequestError, UpstreamError) as exc:
+    except (RequestError, UpstreamError, EdgeRefusedError) as exc:
         return error_response(exc)
     try:
-        result = await relay_stream(request, upstream, request_id)
+        result = await relay_stream(
+            request, upstream, request_id, write_timeout_s=proxy.config.write_timeout_s
+        )
     finally:
         finish(upstream)
     return result.response
-
-
-async def _read_body(request: web.Request) -> bytes:
-    try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise RequestError(
-            f"request body is larger than this server's limit of {request.client_max_size} bytes",
-            status=413,
-            code="body_too_large",
-        ) from exc
-    except (asyncio.IncompleteReadError, aiohttp.ClientPayloadError) as exc:
-        raise RequestError("request body ended early", code="incomplete_body") from exc
 
 
 def _upstream_headers(request: web.Request, request_id: str) -> dict[str, str]:

@@ -2,12 +2,17 @@
 
 When the engine fails after the 200 went out, an SSE stream is ended in-band the way vLLM reports
 its own mid-stream errors (``data: {"error": ...}`` then ``data: [DONE]``) so SDKs raise a clear
-error instead of choking on a truncated body.
+error instead of choking on a truncated body; any other body is cut off (the connection is
+aborted, no terminating chunk), so the client sees an error, never a clean truncated 200.
+
+Every write to the client has a deadline: a client that stops reading ends its stream
+(``client_stalled``) instead of holding its permit. A drain that ran out of grace stops the relay
+through its :class:`Stop`; the stream then ends in-band with ``draining``.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import json
 from dataclasses import dataclass
 from typing import Literal
@@ -17,13 +22,17 @@ from aiohttp import web
 
 from sidecar.core.errors import UpstreamError
 from sidecar.core.ledger import StreamUsage
+from sidecar.core.outcomes import REJECTIONS, Refusal
 from sidecar.edge.engine_client import end_to_end, read_chunk
 from sidecar.edge.http_errors import refusal_body
+from sidecar.edge.in_flight import Stop
+from sidecar.edge.sse_framing import EventFramer
 
-RelayEnd = Literal["completed", "client_gone", "upstream_failed"]
-
+RelayEnd = Literal["completed", "client_gone", "client_stalled", "upstream_failed", "stopped"]
 # One per choice object of an OpenAI stream chunk: a token event (the usage chunk has none).
 TOKEN_MARK = b'"index":'
+# Writing our own last words (an in-band error) never waits longer than this.
+LAST_WORDS_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -35,37 +44,14 @@ class RelayResult:
     error: UpstreamError | None = None
 
 
+def in_band(refusal: Refusal, message: str) -> bytes:
+    """The SSE tail that ends a stream early."""
+    return f"data: {json.dumps(refusal_body(refusal, message))}\n\ndata: [DONE]\n\n".encode()
+
+
 def in_band_error(exc: UpstreamError) -> bytes:
     """The SSE tail that ends a broken stream."""
-    body = refusal_body(exc.refusal, str(exc))
-    return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
-
-
-class EventFramer:
-    """Passes on whole SSE events only, holding back a partial one until its end arrives.
-
-    Complete events go out the moment they arrive (nothing is batched); only the bytes of an event
-    whose blank line has not come yet wait. If the engine dies mid-event, those bytes are dropped,
-    so the client's parser sees whole JSON events, then our in-band error, never a torn line.
-    """
-
-    __slots__ = ("_partial",)
-
-    def __init__(self) -> None:
-        self._partial = b""
-
-    def feed(self, chunk: bytes) -> bytes:
-        end = chunk.rfind(b"\n\n")
-        if end < 0:
-            self._partial += chunk
-            return b""
-        ready = self._partial + chunk[: end + 2] if self._partial else chunk[: end + 2]
-        self._partial = chunk[end + 2 :]
-        return ready
-
-    def flush(self) -> bytes:
-        rest, self._partial = self._partial, b""
-        return rest
+    return in_band(exc.refusal, str(exc))
 
 
 def response_for(upstream: aiohttp.ClientResponse, request_id: str) -> web.StreamResponse:
@@ -75,10 +61,50 @@ def response_for(upstream: aiohttp.ClientResponse, request_id: str) -> web.Strea
     return response
 
 
+@dataclass(slots=True)
+class _Relay:
+    request: web.Request
+    response: web.StreamResponse
+    write_timeout_s: float
+    sse: bool
+
+    async def write(self, data: bytes, timeout_s: float | None = None) -> RelayEnd | None:
+        """Write with a deadline; the relay's end if the client is gone or stalled."""
+        try:
+            async with asyncio.timeout(timeout_s or self.write_timeout_s):
+                await self.response.write(data)
+        except ConnectionResetError:
+            return "client_gone"
+        except TimeoutError:
+            self.abort()
+            return "client_stalled"
+        return None
+
+    async def finish(self) -> RelayEnd | None:
+        try:
+            async with asyncio.timeout(self.write_timeout_s):
+                await self.response.write_eof()
+        except ConnectionResetError:
+            return "client_gone"
+        except TimeoutError:
+            self.abort()
+            return "client_stalled"
+        return None
+
+    def abort(self) -> None:
+        """Drop the client's connection at once, without a terminating chunk."""
+        transport = self.request.transport
+        if transport is not None:
+            transport.abort()
+
+
 async def relay_stream(
     request: web.Request,
     upstream: aiohttp.ClientResponse,
     request_id: str,
+    *,
+    write_timeout_s: float,
+    stop: Stop | None = None,
     tally: StreamUsage | None = None,
 ) -> RelayResult:
     """Copy the engine's body to the client as it arrives.
@@ -87,50 +113,66 @@ async def relay_stream(
     ``tally`` (adaptive admission), one ``bytes.count`` per chunk adds the token events relayed.
     """
     response = response_for(upstream, request_id)
-    framer = EventFramer() if upstream.content_type == "text/event-stream" else None
+    sse = upstream.content_type == "text/event-stream"
+    relay = _Relay(request, response, write_timeout_s, sse)
     try:
-        await response.prepare(request)
+        async with asyncio.timeout(write_timeout_s):
+            await response.prepare(request)
     except ConnectionResetError:
         return RelayResult("client_gone", response)
+    except TimeoutError:
+        relay.abort()
+        return RelayResult("client_stalled", response)
+    try:
+        return await _copy(relay, upstream, EventFramer() if sse else None, tally)
+    except asyncio.CancelledError:
+        if stop is None or not stop.claim():
+            raise
+        return await _stopped(relay)
+
+
+async def _copy(
+    relay: _Relay,
+    upstream: aiohttp.ClientResponse,
+    framer: EventFramer | None,
+    tally: StreamUsage | None,
+) -> RelayResult:
+    response = relay.response
     while True:
         try:
             chunk = await read_chunk(upstream)
         except UpstreamError as exc:
-            return await _end_broken(response, exc, sse=framer is not None)
+            return await _end_broken(relay, exc)
         if not chunk:
             break
         if framer is not None and not (chunk := framer.feed(chunk)):
             continue
         if tally is not None:
             tally.relayed += chunk.count(TOKEN_MARK)
-        try:
-            await response.write(chunk)
-        except ConnectionResetError:
-            return RelayResult("client_gone", response)
-    if framer is not None and (rest := framer.flush()):
-        await _write_quietly(response, rest)
-    await _finish(response)
-    return RelayResult("completed", response)
+        if (end := await relay.write(chunk)) is not None:
+            return RelayResult(end, response)
+    if framer is not None and (rest := framer.flush()) and (end := await relay.write(rest)):
+        return RelayResult(end, response)
+    return RelayResult(await relay.finish() or "completed", response)
 
 
-async def _end_broken(
-    response: web.StreamResponse, exc: UpstreamError, *, sse: bool
-) -> RelayResult:
-    if sse and not await _write_quietly(response, in_band_error(exc)):
-        return RelayResult("client_gone", response, exc)
-    await _finish(response)
-    return RelayResult("upstream_failed", response, exc)
+async def _end_broken(relay: _Relay, exc: UpstreamError) -> RelayResult:
+    if not relay.sse:
+        relay.abort()
+        return RelayResult("upstream_failed", relay.response, exc)
+    end = await relay.write(in_band_error(exc), LAST_WORDS_S) or await relay.finish()
+    if end is not None:
+        return RelayResult(end, relay.response, exc)
+    return RelayResult("upstream_failed", relay.response, exc)
 
 
-async def _write_quietly(response: web.StreamResponse, data: bytes) -> bool:
-    """Write, reporting False instead of raising when the client has gone."""
-    try:
-        await response.write(data)
-    except ConnectionResetError:
-        return False
-    return True
-
-
-async def _finish(response: web.StreamResponse) -> None:
-    with contextlib.suppress(ConnectionResetError):
-        await response.write_eof()
+async def _stopped(relay: _Relay) -> RelayResult:
+    """The drain's grace ran out: end an SSE stream in-band, cut off any other body."""
+    if not relay.sse:
+        relay.abort()
+        return RelayResult("stopped", relay.response)
+    draining = REJECTIONS["draining"]
+    relay.write_timeout_s = LAST_WORDS_S
+    if await relay.write(in_band(draining, draining.message)) is None:
+        await relay.finish()
+    return RelayResult("stopped", relay.response)

@@ -4,6 +4,8 @@ settings, starts them in order, drains and stops them in reverse."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import time
 from collections.abc import Callable
 from functools import partial
@@ -12,14 +14,18 @@ import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from sidecar.core.compartments import parse_compartments
+from sidecar.core.compartments import DEFAULT, parse_compartments
 from sidecar.core.ledger import StreamUsage
 from sidecar.core.request_checks import CheckedRequest, TokenPolicy
 from sidecar.core.tenancy import compartment_key, is_sheddable, parse_names, tenant_id
 from sidecar.edge.admin import Admin, build_admin_app
 from sidecar.edge.engine_client import Upstream
+from sidecar.edge.in_flight import InFlight
+from sidecar.edge.limits import ConnectionCount, EdgeLimits, Gate
 from sidecar.edge.prompt_count import EnginePromptCounter
 from sidecar.edge.proxy import Proxy, ProxyConfig, build_proxy_app
+from sidecar.edge.routes import parse_free_paths
+from sidecar.entry.listen import bind, reserve_descriptors, serve
 from sidecar.entry.settings import Settings
 from sidecar.entry.wiring import (
     adaptive_resize,
@@ -35,6 +41,9 @@ from sidecar.telemetry.capacity_metrics import register_capacity_metrics
 from sidecar.telemetry.metrics import BulkheadCollector, RequestMetrics
 
 log = structlog.get_logger("sidecar")
+
+# After the grace ran out and the streams were told to stop: how long their last words may take.
+STOP_WAIT_S = 1.0
 
 
 class SidecarServer:
@@ -67,6 +76,9 @@ class SidecarServer:
             read_timeout_s=settings.upstream_read_timeout_ms / 1000,
         )
         self.draining = False
+        self.in_flight = InFlight()
+        self.gate = Gate(settings.max_pre_admission)
+        self.proxy_connections: ConnectionCount | None = None
         self._runners: list[web.AppRunner] = []
         self.proxy_port = self.admin_port = 0
         register_capacity_metrics(self.registry, self.controller, clock)
@@ -121,6 +133,10 @@ class SidecarServer:
             reject_mode=s.reject_mode,
             max_body_bytes=int(s.max_body_bytes),
             price=self._price,
+            flat_price=self._flat_price,
+            free_paths=parse_free_paths(s.free_paths),
+            body_timeout_s=s.body_timeout_ms / 1000,
+            write_timeout_s=s.client_write_timeout_ms / 1000,
             compartment_of=partial(
                 compartment_key,
                 by=s.compartment_by,
@@ -140,7 +156,31 @@ class SidecarServer:
             learn=self.adaptive.learn if self.adaptive is not None else lambda _u: None,
         )
         counter = EnginePromptCounter(self.upstream) if s.prompt_tokens == "engine" else None
-        return Proxy(config, self.bulkhead, self.upstream, self.metrics, self.clock, counter)
+        return Proxy(
+            config, self.bulkhead, self.upstream, self.metrics, self.clock, counter,
+            self.gate, self.in_flight,
+        )  # fmt: skip
+
+    def _flat_price(self) -> int:
+        """A POST with no token budget of its own costs one full-budget request, in the unit the
+        bulkhead counts: a permit, or the plan's cost (KV bytes; tokens in adaptive mode)."""
+        s = self.settings
+        if s.admission == "count":
+            return 1
+        if self.adaptive is not None:
+            usage = self.adaptive.usage_for(
+                DEFAULT, s.max_prompt_tokens, s.max_completion_tokens, 1
+            )
+            return usage.worst()
+        return self.controller.cost.request_bytes(s.max_prompt_tokens + s.max_completion_tokens)
+
+    def _edge_limits(self, max_connections: int) -> EdgeLimits:
+        s = self.settings
+        return EdgeLimits(
+            max_connections=max_connections,
+            header_timeout_s=s.header_timeout_ms / 1000,
+            keepalive_timeout_s=s.keepalive_timeout_ms / 1000,
+        )
 
     def _admin(self) -> Admin:
         return Admin(
@@ -154,16 +194,27 @@ class SidecarServer:
         )
 
     async def start(self) -> None:
-        """Plan once, start the loop, then open the admin port and the proxy port."""
+        """Bind both ports, plan once, start the loop, then serve admin and proxy."""
+        s = self.settings
+        reserve_descriptors(s.max_connections)
+        admin_sock = bind(s.admin_host, s.admin_port, "ADMIN_")
+        try:
+            proxy_sock = bind(s.host, s.port, "")
+        except BaseException:
+            admin_sock.close()
+            raise
+        await self._start(admin_sock, proxy_sock)
+
+    async def _start(self, admin_sock: socket.socket, proxy_sock: socket.socket) -> None:
         await self.upstream.start()
         state = await self.controller.refresh()
         log.info("capacity_initial", source=state.source, limit=state.limit, mode=state.mode)
         self.controller.start()
         s = self.settings
-        self.admin_port = await self._listen(
-            build_admin_app(self._admin()), s.admin_host, s.admin_port
+        self.admin_port = await self._listen(build_admin_app(self._admin()), admin_sock, 64)
+        self.proxy_port = await self._listen(
+            build_proxy_app(self._proxy()), proxy_sock, s.max_connections
         )
-        self.proxy_port = await self._listen(build_proxy_app(self._proxy()), s.host, s.port)
         log.info(
             "sidecar_listening",
             proxy_port=self.proxy_port,
@@ -173,25 +224,28 @@ class SidecarServer:
             shadow=s.shadow,
         )
 
-    async def _listen(self, app: web.Application, host: str, port: int) -> int:
-        # handler_cancellation: a client that hangs up cancels its handler at once, so a queued
-        # waiter leaves the queue and a stream's upstream connection is closed.
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, host, port)
-        await site.start()
+    async def _listen(self, app: web.Application, sock: socket.socket, cap: int) -> int:
+        runner, self.proxy_connections = await serve(app, sock, self._edge_limits(cap))
         self._runners.append(runner)
-        return int(runner.addresses[0][1])  # the real port, also when 0 asked for any
+        return int(sock.getsockname()[1])  # the real port, also when 0 asked for any
 
     async def drain(self, grace_s: float) -> bool:
-        """Fail readiness, refuse new work, let running streams finish; True if all finished."""
+        """Fail readiness, refuse new work, let running streams finish; True if all finished.
+
+        When the grace runs out, every request still running is ended (SSE streams in-band with
+        ``draining``), so the drain takes at most ``grace_s`` plus a second, whatever clients do.
+        """
         self.draining = True
         self.bulkhead.drain()
         log.info("drain_started", in_flight=self.bulkhead.snapshot().in_use, grace_s=grace_s)
         try:
             await asyncio.wait_for(self.bulkhead.idle(), grace_s)
         except TimeoutError:
-            log.warning("drain_grace_expired", in_flight=self.bulkhead.snapshot().in_use)
+            stopped = self.in_flight.stop_all("draining")
+            log.warning("drain_grace_expired", in_flight=self.bulkhead.snapshot().in_use,
+                        stopped=stopped)  # fmt: skip
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.bulkhead.idle(), STOP_WAIT_S)
             return False
         log.info("drain_finished")
         return True

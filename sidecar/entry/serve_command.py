@@ -10,7 +10,7 @@ import signal
 import structlog
 
 from sidecar.entry.app import SidecarServer
-from sidecar.entry.logs import configure_logging
+from sidecar.entry.logs import configure_logging, loop_exception_handler
 from sidecar.entry.settings import Settings, load_settings
 from sidecar.entry.settings_reference import help_text, setting_rows
 
@@ -36,6 +36,7 @@ async def serve(settings: Settings) -> int:
     server = SidecarServer(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    loop.set_exception_handler(loop_exception_handler())
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     try:

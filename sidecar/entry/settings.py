@@ -10,6 +10,7 @@ import difflib
 import os
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -77,6 +78,33 @@ class Settings(BaseSettings):
     drain_grace_s: Annotated[float, Field(ge=0)] = Field(
         30.0,
         description="after SIGTERM, how long running streams may finish before the sidecar stops",
+    )
+
+    # --- the bounded edge ----------------------------------------------------------------------
+    free_paths: str = Field(
+        "/tokenize,/detokenize",
+        description="Comma-separated POST paths forwarded without a permit (cheap engine calls).",
+    )
+    client_write_timeout_ms: PositiveInt = Field(
+        30_000, description="A write to a client that does not drain in this time ends the stream."
+    )
+    header_timeout_ms: PositiveInt = Field(
+        10_000, description="A connection whose request head is not complete in this time closes."
+    )
+    keepalive_timeout_ms: PositiveInt = Field(
+        15_000, description="An idle keep-alive client connection closes after this time."
+    )
+    body_timeout_ms: PositiveInt = Field(
+        30_000, description="A request body that has not fully arrived in this time gets a 408."
+    )
+    max_connections: PositiveInt = Field(
+        512, description="Open client connections on the proxy port; more are refused with 503."
+    )
+    max_pre_admission: PositiveInt = Field(
+        32, description="Requests read, parsed and counted at once before admission; more: 503."
+    )
+    probe_timeout_ms: PositiveInt = Field(
+        2_000, description="Each GPU or engine probe read is abandoned after this time."
     )
 
     # --- capacity ------------------------------------------------------------------------------
@@ -243,6 +271,22 @@ class Settings(BaseSettings):
         if isinstance(size, int) and size < 0:
             raise ValueError("weights cannot be negative")
         return size
+
+    @field_validator("upstream_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            msg = "must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000"
+            raise ValueError(msg)
+        return value
+
+    @model_validator(mode="after")
+    def _ports_differ(self) -> Settings:
+        if self.port != 0 and self.port == self.admin_port:
+            msg = f"SIDECAR_PORT and SIDECAR_ADMIN_PORT are both {self.port}; they must differ"
+            raise ValueError(msg)
+        return self
 
     @model_validator(mode="after")
     def _static_needs_numbers(self) -> Settings:

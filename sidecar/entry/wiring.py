@@ -136,6 +136,7 @@ def build_controller(
         clock=clock,
         feedback=adaptive.observe if adaptive is not None else None,
         available=available,
+        probe_timeout_s=settings.probe_timeout_ms / 1000,
     )
 
 

@@ -198,9 +198,13 @@ class Bulkhead:
 
     def resize(self, limit: int, ceiling: int | None = None) -> None:
         """New limit (permits, bytes or tokens): growing wakes waiters now, shrinking revokes
-        nothing. ``ceiling``: the largest worst case that can ever run, where not the limit."""
+        nothing; a waiter that can never fit the new limit is refused at once (``too_large``).
+        ``ceiling``: the largest worst case that can ever run, where not the limit."""
         self.sync()
-        self._wake(self._core.resize(limit, ceiling))
+        grants = self._core.resize(limit, ceiling)
+        for ticket in self._core.refused_oversize():
+            self._refuse_waiter(self._waiters.pop(ticket), "too_large")
+        self._wake(grants)
 
     def set_available(self, available: bool) -> None:
         """False while there is no capacity at all: refuse at once (no_capacity), queued too."""

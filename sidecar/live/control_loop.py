@@ -3,6 +3,12 @@
 A failed read keeps the last good plan, marked stale; stale for longer than SIDECAR_STALE_AFTER_MS
 falls back to a conservative floor. Each transition is logged once. The loop is a named task that
 logs and survives anything a tick throws, so it cannot die silently.
+
+The loop does not vouch for itself: ``state`` is judged when it is read, from the age of the last
+good plan, so a loop that hangs (a probe read past its timeout, a stuck NVML call) or crashes
+shows stale, then the floor, without another tick; a watchdog task applies that floor to the
+bulkhead. Every probe read runs under SIDECAR_PROBE_TIMEOUT_MS, and any exception in a tick
+degrades the plan like a failed probe.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from dataclasses import dataclass, replace
 import structlog
 
 from sidecar.core.capacity import Budget, KvCost, Plan, engine_cost, make_plan
-from sidecar.core.errors import PlanError, ProbeError
+from sidecar.core.errors import PlanError, ProbeError, ProbeTemporaryError
 from sidecar.core.warnings import CLEARED_EVENT, RAISED_EVENT, ConfigWarning, changes, no_capacity
 from sidecar.live.probes import EngineProbe, EngineReading, GpuProbe, GpuSnapshot
 from sidecar.live.probes.static import Declared
@@ -25,6 +31,7 @@ from sidecar.live.sources import Disagreement, Readings, plan_inputs
 log = structlog.get_logger("sidecar.live.control_loop")
 
 TASK_NAME = "capacity-control-loop"
+WATCHDOG_NAME = "capacity-watchdog"
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,17 @@ class Floor:
     limit: int
 
 
+def judged(
+    state: CapacityState, now: float, fresh_for_s: float, stale_after_s: float, floor: Floor
+) -> CapacityState:
+    """``state`` as it stands at ``now``: a plan not renewed in time is stale, then the floor."""
+    age = state.age_s(now)
+    if age is None or state.on_floor or age <= fresh_for_s:
+        return state
+    overdue = replace(state, error=state.error or f"no new plan for {age:.1f}s")
+    return degrade(overdue, now, stale_after_s, floor)
+
+
 def degrade(state: CapacityState, now: float, stale_after_s: float, floor: Floor) -> CapacityState:
     """The state after a failed tick: stale while the last good plan is young, then the floor."""
     age = state.age_s(now)
@@ -95,6 +113,7 @@ class CapacityController:
         tolerance: float = 0.10,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        probe_timeout_s: float = 2.0,
         feedback: Callable[[Readings], tuple[ConfigWarning, ...]] | None = None,
         available: Callable[[bool], None] | None = None,
     ) -> None:
@@ -109,16 +128,24 @@ class CapacityController:
         self._refresh_s, self._stale_after_s = refresh_s, stale_after_s
         self._engine_pid, self._tolerance = engine_pid, tolerance
         self._clock, self._sleep = clock, sleep
+        self._probe_timeout_s = probe_timeout_s
         self._feedback, self._available = feedback, available
         self._state = CapacityState(plan=None, source="none", limit=floor.limit, on_floor=True)
         self._resized_to: int | None = None
         self._published = False
         self._task: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
 
     @property
     def state(self) -> CapacityState:
-        """The state in force now."""
-        return self._state
+        """The state in force now, judged by the age of the last good plan at this moment."""
+        now = self._clock()
+        return judged(self._state, now, self.fresh_for_s, self._stale_after_s, self._floor)
+
+    @property
+    def fresh_for_s(self) -> float:
+        """A plan older than this is stale: two missed ticks plus one probe timeout."""
+        return 2 * self._refresh_s + self._probe_timeout_s
 
     @property
     def requested_source(self) -> str:
@@ -143,8 +170,8 @@ class CapacityController:
         readings = await self._read()
         now = self._clock()
         cost = self._cost_for(readings)
-        extra = self._feedback(readings) if self._feedback is not None else ()
         try:
+            extra = self._feedback(readings) if self._feedback is not None else ()
             inputs = plan_inputs(
                 self._wanted,
                 readings,
@@ -153,9 +180,10 @@ class CapacityController:
                 tolerance=self._tolerance,
             )
             plan = make_plan(inputs.cost, inputs.memory, self._budget, self._alpha)
-        except (ProbeError, PlanError) as exc:
+        except Exception as exc:  # a probe, a plan, or a bug: all of them degrade, none is fresh
             failed = degrade(self._state, now, self._stale_after_s, self._floor)
-            new = replace(failed, readings=readings, error=str(exc))
+            detail = str(exc) if isinstance(exc, ProbeError | PlanError) else repr(exc)
+            new = replace(failed, readings=readings, error=detail)
         else:
             new = CapacityState(
                 plan=plan,
@@ -184,15 +212,18 @@ class CapacityController:
         return replace(cost, block_size=cache.block_size)
 
     def start(self) -> None:
-        """Run ``refresh()`` every SIDECAR_REFRESH_MS in a named, guarded task."""
+        """Run ``refresh()`` every SIDECAR_REFRESH_MS, and the watchdog, in named, guarded tasks."""
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=TASK_NAME)
             self._task.add_done_callback(_report_exit)
+            self._watchdog = asyncio.create_task(self._watch(), name=WATCHDOG_NAME)
+            self._watchdog.add_done_callback(_report_exit)
 
     async def stop(self) -> None:
-        """Cancel the loop, wait for it, and close the probes."""
-        task, self._task = self._task, None
-        if task is not None:
+        """Cancel the loop and the watchdog, wait for them, and close the probes."""
+        tasks = [t for t in (self._task, self._watchdog) if t is not None]
+        self._task = self._watchdog = None
+        for task in tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -200,6 +231,18 @@ class CapacityController:
             if probe is not None:
                 with contextlib.suppress(ProbeError):
                     await probe.close()
+
+    def enforce(self) -> CapacityState:
+        """Hand the bulkhead the limit of the state as judged now (the floor once it is stale)."""
+        state = self.state
+        if state.mode != self._state.mode:
+            self._publish(state)
+        return state
+
+    async def _watch(self) -> None:
+        while True:
+            await self._sleep(self._refresh_s)
+            self.enforce()
 
     async def _run(self) -> None:
         while True:
@@ -210,7 +253,10 @@ class CapacityController:
                 log.exception("capacity_tick_crashed")
 
     async def _read(self) -> Readings:
-        gpus, engine = await asyncio.gather(_attempt(self._gpu_probe), _attempt(self._engine_probe))
+        timeout = self._probe_timeout_s
+        gpus, engine = await asyncio.gather(
+            _attempt(self._gpu_probe, timeout), _attempt(self._engine_probe, timeout)
+        )
         return Readings(
             declared=self._declared,
             gpus=gpus[0] if isinstance(gpus[0], GpuSnapshot) else None,
@@ -235,15 +281,20 @@ class CapacityController:
 
 
 async def _attempt(
-    probe: GpuProbe | EngineProbe | None,
+    probe: GpuProbe | EngineProbe | None, timeout_s: float
 ) -> tuple[GpuSnapshot | EngineReading | None, ProbeError | None]:
     # The coroutine is made here, inside the task, so a cancelled tick leaves none un-awaited.
     if probe is None:
         return None, None
     try:
-        return await probe.read(), None
+        async with asyncio.timeout(timeout_s):
+            return await probe.read(), None
     except ProbeError as exc:
         return None, exc
+    except TimeoutError:
+        return None, ProbeTemporaryError(f"{type(probe).__name__} read timed out ({timeout_s}s)")
+    except Exception as exc:  # a probe's bug reads as a failed probe, never as a fresh plan
+        return None, ProbeTemporaryError(f"{type(probe).__name__} failed: {exc!r}")
 
 
 def _log_transition(old: CapacityState, new: CapacityState) -> None:
@@ -254,14 +305,6 @@ def _log_transition(old: CapacityState, new: CapacityState) -> None:
         log.warning("capacity_stale", error=new.error, **fields)
     else:
         log.error("capacity_on_floor", error=new.error, **fields)
-
-
-def _log_warnings(old: CapacityState, new: CapacityState) -> None:
-    raised, cleared = changes(old.warnings, new.warnings)
-    for warning in raised:
-        log.warning(RAISED_EVENT, code=warning.code, message=warning.message)
-    for warning in cleared:
-        log.info(CLEARED_EVENT, code=warning.code)
 
 
 def _flagged(state: CapacityState) -> set[str]:
@@ -278,3 +321,11 @@ def _checks(state: CapacityState) -> list[dict[str, object]]:
 def _report_exit(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("capacity_loop_died", error=repr(task.exception()))
+
+
+def _log_warnings(old: CapacityState, new: CapacityState) -> None:
+    raised, cleared = changes(old.warnings, new.warnings)
+    for warning in raised:
+        log.warning(RAISED_EVENT, code=warning.code, message=warning.message)
+    for warning in cleared:
+        log.info(CLEARED_EVENT, code=warning.code)

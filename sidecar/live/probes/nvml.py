@@ -1,6 +1,7 @@
 """GPU memory through NVML (nvidia-ml-py): total / used / free and per-process usage per GPU.
 
-NVML is blocking C code, so every read runs in a worker thread, off the event loop. The library is
+NVML is blocking C code, so every call runs on the probe's own daemon thread (NvmlWorker), off
+the event loop; close() gives a stuck call a second, then leaves it behind. The library is
 initialised once, on the first read, and again only after it reported itself uninitialised.
 """
 
@@ -16,6 +17,9 @@ from typing import Any
 from sidecar.core.errors import ProbeError, ProbeUnavailableError
 from sidecar.live.probes import GpuReading, GpuSnapshot, ProcessMemory
 from sidecar.live.probes.nvml_errors import import_nvml, translate, translated
+from sidecar.live.probes.nvml_worker import NvmlWorker
+
+CLOSE_WAIT_S = 1.0
 
 _NOT_AVAILABLE = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE for unsigned long long
 _FALLBACK_CODES = {3, 13}  # not supported, function not found: use the older call
@@ -43,10 +47,11 @@ class NvmlProbe:
         self._clock = clock
         self._initialised = False
         self._lock = threading.Lock()
+        self._worker = NvmlWorker()
 
     async def read(self) -> GpuSnapshot:
         """Read every selected GPU; raises ProbeError (translated from NVML) when it cannot."""
-        return await asyncio.to_thread(self.read_now)
+        return await self._worker.run(self.read_now)
 
     def read_now(self) -> GpuSnapshot:
         """The blocking read, for callers already off the event loop."""
@@ -61,8 +66,14 @@ class NvmlProbe:
             return GpuSnapshot(gpus=gpus, observed_at=self._clock())
 
     async def close(self) -> None:
-        """Shut NVML down if we initialised it."""
-        await asyncio.to_thread(self._shutdown)
+        """Shut NVML down if we initialised it; never waits long on a stuck call."""
+        try:
+            async with asyncio.timeout(CLOSE_WAIT_S):
+                await self._worker.run(self._shutdown)
+        except TimeoutError:
+            raise ProbeUnavailableError("NVML did not shut down in time; left behind") from None
+        finally:
+            self._worker.stop()
 
     def _shutdown(self) -> None:
         with self._lock:

@@ -1,0 +1,103 @@
+"""Where a request goes, decided on the path the engine will see (pure: no aiohttp, no I/O).
+
+The raw request target is normalised once (percent-encoded unreserved characters decoded, repeated
+slashes collapsed, dot segments removed) and that exact form is both what admission routes on and
+what is forwarded. Encodings a server could read two ways (``%2F``, ``%5C``, ``%00``, a backslash,
+a bad ``%`` escape) are refused rather than guessed.
+
+Every method that may generate (anything but GET, HEAD and OPTIONS) passes admission: the three
+OpenAI generating routes priced by their token budget, any other path at one request's price,
+except the configured free paths (cheap engine calls such as ``/tokenize``).
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from sidecar.core.errors import RequestError
+from sidecar.core.request_checks import Endpoint
+
+RouteKind = Literal["priced", "admitted", "free"]
+
+PRICED: Mapping[str, Endpoint] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+}
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+DEFAULT_FREE_PATHS = ("/tokenize", "/detokenize")
+
+_UNRESERVED = frozenset(string.ascii_letters + string.digits + "-._~")
+_ESCAPE = re.compile(r"%(.{0,2})", re.DOTALL)
+_HEX = frozenset(string.hexdigits)
+_FORBIDDEN_BYTES = frozenset({0x2F, 0x5C, 0x25})  # '/', '\' and '%' itself: two readings
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A request's destination: the normalised path, the raw query and how it is admitted."""
+
+    path: str
+    query: str
+    kind: RouteKind
+    endpoint: Endpoint | None = None
+
+    @property
+    def path_qs(self) -> str:
+        """What is forwarded to the engine: exactly the path that was admitted."""
+        return f"{self.path}?{self.query}" if self.query else self.path
+
+
+def route(method: str, raw_target: str, free_paths: frozenset[str]) -> Target:
+    """The target of ``method raw_target``; RequestError (400) for an ambiguous spelling."""
+    raw_path, _, query = raw_target.partition("?")
+    path = normalise_path(raw_path)
+    if method.upper() in SAFE_METHODS or path in free_paths:
+        return Target(path, query, "free")
+    endpoint = PRICED.get(path)
+    if endpoint is not None and method.upper() == "POST":
+        return Target(path, query, "priced", endpoint)
+    return Target(path, query, "admitted")
+
+
+def normalise_path(raw_path: str) -> str:
+    """The one spelling of ``raw_path``: RFC 3986 §6.2.2 normalisation plus collapsed slashes."""
+    if not raw_path.startswith("/") or "\\" in raw_path or "#" in raw_path:
+        raise _ambiguous("the request path must be an absolute path without '\\' or '#'")
+    decoded = _ESCAPE.sub(_decode_escape, raw_path)
+    segments: list[str] = []
+    for segment in decoded.split("/"):
+        if segment == "..":
+            if segments:
+                segments.pop()
+        elif segment not in ("", "."):
+            segments.append(segment)
+    path = "/" + "/".join(segments)
+    last = decoded.rsplit("/", 1)[-1]
+    if segments and last in ("", ".", ".."):
+        path += "/"
+    return path
+
+
+def _decode_escape(match: re.Match[str]) -> str:
+    digits = match.group(1)
+    if len(digits) != 2 or not set(digits) <= _HEX:
+        raise _ambiguous("the request path has a malformed percent-escape")
+    value = int(digits, 16)
+    if value in _FORBIDDEN_BYTES or value < 0x20 or value == 0x7F:
+        raise _ambiguous(f"the request path encodes %{digits.upper()}, which is ambiguous")
+    char = chr(value)
+    return char if char in _UNRESERVED else f"%{digits.upper()}"
+
+
+def _ambiguous(message: str) -> RequestError:
+    return RequestError(message, param="path", code="ambiguous_path")
+
+
+def parse_free_paths(spec: str) -> frozenset[str]:
+    """SIDECAR_FREE_PATHS: comma-separated paths, each normalised like a request's."""
+    return frozenset(normalise_path(part.strip()) for part in spec.split(",") if part.strip())

@@ -1,0 +1,61 @@
+"""Where SSE events end, per the spec: lines end in CRLF, LF or CR; an event ends at a blank line.
+
+Pure and incremental: each byte is scanned once (a CR at the end of one chunk is remembered, so
+a CRLF split across two chunks is one line end), and only an event still being received is held.
+"""
+
+from __future__ import annotations
+
+import re
+
+_EOL = re.compile(rb"\r\n|\r|\n")
+# An event that never ends is passed on once this big, rather than held without bound.
+MAX_HELD_BYTES = 1 << 20
+
+
+class EventFramer:
+    """Passes on whole SSE events only, holding back a partial one until its blank line arrives.
+
+    Complete events go out the moment they arrive (nothing is batched); only the bytes of an event
+    whose blank line has not come yet wait. If the engine dies mid-event, those bytes are dropped,
+    so the client's parser sees whole events, then our in-band error, never a torn line.
+    """
+
+    __slots__ = ("_after_cr", "_held", "_line_empty", "max_held")
+
+    def __init__(self, max_held: int = MAX_HELD_BYTES) -> None:
+        self._held = bytearray()
+        self._line_empty = True  # the next byte starts a line that has no content yet
+        self._after_cr = False  # the last byte seen was a CR (a LF next would complete a CRLF)
+        self.max_held = max_held
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The bytes now ready to send: everything up to the last complete event."""
+        cut = self._last_event_end(chunk)
+        if cut < 0:
+            self._held += chunk
+            if len(self._held) <= self.max_held:
+                return b""
+            return self.flush()
+        ready = bytes(self._held) + chunk[:cut] if self._held else chunk[:cut]
+        self._held = bytearray(chunk[cut:])
+        return ready
+
+    def flush(self) -> bytes:
+        """Whatever is held (at the end of a stream that ended cleanly)."""
+        rest, self._held = bytes(self._held), bytearray()
+        return rest
+
+    def _last_event_end(self, chunk: bytes) -> int:
+        """Index just past the last blank line in ``chunk`` (-1 if none); updates line state."""
+        start = 1 if self._after_cr and chunk.startswith(b"\n") else 0
+        line_begin = start if self._line_empty else -1
+        cut = -1
+        for match in _EOL.finditer(chunk, start):
+            if match.start() == line_begin:
+                cut = match.end()
+            line_begin = match.end()
+        if chunk:
+            self._line_empty = line_begin == len(chunk)
+            self._after_cr = chunk.endswith(b"\r")
+        return cut

@@ -1,0 +1,76 @@
+"""Opening a port: bind up front (so a clash or a bad host is one clear ConfigError), check that the
+connection cap leaves descriptors for the admin port and the engine, and serve an app on it."""
+
+from __future__ import annotations
+
+import resource
+import socket
+
+from aiohttp import web
+
+from sidecar.core.errors import ConfigError
+from sidecar.edge.limits import ConnectionCount, EdgeLimits, GuardedSite
+
+# Descriptors kept back from the proxy port's cap: the admin port, engine connections, logs.
+FD_MARGIN = 128
+# aiohttp waits this long for handlers at shutdown (its default is 60 s); the drain has already
+# ended or stopped every stream by then.
+SHUTDOWN_TIMEOUT_S = 0.5
+
+
+def bind(host: str, port: int, prefix: str = "") -> socket.socket:
+    """A listening socket on ``host:port``; ConfigError naming SIDECAR_{prefix}HOST/PORT if not."""
+    try:
+        family, *_, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        raise ConfigError(f"SIDECAR_{prefix}HOST {host!r} does not resolve: {exc}") from exc
+    try:
+        return socket.create_server(address[:2], family=family, backlog=1024)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on {host}:{port} (SIDECAR_{prefix}PORT): {exc.strerror or exc}"
+        ) from exc
+
+
+def reserve_descriptors(max_connections: int) -> int:
+    """Raise the soft RLIMIT_NOFILE as far as needed and allowed; ConfigError if the cap
+    (SIDECAR_MAX_CONNECTIONS) plus the margin still does not fit. Returns the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = max_connections + FD_MARGIN
+    if soft < needed and (hard == resource.RLIM_INFINITY or hard > soft):
+        soft = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    if soft < needed:
+        raise ConfigError(
+            f"SIDECAR_MAX_CONNECTIONS={max_connections} needs {needed} file descriptors "
+            f"({FD_MARGIN} kept for the admin port and the engine) but RLIMIT_NOFILE is {soft}"
+        )
+    return soft
+
+
+async def serve(
+    app: web.Application, sock: socket.socket, limits: EdgeLimits
+) -> tuple[web.AppRunner, ConnectionCount]:
+    """Serve ``app`` on ``sock`` behind the edge's limits; the runner and its connection count."""
+    # handler_cancellation: a client that hangs up cancels its handler at once, so a queued
+    # waiter leaves the queue and a stream's upstream connection is closed.
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+    )
+    await runner.setup()
+    count = ConnectionCount(limits)
+    site = GuardedSite(
+        runner,
+        sock,
+        count,
+        keepalive_timeout=limits.keepalive_timeout_s,
+        max_line_size=limits.max_line_size,
+        max_field_size=limits.max_field_size,
+        max_headers=limits.max_headers,
+        access_log=None,
+        lingering_time=1.0,
+    )
+    await site.start()
+    return runner, count

@@ -1,0 +1,96 @@
+"""An engine double for the edge's functional tests: it records every request it receives and
+answers as the ``x-double`` header asks (endless SSE, a broken body, CRLF framing)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+from aiohttp import web
+
+from tests.servers import serve_app
+
+SSE = "text/event-stream"
+
+
+@dataclass
+class EngineDouble:
+    """What reached the engine: (method, path_qs) per request, in order."""
+
+    url: str = ""
+    seen: list[tuple[str, str]] = field(default_factory=list)
+
+    def generating(self, free: frozenset[str] = frozenset({"/tokenize", "/detokenize"})) -> int:
+        """Requests that needed a permit: every non-GET one off the free paths."""
+        return sum(1 for method, path in self.seen if method != "GET" and path not in free)
+
+
+async def _events(request: web.Request, events: list[bytes]) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": SSE})
+    await response.prepare(request)
+    for event in events:
+        await response.write(event)
+    await response.write_eof()
+    return response
+
+
+async def _endless(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": SSE})
+    await response.prepare(request)
+    event = b"data: " + b"x" * 65_536 + b"\n\n"
+    for _ in range(2_000):  # bounded: ~128 MiB at most, far past any socket buffer
+        await response.write(event)
+        await asyncio.sleep(0)
+    await response.write_eof()
+    return response
+
+
+async def _broken(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "application/json"})
+    await response.prepare(request)
+    await response.write(b'{"object": "list", "data": [')
+    await asyncio.sleep(0.05)
+    assert request.transport is not None
+    request.transport.abort()
+    return response
+
+
+def _completion(request: web.Request, stream: bool) -> web.Response | list[bytes]:
+    if stream:
+        return [b'data: {"choices": [{"text": "hi"}]}\n\n', b"data: [DONE]\n\n"]
+    body = {"object": "text_completion", "choices": [{"text": "hi"}], "usage": {"total_tokens": 2}}
+    return web.json_response(body)
+
+
+def build_double(double: EngineDouble) -> web.Application:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        double.seen.append((request.method, request.raw_path))
+        body = await request.read()
+        mode = request.headers.get("x-double", "")
+        if mode == "endless":
+            return await _endless(request)
+        if mode == "broken":
+            return await _broken(request)
+        if mode == "crlf":
+            return await _events(request, [b"data: 1\r\n\r\n", b"data: [DONE]\r\n\r\n"])
+        if request.raw_path == "/tokenize":
+            return web.json_response({"count": 3})
+        stream = bool(body) and json.loads(body).get("stream") is True
+        answer = _completion(request, stream)
+        return await _events(request, answer) if isinstance(answer, list) else answer
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    return app
+
+
+@pytest.fixture
+async def double() -> AsyncIterator[EngineDouble]:
+    """The recording engine double on a free port."""
+    recorder = EngineDouble()
+    runner, recorder.url = await serve_app(build_double(recorder))
+    yield recorder
+    await runner.cleanup()

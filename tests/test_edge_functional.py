@@ -1,0 +1,360 @@
+"""The bounded edge over real sockets: no request past admission, no 500, no echo, bounded time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import pytest
+from structlog.testing import capture_logs
+
+from sidecar.entry.app import SidecarServer
+from sidecar.entry.settings import load_settings
+from tests.engine_double import EngineDouble, double
+from tests.servers import BASE_ENV, admin_url, error_of, proxy_url, scrape, sse_events, until
+
+__all__ = ["double"]
+
+Start = Callable[..., Awaitable[SidecarServer]]
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+
+
+@pytest.fixture
+async def edge(double: EngineDouble) -> AsyncIterator[Start]:
+    """Start sidecars in front of the recording double; stopped at teardown."""
+    started: list[SidecarServer] = []
+
+    async def start(**overrides: str) -> SidecarServer:
+        env = {**BASE_ENV, "SIDECAR_UPSTREAM_URL": double.url, **overrides}
+        server = SidecarServer(load_settings(env))
+        await server.start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        await server.stop()
+
+
+async def exchange(port: int, data: bytes, timeout_s: float = 3.0) -> bytes:
+    """Send raw bytes, read until the server closes (bounded in time)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(data)
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await reader.read(65_536)
+    finally:
+        writer.close()
+
+
+def granted(server: SidecarServer) -> int:
+    return server.bulkhead.snapshot().granted_total
+
+
+@pytest.mark.parametrize(
+    ("path", "seen"),
+    [
+        pytest.param("/v1/./chat/completions", "/v1/chat/completions", id="dot"),
+        pytest.param("/v1/x/../chat/completions", "/v1/chat/completions", id="dot-dot"),
+        pytest.param("//v1//chat/completions", "/v1/chat/completions", id="slashes"),
+        pytest.param("/v1/%2E/chat/completions", "/v1/chat/completions", id="encoded-dot"),
+        pytest.param("/v1/./completions", "/v1/completions", id="completions-dot"),
+    ],
+)
+async def test_every_spelling_passes_admission_and_the_admitted_path_is_forwarded(
+    edge: Start, double: EngineDouble, path: str, seen: str
+) -> None:
+    """Dot segments and repeated slashes are admitted as the path the engine sees, and sent so."""
+    server = await edge()
+    body = {**CHAT, "prompt": "hi"} if "chat" not in seen else CHAT
+    async with aiohttp.ClientSession() as s, s.post(proxy_url(server) + path, json=body) as r:
+        assert r.status == 200
+    assert double.seen == [("POST", seen)]
+    assert granted(server) == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "permits"),
+    [
+        pytest.param("/v1/responses", {"input": "hi", "max_output_tokens": 5}, 1, id="responses"),
+        pytest.param("/v1/embeddings", {"input": "hi"}, 1, id="other-post"),
+        pytest.param("/v1/audio/speech", {"input": "hi"}, 1, id="unknown-post"),
+        pytest.param("/tokenize", {"prompt": "hi"}, 0, id="free-tokenize"),
+    ],
+)
+@pytest.mark.parametrize("admission", ["count", "tokens", "adaptive"])
+async def test_every_post_holds_a_permit_except_the_free_paths(
+    edge: Start,
+    double: EngineDouble,
+    path: str,
+    body: dict[str, object],
+    *,
+    permits: int,
+    admission: str,
+) -> None:
+    """Generating routes beyond chat and completions take a permit in every admission mode, priced
+    in the mode's own unit (a permit, KV bytes or tokens); /tokenize does not."""
+    server = await edge(SIDECAR_ADMISSION=admission)
+    async with aiohttp.ClientSession() as s, s.post(proxy_url(server) + path, json=body) as r:
+        assert r.status == 200
+    assert granted(server) == permits
+    assert double.generating() == permits
+
+
+async def test_responses_budget_is_enforced(edge: Start, double: EngineDouble) -> None:
+    """/v1/responses is priced by max_output_tokens: above the budget it never reaches the GPU."""
+    server = await edge()
+    body = {"input": "hi", "max_output_tokens": 10_000}
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(proxy_url(server) + "/v1/responses", json=body) as r,
+    ):
+        assert r.status == 400
+        assert error_of(await r.read())["param"] == "max_output_tokens"
+    assert double.seen == []
+
+
+UNPRICEABLE = [
+    pytest.param(b'{"model":"m","prompt":"\\ud800","max_tokens":2}', 200, id="lone-surrogate"),
+    pytest.param(b'{"prompt":"hi","max_tokens":' + b"9" * 5000 + b"}", 400, id="5000-digits"),
+    pytest.param(b"[" * 100_000 + b"]" * 100_000, 400, id="nested-100000"),
+    pytest.param(b'{"prompt": "hi", "max_tokens": 1e999}', 400, id="infinite-number"),
+    pytest.param('{"prompt":"hi","max_tokens":2}'.encode("utf-16"), 400, id="utf-16-body"),
+    pytest.param(b'\xef\xbb\xbf{"prompt":"hi"}', 400, id="utf-8-bom"),
+    pytest.param(b"\xff\xfe\x00", 400, id="not-text"),
+]
+
+
+@pytest.mark.parametrize(("body", "status"), UNPRICEABLE)
+async def test_bodies_the_checks_cannot_price_get_a_4xx_never_a_500(
+    edge: Start, double: EngineDouble, body: bytes, status: int
+) -> None:
+    """Each hostile body gets its own answer: priced and sent, or a 400 that never reaches it."""
+    server = await edge()
+    async with aiohttp.ClientSession() as s, s.post(
+        proxy_url(server) + "/v1/completions", data=body,
+        headers={"Content-Type": "application/json"},
+    ) as r:  # fmt: skip
+        assert r.status == status
+        if status == 400:
+            assert error_of(await r.read())["type"] == "invalid_request_error"
+    assert double.generating() == (1 if status == 200 else 0)
+
+
+async def test_chat_part_text_that_is_not_a_string_is_a_400(edge: Start) -> None:
+    """A content part whose text is a number is refused by name, not a crash."""
+    server = await edge()
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(proxy_url(server) + "/v1/chat/completions", json=body) as r,
+    ):
+        assert r.status == 400
+        assert error_of(await r.read())["param"] == "messages"
+
+
+async def test_a_declared_non_utf8_charset_is_a_415(edge: Start, double: EngineDouble) -> None:
+    """Content-Type: application/json; charset=utf-16 is refused before it reaches the engine."""
+    server = await edge()
+    async with aiohttp.ClientSession() as s, s.post(
+        proxy_url(server) + "/v1/completions", data='{"prompt":"hi"}'.encode("utf-16"),
+        headers={"Content-Type": "application/json; charset=utf-16"},
+    ) as r:  # fmt: skip
+        assert r.status == 415
+    assert double.seen == []
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param("/v1%2Fchat/completions", id="encoded-slash"),
+        pytest.param("/v1/chat%5Ccompletions", id="encoded-backslash"),
+        pytest.param("/v1/%zz", id="bad-escape"),
+    ],
+)
+async def test_ambiguous_paths_are_a_400_and_reach_nothing(
+    edge: Start, double: EngineDouble, path: str
+) -> None:
+    """An encoding that could be read two ways is refused in JSON; the engine sees nothing."""
+    server = await edge()
+    raw = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{{}}".encode()
+    answer = await exchange(server.proxy_port, raw)
+    assert answer.startswith(b"HTTP/1.1 400")
+    assert b'"ambiguous_path"' in answer
+    assert double.seen == []
+
+
+async def test_a_client_that_stops_reading_loses_its_permit(edge: Start) -> None:
+    """A never-reading client: the write deadline ends the stream and the permit comes back."""
+    server = await edge(SIDECAR_CLIENT_WRITE_TIMEOUT_MS="300")
+    body = json.dumps({**CHAT, "stream": True}).encode()
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-double: endless\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    _reader, writer = await asyncio.open_connection("127.0.0.1", server.proxy_port, limit=1024)
+    writer.write(head + body)
+    try:
+        assert await until(lambda: _in_use(server, 1), 5)
+        assert await until(lambda: _in_use(server, 0), 10)
+    finally:
+        writer.close()
+    samples = await scrape(admin_url(server) + "/metrics")
+    assert samples["sidecar_requests_total{outcome=client_stalled}"] == 1
+
+
+async def _in_use(server: SidecarServer, n: int) -> bool:
+    return server.bulkhead.snapshot().in_use == n
+
+
+async def test_a_broken_plain_body_is_cut_off_not_a_clean_200(edge: Start) -> None:
+    """The engine dies mid-body on a non-SSE answer: the client sees an error, not a short body."""
+    server = await edge()
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            proxy_url(server) + "/v1/embeddings",
+            json={"input": "x"},
+            headers={"x-double": "broken"},
+        ) as r,
+    ):
+        assert r.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await r.read()
+    assert await until(lambda: _in_use(server, 0))
+
+
+async def test_a_crlf_stream_is_relayed_whole(edge: Start) -> None:
+    """CRLF-framed events go out as they are, byte for byte."""
+    server = await edge()
+    async with aiohttp.ClientSession() as s, s.post(
+        proxy_url(server) + "/v1/chat/completions", json={**CHAT, "stream": True},
+        headers={"x-double": "crlf"},
+    ) as r:  # fmt: skip
+        assert await r.read() == b"data: 1\r\n\r\ndata: [DONE]\r\n\r\n"
+
+
+async def test_slow_headers_are_closed_at_the_header_deadline(edge: Start) -> None:
+    """Slowloris on the head: a 408 in JSON after the deadline, then the connection closes."""
+    server = await edge(SIDECAR_HEADER_TIMEOUT_MS="300")
+    answer = await exchange(server.proxy_port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+    assert answer.startswith(b"HTTP/1.1 408")
+    assert b'"header_timeout"' in answer
+
+
+async def test_a_slow_body_gets_a_408(edge: Start, double: EngineDouble) -> None:
+    """Slowloris on the body: the request is refused at the body deadline, nothing forwarded."""
+    server = await edge(SIDECAR_BODY_TIMEOUT_MS="300")
+    raw = b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"pro'
+    answer = await exchange(server.proxy_port, raw)
+    assert answer.startswith(b"HTTP/1.1 408")
+    assert b'"body_timeout"' in answer
+    assert double.seen == []
+
+
+async def test_idle_connections_past_the_cap_are_refused_and_admin_still_answers(
+    edge: Start,
+) -> None:
+    """An idle flood up to the cap: the next connection gets a 503, /healthz keeps answering."""
+    server = await edge(SIDECAR_MAX_CONNECTIONS="20")
+    idle = [await asyncio.open_connection("127.0.0.1", server.proxy_port) for _ in range(20)]
+    try:
+        assert await until(lambda: _open(server, 20))
+        answer = await exchange(server.proxy_port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 503")
+        assert b'"too_many_connections"' in answer
+        async with aiohttp.ClientSession() as s, s.get(admin_url(server) + "/healthz") as r:
+            assert r.status == 200
+    finally:
+        for _reader, writer in idle:
+            writer.close()
+    assert await until(lambda: _open(server, 0))
+
+
+async def _open(server: SidecarServer, n: int) -> bool:
+    proxy_count = server.proxy_connections
+    return proxy_count is not None and proxy_count.open == n
+
+
+SECRET = "sk-very-secret-key-123"
+MALFORMED = [
+    pytest.param(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        b"Content-Length: 5\r\n\r\n0\r\n\r\n", id="te-and-cl",
+    ),
+    pytest.param(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+        b"Content-Length: 30\r\n\r\n{}", id="two-content-lengths",
+    ),
+    pytest.param(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"zz\r\n{}\r\n0\r\n\r\n", id="bad-chunk-size",
+    ),
+    pytest.param(
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n",
+        id="oversized-header",
+    ),
+    pytest.param(b"GET /v1/models HTTP/1.1\r\nBad Header\r\n\r\n", id="malformed-header-line"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("raw", MALFORMED)
+async def test_malformed_requests_get_json_400s_that_echo_nothing(
+    edge: Start, double: EngineDouble, raw: bytes
+) -> None:
+    """Smuggling and oversized headers: a JSON 4xx, no request bytes echoed, no secret logged."""
+    server = await edge()
+    with_key = raw.replace(
+        b"Host: x\r\n", f"Host: x\r\nAuthorization: Bearer {SECRET}\r\n".encode()
+    )
+    with capture_logs() as logs:
+        answer = await exchange(server.proxy_port, with_key)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split()[1] in (b"400", b"413", b"431")
+    assert b"application/json" in head
+    assert json.loads(body)["error"]["type"] == "invalid_request_error"
+    assert SECRET.encode() not in answer
+    assert SECRET not in json.dumps(logs, default=str)
+    assert double.generating() == 0
+
+
+async def test_pre_admission_work_is_capped(edge: Start) -> None:
+    """With one slot for reading bodies, a second request meanwhile is refused 503 at once."""
+    server = await edge(SIDECAR_MAX_PRE_ADMISSION="1", SIDECAR_BODY_TIMEOUT_MS="2000")
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.proxy_port)
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{")
+    try:
+        assert await until(lambda: _gate_held(server, 1))
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(proxy_url(server) + "/v1/completions", json={"prompt": "hi"}) as r,
+        ):
+            assert r.status == 503
+            assert error_of(await r.read())["code"] == "edge_busy"
+            assert r.headers["Retry-After"] == "1"
+    finally:
+        writer.close()
+        del reader
+
+
+async def _gate_held(server: SidecarServer, n: int) -> bool:
+    return server.gate.held == n
+
+
+async def test_drain_past_its_grace_ends_streams_in_band(edge: Start) -> None:
+    """Grace gone: a running stream gets an SSE error with code draining, then [DONE]."""
+    server = await edge()
+    async with aiohttp.ClientSession() as s, s.post(
+        proxy_url(server) + "/v1/chat/completions", json={**CHAT, "stream": True},
+        headers={"x-double": "endless"},
+    ) as r:  # fmt: skip
+        await r.content.readuntil(b"\n\n")
+        drained = asyncio.create_task(server.drain(0.2))
+        body = await asyncio.wait_for(r.read(), 10)
+        assert await asyncio.wait_for(drained, 3) is False
+    events = sse_events(body[body.rfind(b"data: {") :])
+    assert json.loads(events[0][1])["error"]["code"] == "draining"
+    assert events[-1] == (None, "[DONE]")
+    assert server.bulkhead.snapshot().in_use == 0
