@@ -213,9 +213,7 @@ async def _forward(
     try:
         upstream = await proxy.upstream.send(request.method, job.target.path_qs, headers, job.body)
     except UpstreamError as exc:
-        permit.outcome = "failed"
-        log.warning(exc.refusal.log_event, error=str(exc), phase="connect")
-        return error_response(exc), exc.refusal.code
+        return _upstream_failed(permit, exc, "connect")
     except asyncio.CancelledError:
         if not stop.claim():
             raise
@@ -230,6 +228,15 @@ async def _forward(
         return result_response(result, permit)
     finally:
         finish(upstream)
+
+
+def _upstream_failed(
+    permit: Permit, exc: UpstreamError, phase: str
+) -> tuple[web.StreamResponse, str]:
+    """The engine failed before an answer started: the permit ends failed, the client gets a 5xx."""
+    permit.outcome = "failed"
+    log.warning(exc.refusal.log_event, error=str(exc), phase=phase)
+    return error_response(exc), exc.refusal.code
 
 
 def _stopped_response(permit: Permit) -> tuple[web.StreamResponse, str]:
@@ -260,9 +267,7 @@ async def _relay_whole(
     try:
         body = await read_all(upstream)
     except UpstreamError as exc:
-        permit.outcome = "failed"
-        log.warning(exc.refusal.log_event, error=str(exc), phase="body")
-        return error_response(exc), exc.refusal.code
+        return _upstream_failed(permit, exc, "body")
     except asyncio.CancelledError:
         if not stop.claim():
             raise

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import aiohttp
 from aiohttp import web
@@ -87,26 +88,21 @@ class _Relay:
 
     async def write(self, data: bytes, timeout_s: float | None = None) -> RelayEnd | None:
         """Write with a deadline; the relay's end if the client is gone or stalled."""
-        try:
-            if self._cannot_wait(len(data)):
-                await self.response.write(data)
-                return None
-            async with asyncio.timeout(timeout_s or self.write_timeout_s):
-                await self.response.write(data)
-        except ConnectionResetError:
-            return "client_gone"
-        except TimeoutError:
-            self.abort()
-            return "client_stalled"
-        return None
+        return await self._deadlined(self.response.write(data), len(data), timeout_s)
 
     async def finish(self) -> RelayEnd | None:
+        """End the body (the terminating chunk), under the same deadline as a write."""
+        return await self._deadlined(self.response.write_eof(), 0, None)
+
+    async def _deadlined(
+        self, io: Coroutine[Any, Any, None], size: int, timeout_s: float | None
+    ) -> RelayEnd | None:
         try:
-            if self._cannot_wait(0):
-                await self.response.write_eof()
-                return None
-            async with asyncio.timeout(self.write_timeout_s):
-                await self.response.write_eof()
+            if self._cannot_wait(size):
+                await io
+            else:
+                async with asyncio.timeout(timeout_s or self.write_timeout_s):
+                    await io
         except ConnectionResetError:
             return "client_gone"
         except TimeoutError:
