@@ -21,7 +21,8 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from sidecar.core.admission import Admission, Granted
+from sidecar.core.admission import Admission
+from sidecar.core.decisions import Granted
 from sidecar.core.errors import AdmissionRejectedError
 from sidecar.limiter.bulkhead import Bulkhead
 

@@ -29,7 +29,7 @@ from sidecar.core.outcomes import REQUEST_OUTCOMES
 from sidecar.entry.app import SidecarServer
 from sidecar.entry.logs import configure_logging
 from sidecar.entry.settings import load_settings
-from sidecar.limiter.bulkhead import BulkheadSnapshot
+from sidecar.limiter.events import BulkheadSnapshot
 from sidecar.live.probes import GpuReading, GpuSnapshot, ProcessMemory
 from tests.servers import TINY_MODEL, serve_app
 

@@ -11,7 +11,9 @@ from structlog.testing import capture_logs
 
 from sidecar.core.compartments import parse_compartments
 from sidecar.core.errors import AdmissionRejectedError
-from sidecar.limiter.bulkhead import AdmissionEvent, Bulkhead, Permit
+from sidecar.limiter.bulkhead import Bulkhead
+from sidecar.limiter.events import AdmissionEvent
+from sidecar.limiter.permit import Permit
 
 
 @dataclass

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from sidecar.entry.app import SidecarServer
 from sidecar.entry.settings import load_settings
-from sidecar.limiter.bulkhead import BulkheadSnapshot
+from sidecar.limiter.events import BulkheadSnapshot
 from tests.engine_double import EngineDouble, build_double
 from tests.servers import BASE_ENV, serve_app
 

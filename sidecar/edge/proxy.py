@@ -33,7 +33,8 @@ from sidecar.edge.limits import Gate
 from sidecar.edge.prompt_count import EnginePromptCounter
 from sidecar.edge.relay import RelayResult, relay_stream
 from sidecar.edge.routes import DEFAULT_FREE_PATHS, Target, route
-from sidecar.limiter.bulkhead import Bulkhead, Permit
+from sidecar.limiter.bulkhead import Bulkhead
+from sidecar.limiter.permit import Permit
 from sidecar.telemetry.metrics import RequestMetrics
 
 log = structlog.get_logger("sidecar.edge.proxy")

@@ -33,7 +33,7 @@ from sidecar.entry.wiring import (
     build_bulkhead,
     build_controller,
 )
-from sidecar.limiter.bulkhead import AdmissionEvent
+from sidecar.limiter.events import AdmissionEvent
 from sidecar.live.control_loop import CapacityController
 from sidecar.live.probes import GpuProbe
 from sidecar.telemetry.adaptive_metrics import AdaptiveCollector

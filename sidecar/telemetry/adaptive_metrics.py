@@ -9,7 +9,7 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sidecar.limiter.bulkhead import BulkheadSnapshot
+from sidecar.limiter.events import BulkheadSnapshot
 from sidecar.live.adaptive import AdaptiveCapacity
 from sidecar.telemetry.gauges import gauge
 

@@ -9,9 +9,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sidecar.core.admission import CompartmentSnapshot
+from sidecar.core.decisions import CompartmentSnapshot
 from sidecar.core.outcomes import REQUEST_OUTCOMES
-from sidecar.limiter.bulkhead import BulkheadSnapshot
+from sidecar.limiter.events import BulkheadSnapshot
 from sidecar.telemetry.gauges import gauge
 
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)

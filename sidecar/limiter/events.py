@@ -1,0 +1,37 @@
+"""What the bulkhead reports: one event per decision, and its snapshot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from sidecar.core.decisions import AdmissionSnapshot
+from sidecar.core.outcomes import RejectReason
+
+Mode = Literal["count", "tokens", "adaptive"]
+EventKind = Literal["granted", "queued", "rejected"]
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionEvent:
+    """One decision, for metrics and logs: granted (wait_s), queued, rejected (reason)."""
+
+    kind: EventKind
+    compartment: str
+    cost: int
+    shadow: bool
+    queued: int
+    wait_s: float = 0.0
+    reason: RejectReason | None = None
+    retry_after_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BulkheadSnapshot(AdmissionSnapshot):
+    """The core's snapshot plus how the bulkhead enforces it; counters are cumulative."""
+
+    mode: Mode
+    shadow: bool
+    max_in_flight: int | None
+    ledger_tokens: int = 0  # adaptive: what running streams hold now, as relayed
+    ledger_reserved_tokens: int = 0  # adaptive: what they are charged (held + expected growth)
