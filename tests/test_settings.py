@@ -19,8 +19,7 @@ from sidecar.entry.settings import load_settings
         ),
         pytest.param(
             {"SIDECAR_PORT": "9191", "SIDECAR_ADMIN_PORT": "9191"},
-            "invalid settings: SIDECAR_PORT and SIDECAR_ADMIN_PORT are both 9191; they must "
-            "differ",
+            "invalid settings: SIDECAR_PORT and SIDECAR_ADMIN_PORT are both 9191; they must differ",
             id="port-clash",
         ),
         pytest.param(
