@@ -30,7 +30,7 @@ OBJECTIVE_HEADER = "x-gateway-inference-objective"
 def _header(headers: Mapping[str, str], name: str) -> str | None:
     """Case-insensitive lookup that also works for a plain dict (aiohttp's headers already are)."""
     value = headers.get(name)
-    if value is None:
+    if value is None and isinstance(headers, dict):  # a multidict's get() was case-blind already
         wanted = name.lower()
         value = next((v for k, v in headers.items() if k.lower() == wanted), None)
     return value

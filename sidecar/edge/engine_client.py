@@ -58,9 +58,11 @@ def translated() -> Iterator[None]:
 
 def end_to_end(headers: Mapping[str, str]) -> CIMultiDict[str]:
     """Headers without hop-by-hop fields (and those named in the Connection header)."""
-    named = {token.strip().lower() for token in headers.get("Connection", "").split(",")}
-    drop = HOP_BY_HOP | named
-    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in drop)
+    connection = headers.get("Connection")
+    drop = HOP_BY_HOP
+    if connection:  # most requests name no extra fields: no set built
+        drop = HOP_BY_HOP | {token.strip().lower() for token in connection.split(",")}
+    return CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in drop])
 
 
 async def read_chunk(response: aiohttp.ClientResponse) -> bytes:

@@ -26,6 +26,8 @@ from sidecar.edge.prompt_count import EnginePromptCounter
 async def read_body(request: web.Request, timeout_s: float) -> bytes:
     """The whole body, within the size limit and ``timeout_s``; RequestError/EdgeRefusedError."""
     try:
+        if request.content.is_eof():  # all of it arrived with the head: read() cannot wait
+            return await request.read()
         async with asyncio.timeout(timeout_s):
             return await request.read()
     except TimeoutError as exc:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -14,6 +14,7 @@ from typing import Any, Literal
 import aiohttp
 import structlog
 from aiohttp import web
+from multidict import CIMultiDict
 
 from sidecar.core.errors import (
     AdmissionRejectedError,
@@ -82,6 +83,7 @@ class Job:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     checked: CheckedRequest | None = None  # a completion's checks, for adaptive pricing
+    headers: CIMultiDict[str] | None = None  # what goes to the engine, where already built
 
 
 PROXY = web.AppKey("proxy", Proxy)
@@ -98,9 +100,12 @@ def build_proxy_app(proxy: Proxy) -> web.Application:
 async def handle(request: web.Request) -> web.StreamResponse:
     """Route, read and check (inside the gate), admit, forward, relay."""
     proxy = request.app[PROXY]
-    request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+    # 32 hex digits like uuid4().hex, for a fifth of its cost (no UUID object).
+    request_id = request.headers.get("X-Request-Id") or os.urandom(16).hex()
     tenant = proxy.config.tenant_of(request.headers)
-    with structlog.contextvars.bound_contextvars(request_id=request_id, tenant=tenant):
+    # bind/reset rather than bound_contextvars(): that one copies the whole context to restore it.
+    tokens = structlog.contextvars.bind_contextvars(request_id=request_id, tenant=tenant)
+    try:
         started = proxy.clock()
         try:
             target = route(request.method, request.raw_path, proxy.config.free_paths)
@@ -110,6 +115,8 @@ async def handle(request: web.Request) -> web.StreamResponse:
         except (RequestError, EdgeRefusedError) as exc:
             return _refused(proxy, exc, started)
         return await _admit_and_forward(request, proxy, job, request_id, started)
+    finally:
+        structlog.contextvars.reset_contextvars(**tokens)
 
 
 def _refused(proxy: Proxy, exc: RequestError | EdgeRefusedError, started: float) -> web.Response:
@@ -128,17 +135,19 @@ async def _intake(request: web.Request, proxy: Proxy, target: Target, request_id
         if target.endpoint is None:
             body = await read_body(request, config.body_timeout_s) if request.body_exists else None
             return Job(target, body, config.flat_price(), stream=False, whole=False)
+        # Built here only where the engine counts the prompt; else once, in _forward.
+        headers = _upstream_headers(request, request_id) if proxy.counter is not None else None
         checked = await checked_request(
             request,
             target.endpoint,
             config.budget,
             body_timeout_s=config.body_timeout_s,
             counter=proxy.counter,
-            headers=_upstream_headers(request, request_id),
+            headers=headers or {},
         )
     return Job(
         target, checked.body, config.price(checked), checked.stream, not checked.stream,
-        checked.prompt_tokens, checked.completion_tokens, checked,
+        checked.prompt_tokens, checked.completion_tokens, checked, headers,
     )  # fmt: skip
 
 
@@ -200,7 +209,7 @@ def _log_grant(permit: Permit, job: Job) -> None:
 async def _forward(
     request: web.Request, proxy: Proxy, job: Job, permit: Permit, request_id: str, *, stop: Stop
 ) -> tuple[web.StreamResponse, str]:
-    headers = _upstream_headers(request, request_id)
+    headers = job.headers if job.headers is not None else _upstream_headers(request, request_id)
     try:
         upstream = await proxy.upstream.send(request.method, job.target.path_qs, headers, job.body)
     except UpstreamError as exc:
@@ -304,7 +313,8 @@ async def passthrough(
     return result.response
 
 
-def _upstream_headers(request: web.Request, request_id: str) -> dict[str, str]:
-    headers = dict(end_to_end(request.headers))
+def _upstream_headers(request: web.Request, request_id: str) -> CIMultiDict[str]:
+    # A CIMultiDict, which aiohttp's client takes as it is (a dict it would copy into one).
+    headers = end_to_end(request.headers)
     headers["X-Request-Id"] = request_id
     return headers

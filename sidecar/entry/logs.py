@@ -116,9 +116,14 @@ def loop_exception_handler(limiter: OncePer | None = None) -> LoopHandler:
     return handle
 
 
-def configure_logging(level: str, stream: TextIO = sys.stdout) -> None:
+def configure_logging(level: str, stream: TextIO = sys.stdout, *, cache: bool = False) -> None:
     """Configure structlog once, at the entry point, to write JSON lines at ``level`` and above;
-    route the standard library's records (aiohttp, asyncio) through it."""
+    route the standard library's records (aiohttp, asyncio) through it.
+
+    ``cache``: each module's logger is built once, on first use (a filtered call then costs
+    ~0.3 us instead of ~4 us). Only for a process that never reconfigures structlog (``serve``):
+    a cached logger ignores ``structlog.testing.capture_logs``, so tests leave it off.
+    """
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -130,7 +135,7 @@ def configure_logging(level: str, stream: TextIO = sys.stdout) -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
         logger_factory=structlog.PrintLoggerFactory(stream),
-        cache_logger_on_first_use=False,
+        cache_logger_on_first_use=cache,
     )
     root = logging.getLogger()
     root.handlers[:] = [StdlibBridge()]

@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(_args: argparse.Namespace) -> int:
     settings = load_settings(os.environ)
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, cache=True)
     return asyncio.run(serve(settings))
 
 

@@ -249,7 +249,8 @@ class Bulkhead:
         if cost < 0:
             raise ValueError("cost must be >= 0")
         started = self._clock()
-        self.sync()
+        if self._ledger.streams:
+            self.sync()
         worst = usage.worst() if usage is not None else None
         decision = self._core.request(
             cost if self._mode != "count" else 1, compartment, worst, may_wait=may_wait
@@ -379,11 +380,12 @@ class Bulkhead:
 
     def _give_back(self, ticket: int, compartment: str, cost: int, outcome: Outcome) -> None:
         if self._core.is_granted(ticket):
-            self.sync()
-            usage = self._ledger.close(ticket)
             amount = 1 if self._mode == "count" else cost
-            if usage is not None:
-                amount = max(cost, usage.charge())
+            if self._ledger.streams:  # adaptive with streams open; else no ledger work at all
+                self.sync()
+                usage = self._ledger.close(ticket)
+                if usage is not None:
+                    amount = max(cost, usage.charge())
             grants = self._core.release(ticket, outcome)
             self._hint.observe(self._clock(), amount)
             self._wake(grants)
