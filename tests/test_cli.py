@@ -130,3 +130,40 @@ def test_missing_model_is_named(capsys: pytest.CaptureFixture[str]) -> None:
     status, text = _run(["plan", "--vram", "24GiB", "--weights", "15GB"], capsys)
     assert status == 2
     assert "the following arguments are required: --model" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        pytest.param(
+            ["plan", "--vram", "24GiB"],
+            "sidecar plan: error: the following arguments are required: --model "
+            "(see `sidecar plan --help`)",
+            id="plan-missing-model",
+        ),
+        pytest.param(
+            ["plan", "--model", "qwen2.5-7b", "--tp", "two"],
+            "sidecar plan: error: argument --tp: invalid int value: 'two' "
+            "(see `sidecar plan --help`)",
+            id="plan-bad-int",
+        ),
+        pytest.param(
+            ["serve", "extra"],
+            "sidecar: error: unrecognized arguments: extra (see `sidecar --help`)",
+            id="serve-extra-argument",
+        ),
+        pytest.param(
+            ["frobnicate"],
+            "sidecar: error: argument COMMAND: invalid choice: 'frobnicate' "
+            "(choose from 'plan', 'serve', 'probe') (see `sidecar --help`)",
+            id="unknown-command",
+        ),
+    ],
+)
+def test_a_usage_error_is_one_line(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bad flags print one line on stderr, naming the help to read, exit 2."""
+    status, text = _run(argv, capsys)
+    assert status == 2
+    assert text.strip().splitlines() == [expected]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.entry.probe_command import describe
 from tests.test_nvml_probe import double_dir  # noqa: F401 - the session fixture building the double
 
 GIB = 1024**3
@@ -66,3 +67,22 @@ def test_probe_with_bad_settings_fails_fast() -> None:
     done = probe({"SIDECAR_MODEL": "no-such-model"})
     assert done.returncode == 2
     assert "no-such-model" in done.stderr
+
+
+def test_probe_text_shows_each_standing_warning() -> None:
+    """A model_mismatch seen in `probe --json` is also a line of the plain report."""
+    document = {
+        "source": "vllm",
+        "requested_source": "auto",
+        "mode": "fresh",
+        "gpus": [],
+        "engine": None,
+        "disagreements": [],
+        "plan": None,
+        "warnings": [{"code": "model_mismatch", "message": "planning with the engine's"}],
+        "error": None,
+    }
+    assert describe(document) == [
+        "source: vllm (asked: auto), mode: fresh",
+        "warning model_mismatch: planning with the engine's",
+    ]

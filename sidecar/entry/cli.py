@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 from importlib import metadata
+from typing import NoReturn
 
 import sidecar
 from sidecar.core.errors import SidecarError
@@ -36,8 +37,15 @@ def version() -> str:
         return sidecar.__version__
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line naming the help to read, not the usage block then the error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="sidecar",
         description="GPU-aware admission controller for LLM inference servers "
         "(the demo is `python -m demo`).",

@@ -76,6 +76,7 @@ def describe(doc: dict[str, Any]) -> list[str]:
             f"{plan['kv_bytes_per_token']:,} B/token, request max {plan['request_max_tokens']}"
             f" tokens = {format_size(plan['request_max_bytes'])}; limit {doc['limit']}"
         )
+    lines += [f"warning {w['code']}: {w['message']}" for w in doc.get("warnings", [])]
     if doc["error"]:
         lines.append(f"error: {doc['error']}")
     return lines

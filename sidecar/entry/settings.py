@@ -337,9 +337,12 @@ def _describe(exc: ValidationError) -> str:
     lines = []
     for error in exc.errors():
         field = ".".join(str(part) for part in error["loc"] if not isinstance(part, int))
-        name = f"{ENV_PREFIX}{field.split('.')[0].upper()}" if field else "settings"
+        message = error["msg"].removeprefix("Value error, ")
+        if not field:  # a check across settings: its message names them itself
+            lines.append(f"invalid settings: {message}")
+            continue
+        name = f"{ENV_PREFIX}{field.split('.')[0].upper()}"
         given = error.get("input")
         shown = f" (got {given!r})" if isinstance(given, str | int | float) else ""
-        message = error["msg"].removeprefix("Value error, ")
         lines.append(f"invalid setting {name}{shown}: {message}")
     return "; ".join(dict.fromkeys(lines))

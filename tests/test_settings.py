@@ -1,0 +1,37 @@
+"""Settings errors read as one line a user can act on, whichever check failed."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.core.errors import ConfigError
+from sidecar.entry.settings import load_settings
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        pytest.param(
+            {"SIDECAR_CAPACITY_SOURCE": "static"},
+            "invalid settings: SIDECAR_CAPACITY_SOURCE=static needs SIDECAR_KV_POOL or "
+            "SIDECAR_VRAM_TOTAL",
+            id="static-without-numbers",
+        ),
+        pytest.param(
+            {"SIDECAR_PORT": "9191", "SIDECAR_ADMIN_PORT": "9191"},
+            "invalid settings: SIDECAR_PORT and SIDECAR_ADMIN_PORT are both 9191; they must differ",
+            id="port-clash",
+        ),
+        pytest.param(
+            {"SIDECAR_MAX_QUEUE": "abc"},
+            "invalid setting SIDECAR_MAX_QUEUE (got 'abc'): Input should be a valid integer, "
+            "unable to parse string as an integer",
+            id="one-field",
+        ),
+    ],
+)
+def test_each_error_is_worded_for_what_failed(environ: dict[str, str], expected: str) -> None:
+    """A check across settings is not reported as a setting called 'settings'."""
+    with pytest.raises(ConfigError) as raised:
+        load_settings(environ)
+    assert str(raised.value) == expected
