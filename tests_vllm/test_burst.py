@@ -17,6 +17,10 @@ from conftest import Stack
 
 # Each scrape costs vLLM's API server (and this process) a few ms of a shared CPU: not faster.
 POLL_S = 0.1
+# A starved vLLM API server can leave its /metrics unanswered for a whole burst (seen on 2 cores:
+# samples at 0.03 s and 2.96 s of a 3 s burst); a burst it never reported on proves nothing and is
+# run again.
+ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -110,9 +114,12 @@ async def test_burst_is_held_at_the_permit_count(
     """vLLM never runs more than the permits, never queues, admitted finish, the rest are busy."""
     permits = (await _capacity(http, stack))["permits"]
     assert 1 <= permits < stack.max_num_seqs, "vLLM must be able to run more than the permits"
-    counted_before = await _outcomes(http, stack)
-    outcomes, seen = await _run_burst(via_sidecar, http, stack, size=4 * permits)
-    counted = await _outcomes(http, stack)
+    for _ in range(ATTEMPTS):
+        counted_before = await _outcomes(http, stack)
+        outcomes, seen = await _run_burst(via_sidecar, http, stack, size=4 * permits)
+        counted = await _outcomes(http, stack)
+        if any(running for _, running, _ in seen):
+            break  # vLLM answered its /metrics at least once while the burst ran
 
     report = f"outcomes {outcomes}, vLLM (seconds, running, waiting) {seen}"
     assert 1 <= max(running for _, running, _ in seen) <= permits, report
