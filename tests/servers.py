@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -57,21 +58,30 @@ async def engine() -> AsyncIterator[str]:
     await runner.cleanup()
 
 
-@pytest.fixture
-async def start_sidecar(engine: str) -> AsyncIterator[StartSidecar]:
-    """Start a sidecar in front of ``engine`` with BASE_ENV plus the given overrides."""
+@contextlib.asynccontextmanager
+async def sidecars(upstream_url: str) -> AsyncIterator[StartSidecar]:
+    """Start sidecars in front of ``upstream_url`` with BASE_ENV plus overrides; stop them after."""
     started: list[SidecarServer] = []
 
     async def start(**overrides: str) -> SidecarServer:
-        env = {**BASE_ENV, "SIDECAR_UPSTREAM_URL": engine, **overrides}
+        env = {**BASE_ENV, "SIDECAR_UPSTREAM_URL": upstream_url, **overrides}
         server = SidecarServer(load_settings(env))
         await server.start()
         started.append(server)
         return server
 
-    yield start
-    for server in started:
-        await server.stop()
+    try:
+        yield start
+    finally:
+        for server in started:
+            await server.stop()
+
+
+@pytest.fixture
+async def start_sidecar(engine: str) -> AsyncIterator[StartSidecar]:
+    """Start a sidecar in front of ``engine`` with BASE_ENV plus the given overrides."""
+    async with sidecars(engine) as start:
+        yield start
 
 
 OpenAIFactory = Callable[..., openai.AsyncOpenAI]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import pytest
 from structlog.testing import capture_logs
@@ -14,42 +12,7 @@ from sidecar.core.errors import AdmissionRejectedError
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.limiter.events import AdmissionEvent
 from sidecar.limiter.permit import Permit
-
-
-@dataclass
-class _Handle:
-    due: float
-    callback: Callable[[], None]
-    cancelled: bool = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-@dataclass
-class FakeTime:
-    """Clock and timers the test moves by hand; ``honour_cancel=False`` models a timer already
-    dispatched by the loop when the grant arrives (the race a real loop can produce)."""
-
-    now: float = 0.0
-    honour_cancel: bool = True
-    timers: list[_Handle] = field(default_factory=list)
-
-    def clock(self) -> float:
-        return self.now
-
-    def call_later(self, delay: float, callback: Callable[[], None]) -> _Handle:
-        handle = _Handle(self.now + delay, callback)
-        self.timers.append(handle)
-        return handle
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-        due = [h for h in self.timers if h.due <= self.now]
-        self.timers = [h for h in self.timers if h.due > self.now]
-        for handle in due:
-            if not handle.cancelled or not self.honour_cancel:
-                handle.callback()
+from tests.fake_time import FakeTime
 
 
 def new_log() -> list[str]:

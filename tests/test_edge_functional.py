@@ -11,9 +11,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from sidecar.entry.app import SidecarServer
-from sidecar.entry.settings import load_settings
 from tests.engine_double import EngineDouble, double
-from tests.servers import BASE_ENV, admin_url, error_of, proxy_url, scrape, sse_events, until
+from tests.servers import admin_url, error_of, proxy_url, scrape, sidecars, sse_events, until
 
 __all__ = ["double"]
 
@@ -24,18 +23,8 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_toke
 @pytest.fixture
 async def edge(double: EngineDouble) -> AsyncIterator[Start]:
     """Start sidecars in front of the recording double; stopped at teardown."""
-    started: list[SidecarServer] = []
-
-    async def start(**overrides: str) -> SidecarServer:
-        env = {**BASE_ENV, "SIDECAR_UPSTREAM_URL": double.url, **overrides}
-        server = SidecarServer(load_settings(env))
-        await server.start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        await server.stop()
+    async with sidecars(double.url) as start:
+        yield start
 
 
 async def exchange(port: int, data: bytes, timeout_s: float = 3.0) -> bytes:

@@ -2,48 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.limiter.expiry import Expiry
-
-
-@dataclass
-class _Handle:
-    due: float
-    callback: Callable[[], None]
-    cancelled: bool = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-@dataclass
-class FakeTime:
-    """A clock and timers moved by hand; ``armed`` counts timers neither fired nor cancelled."""
-
-    now: float = 0.0
-    timers: list[_Handle] = field(default_factory=list)
-
-    def call_later(self, delay: float, callback: Callable[[], None]) -> _Handle:
-        handle = _Handle(self.now + delay, callback)
-        self.timers.append(handle)
-        return handle
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-        due = [h for h in self.timers if h.due <= self.now]
-        self.timers = [h for h in self.timers if h.due > self.now]
-        for handle in due:
-            if not handle.cancelled:
-                handle.callback()
-
-    @property
-    def armed(self) -> int:
-        return sum(not h.cancelled for h in self.timers)
+from tests.fake_time import FakeTime
 
 
 def make(fake: FakeTime, expired: list[int]) -> Expiry:

@@ -13,8 +13,9 @@ from sidecar.core.errors import AdmissionRejectedError
 from sidecar.entry.app import SidecarServer
 from sidecar.entry.settings import load_settings
 from sidecar.limiter.bulkhead import Bulkhead
+from tests.fake_time import FakeTime
 from tests.servers import BASE_ENV, proxy_url, until
-from tests.test_bulkhead import FakeTime, holder_and_waiter, make, new_log, settle
+from tests.test_bulkhead import holder_and_waiter, make, new_log, settle
 from tests.test_proxy_functional import CHAT, hold_stream
 
 
