@@ -104,9 +104,13 @@ class Upstream:
 
     async def start(self) -> None:
         # auto_decompress=False: bytes are relayed as the engine encoded them, headers and all.
+        # No Accept-Encoding of aiohttp's own: the engine may encode only what the client accepts.
         connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
         self._session = aiohttp.ClientSession(
-            connector=connector, timeout=self._timeout, auto_decompress=False
+            connector=connector,
+            timeout=self._timeout,
+            auto_decompress=False,
+            skip_auto_headers=("Accept-Encoding",),
         )
 
     async def close(self) -> None:

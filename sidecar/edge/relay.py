@@ -132,7 +132,9 @@ async def relay_stream(
     ``tally`` (adaptive admission), one ``bytes.count`` per chunk adds the token events relayed.
     """
     response = response_for(upstream, request_id)
-    sse = upstream.content_type == "text/event-stream"
+    # An encoded (e.g. gzip) stream cannot be framed or ended in-band: its bytes pass as they are.
+    encoding = upstream.headers.get("Content-Encoding", "identity").strip().lower()
+    sse = upstream.content_type == "text/event-stream" and encoding == "identity"
     relay = _Relay(request, response, write_timeout_s, sse)
     try:
         if relay._cannot_wait(0):
