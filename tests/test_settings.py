@@ -28,6 +28,16 @@ from sidecar.entry.settings import load_settings
             "unable to parse string as an integer",
             id="one-field",
         ),
+        pytest.param(
+            {"SIDECAR_SAFETY_FACTOR": "nan"},
+            "invalid setting SIDECAR_SAFETY_FACTOR (got 'nan'): Input should be a finite number",
+            id="nan-factor",
+        ),
+        pytest.param(
+            {"SIDECAR_DRAIN_GRACE_S": "inf"},
+            "invalid setting SIDECAR_DRAIN_GRACE_S (got 'inf'): Input should be a finite number",
+            id="infinite-grace",
+        ),
     ],
 )
 def test_each_error_is_worded_for_what_failed(environ: dict[str, str], expected: str) -> None:

@@ -14,6 +14,7 @@ from sidecar.entry.settings import load_settings
     ("text", "expected"),
     [
         pytest.param("24GiB", 24 * 1024**3, id="gibibytes"),
+        pytest.param("1024TiB", 1024**5, id="the-largest-accepted"),
         pytest.param("24GB", 24 * 10**9, id="gigabytes"),
         pytest.param("1.5GiB", 1_610_612_736, id="fractional-gib"),
         pytest.param("5.0 GiB", 5 * 1024**3, id="space-before-unit"),
@@ -57,6 +58,7 @@ def test_parse_size_reads_units(text: str, expected: int) -> None:
         pytest.param("24Gb", "'Gb' is ambiguous; write 24GiB", id="mixed-case-gb"),
         pytest.param("512m", "'m' is ambiguous; write 512MiB (or 512Mi)", id="k8s-milli"),
         pytest.param("64K", "'K' is ambiguous; write 64KiB (or 64Ki)", id="upper-k"),
+        pytest.param("1025TiB", "more than 1 PiB", id="implausibly-large"),
     ],
 )
 def test_parse_size_names_bad_text(text: str, why: str) -> None:

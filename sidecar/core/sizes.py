@@ -45,6 +45,10 @@ _SIZE = re.compile(r"(?P<number>\d+(?:\.\d+)?|\.\d+)\s*(?P<unit>[A-Za-z]*)")
 EXAMPLES = "24GiB, 24Gi, 24GB, 24G, 512MiB or 1073741824"
 
 
+# No GPU, pool or body is this big; a larger number is a typo, and would print as float noise.
+MAX_BYTES = 1024**5
+
+
 def parse_size(text: str) -> int:
     """Read a size such as "24GiB", "1.5 GiB", "24GB", "24Gi", "24G" or "1073741824" as bytes.
 
@@ -54,7 +58,10 @@ def parse_size(text: str) -> int:
     if match is None:
         raise ConfigError(f"cannot read size {text!r}: expected {_expected()}")
     unit = _unit(match["unit"], match["number"], text)
-    return int(Decimal(match["number"]) * UNITS[unit])  # int() rounds a fraction of a byte down
+    size = int(Decimal(match["number"]) * UNITS[unit])  # int() rounds a fraction of a byte down
+    if size > MAX_BYTES:
+        raise ConfigError(f"cannot read size {text!r}: more than 1 PiB is not a memory size here")
+    return size
 
 
 def _unit(spelled: str, number: str, text: str) -> str:

@@ -51,7 +51,10 @@ GROUP_STARTS = {
 class Settings(BaseSettings):
     """Every ``SIDECAR_*`` setting, with its default."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+    # allow_inf_nan=False: "nan" or "inf" for a factor, a timeout or a share is refused as such.
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="ignore", frozen=True, allow_inf_nan=False
+    )
 
     # --- network -------------------------------------------------------------------------------
     upstream_url: str = Field(
