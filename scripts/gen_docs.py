@@ -76,7 +76,7 @@ def settings_page(rows: Iterable[SettingRow] | None = None) -> str:
         "binary units (`KiB MiB GiB TiB`, or Kubernetes' `Ki Mi Gi Ti`), decimal units",
         "(`KB MB GB TB`, or Kubernetes' `k M G T`). Decimals are allowed (`1.5GiB`); a",
         "fraction of a byte is rounded down. `24g` or `24gb` are refused as ambiguous: write",
-        "`24GiB` or `24GB`. Exponents (`1e9`) are not accepted.",
+        "`24GiB` or `24GB`. Exponents (`1e9`) are not accepted, nor sizes above 1 PiB.",
     ]
     for group, members in grouped(rows or setting_rows()).items():
         lines += ["", f"## {group.capitalize()}", "", "| setting | type | default | meaning |"]
