@@ -13,6 +13,7 @@ from sidecar.core.errors import AdmissionRejectedError
 from sidecar.entry.app import SidecarServer
 from sidecar.entry.settings import load_settings
 from sidecar.limiter.bulkhead import Bulkhead
+from sidecar.limiter.events import AdmissionEvent
 from tests.fake_time import FakeTime
 from tests.servers import BASE_ENV, proxy_url, until
 from tests.test_bulkhead import holder_and_waiter, make, new_log, settle
@@ -119,3 +120,13 @@ async def test_proxy_logs_the_real_queue_wait_of_a_refused_request(
 
 async def _queued(server: SidecarServer) -> bool:
     return server.bulkhead.snapshot().queued == 1
+
+
+def test_the_wait_histogram_records_a_timed_out_wait_as_it_was() -> None:
+    """sidecar_queue_wait_seconds gets a timed-out request's own wait, not the configured max."""
+    server = SidecarServer(load_settings({**BASE_ENV, "SIDECAR_MAX_WAIT_MS": "3000"}))
+    server._on_event(AdmissionEvent("rejected", "default", 1, False, 0, 3.2, reason="timeout"))
+    total = server.registry.get_sample_value("sidecar_queue_wait_seconds_sum")
+    count = server.registry.get_sample_value("sidecar_queue_wait_seconds_count")
+    assert total == pytest.approx(3.2)
+    assert count == 1.0

@@ -95,7 +95,7 @@ class SidecarServer:
         if event.kind == "granted":
             self.metrics.waited(event.wait_s)
         elif event.kind == "rejected" and event.reason == "timeout":
-            self.metrics.waited(self.settings.max_wait_ms / 1000)
+            self.metrics.waited(event.wait_s)  # what it really waited, timer slack included
         if event.kind == "rejected" and event.shadow and event.reason is not None:
             self.metrics.shadow_rejected(event.reason)
 
