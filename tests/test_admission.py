@@ -295,6 +295,17 @@ class AdmissionMachine(RuleBasedStateMachine):
         with pytest.raises(UnknownTicketError):
             self.core.release(ticket, "completed")
 
+    @precondition(lambda self: bool(self.live))
+    @rule(data=st.data(), extra=st.integers(1, 3))
+    def grow(self, data: st.DataObject, extra: int) -> None:
+        """A running stream holds more than it was charged (adaptive ledger): nothing revoked."""
+        ticket = data.draw(st.sampled_from(sorted(self.live)))
+        name, cost = self.cost[ticket]
+        self.core.grow(ticket, cost + extra)
+        self.cost[ticket] = (name, cost + extra)
+        self.used[name] += extra
+        self.high_water = max(self.core.limit, self.core.in_use_cost)
+
     @rule(ticket=consumes(waiting), reason=st.sampled_from(["timeout", "cancelled"]))
     def withdraw(self, ticket: int, reason: str) -> None:
         was_pending = any(ticket in q for q in self.pending.values())
