@@ -90,12 +90,16 @@ class _Relay:
         """Write with a deadline; the relay's end if the client is gone or stalled."""
         return await self._deadlined(self.response.write(data), len(data), timeout_s)
 
+    async def prepare(self) -> RelayEnd | None:
+        """Send the status line and headers, under the same deadline as a write."""
+        return await self._deadlined(self.response.prepare(self.request), 0, None)
+
     async def finish(self) -> RelayEnd | None:
         """End the body (the terminating chunk), under the same deadline as a write."""
         return await self._deadlined(self.response.write_eof(), 0, None)
 
     async def _deadlined(
-        self, io: Coroutine[Any, Any, None], size: int, timeout_s: float | None
+        self, io: Coroutine[Any, Any, object], size: int, timeout_s: float | None
     ) -> RelayEnd | None:
         try:
             if self._cannot_wait(size):
@@ -136,17 +140,8 @@ async def relay_stream(
     encoding = upstream.headers.get("Content-Encoding", "identity").strip().lower()
     sse = upstream.content_type == "text/event-stream" and encoding == "identity"
     relay = _Relay(request, response, write_timeout_s, sse)
-    try:
-        if relay._cannot_wait(0):
-            await response.prepare(request)
-        else:
-            async with asyncio.timeout(write_timeout_s):
-                await response.prepare(request)
-    except ConnectionResetError:
-        return RelayResult("client_gone", response)
-    except TimeoutError:
-        relay.abort()
-        return RelayResult("client_stalled", response)
+    if (end := await relay.prepare()) is not None:
+        return RelayResult(end, response)
     try:
         return await _copy(relay, upstream, EventFramer() if sse else None, tally)
     except asyncio.CancelledError:
