@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
-import urllib.request
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -57,22 +55,44 @@ async def _one(client: openai.AsyncOpenAI, stack: Stack, index: int) -> Outcome:
         return Outcome(busy_error=exc.body if isinstance(exc.body, Mapping) else {})
 
 
-def _watch_engine(metrics_url: str, done: threading.Event) -> list[tuple[float, float, float]]:
-    """(seconds, running, waiting) as vLLM reports them, sampled until ``done`` is set.
+# The watcher runs in a process of its own: in a thread of the test, the openai SDK's streaming
+# work held the GIL long enough (seen: a first sample 1.4 s into a 1.5 s burst) to see nothing.
+WATCHER = """
+import sys, time, urllib.request
+url, poll_s = sys.argv[1], float(sys.argv[2])
+start = time.monotonic()
+while True:
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    print(round(time.monotonic() - start, 2), text.replace(chr(10), chr(1)), flush=True)
+    time.sleep(poll_s)
+"""
 
-    It runs in a thread with a blocking client: the openai SDK's first calls do enough
-    synchronous work to starve a watcher on the test's event loop for the whole burst.
-    """
+
+async def _watch_engine(metrics_url: str, done: asyncio.Event) -> list[tuple[float, float, float]]:
+    """(seconds, running, waiting) as vLLM reports them, sampled until ``done`` is set."""
+    watcher = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", WATCHER, metrics_url, str(POLL_S), stdout=asyncio.subprocess.PIPE
+    )
+    assert watcher.stdout is not None
     seen: list[tuple[float, float, float]] = []
-    start = time.monotonic()
-    while not done.is_set():
-        with urllib.request.urlopen(metrics_url, timeout=5) as response:
-            text = response.read().decode()
+    reader = asyncio.ensure_future(_samples(watcher.stdout, seen))
+    try:
+        await done.wait()
+        await asyncio.sleep(POLL_S)  # one more sample after the burst, at the watcher's pace
+    finally:
+        watcher.kill()
+        await watcher.wait()
+        await reader
+    return seen
+
+
+async def _samples(stdout: asyncio.StreamReader, seen: list[tuple[float, float, float]]) -> None:
+    async for line in stdout:
+        at, _, page = line.decode().partition(" ")
+        text = page.replace(chr(1), chr(10))
         running = scrape.total(text, "vllm:num_requests_running")
         waiting = scrape.total(text, "vllm:num_requests_waiting")
-        seen.append((round(time.monotonic() - start, 2), running, waiting))
-        done.wait(POLL_S)
-    return seen
+        seen.append((float(at), running, waiting))
 
 
 async def _outcomes(http: aiohttp.ClientSession, stack: Stack) -> dict[str, float]:
@@ -94,9 +114,9 @@ async def _capacity(http: aiohttp.ClientSession, stack: Stack) -> dict[str, Any]
 async def _run_burst(
     via_sidecar: openai.AsyncOpenAI, http: aiohttp.ClientSession, stack: Stack, size: int
 ) -> tuple[list[Outcome], list[tuple[float, float, float]]]:
-    done = threading.Event()
+    done = asyncio.Event()
     watcher = asyncio.create_task(
-        asyncio.to_thread(_watch_engine, f"{stack.vllm_url}/metrics", done), name="watch-engine"
+        _watch_engine(f"{stack.vllm_url}/metrics", done), name="watch-engine"
     )
     try:
         outcomes = await asyncio.wait_for(
