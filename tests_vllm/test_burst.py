@@ -1,9 +1,17 @@
-"""A burst of several times the permit count: the queue lives in the sidecar, not in vLLM."""
+"""A burst of several times the permit count: the queue lives in the sidecar, not in vLLM.
+
+What vLLM did is read after the burst from its own histograms, not sampled while it ran: on two
+shared cores a sampler can sleep through a whole burst (seen in CI: three bursts in a row without
+one sample taken while a stream ran). scripts/test_vllm.sh gives vLLM's ``iteration_tokens``
+histogram one bucket per token count up to 8. A decode step of k running sequences produces k
+tokens, and every step that prefills carries a whole prompt (more than 8 tokens, checked), so a
+step of 1 to 8 tokens is a decode step of that many sequences: the histogram counts how often k
+ran at once. vLLM's queue-time histogram says whether a request waited inside vLLM.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -13,12 +21,11 @@ import openai
 import scrape
 from conftest import Stack
 
-# Each scrape costs vLLM's API server (and this process) a few ms of a shared CPU: not faster.
 POLL_S = 0.1
-# A starved vLLM API server can leave its /metrics unanswered for a whole burst (seen on 2 cores:
-# samples at 0.03 s and 2.96 s of a 3 s burst); a burst it never reported on proves nothing and is
-# run again.
-ATTEMPTS = 3
+DECODE_BUCKETS = range(1, 9)  # the one-token-wide buckets scripts/test_vllm.sh gives vLLM
+# vLLM's smallest queue-time bucket. A request that waits for a running one to finish waits its
+# whole completion (about a second here, longer on a slow machine), far beyond it.
+NO_WAIT_S = 0.3
 
 
 @dataclass(frozen=True)
@@ -26,13 +33,12 @@ class Outcome:
     """What one client of the burst saw: a complete stream, or the sidecar's busy answer."""
 
     completion_tokens: int | None = None
+    prompt_tokens: int | None = None
     finish_reason: str | None = None
     busy_error: Mapping[str, Any] | None = None
 
 
 async def _one(client: openai.AsyncOpenAI, stack: Stack, index: int) -> Outcome:
-    # The whole completion budget: seconds on CPU, so that even a starved metrics endpoint (vLLM's
-    # API server shares two cores with everything else in CI) is sampled while the engine is busy.
     try:
         stream = await client.chat.completions.create(
             model=stack.served_model,
@@ -43,11 +49,15 @@ async def _one(client: openai.AsyncOpenAI, stack: Stack, index: int) -> Outcome:
             temperature=0,
             extra_body={"ignore_eos": True},
         )
-        finish, tokens = None, None
+        finish, usage = None, None
         async for chunk in stream:
             finish = next((c.finish_reason for c in chunk.choices if c.finish_reason), finish)
-            tokens = chunk.usage.completion_tokens if chunk.usage else tokens
-        return Outcome(completion_tokens=tokens, finish_reason=finish)
+            usage = chunk.usage or usage
+        return Outcome(
+            completion_tokens=usage.completion_tokens if usage else None,
+            prompt_tokens=usage.prompt_tokens if usage else None,
+            finish_reason=finish,
+        )
     except (openai.APIConnectionError, openai.APIStatusError):
         raise  # not a busy answer: a broken connection or an HTTP error status
     except openai.APIError as exc:
@@ -55,44 +65,42 @@ async def _one(client: openai.AsyncOpenAI, stack: Stack, index: int) -> Outcome:
         return Outcome(busy_error=exc.body if isinstance(exc.body, Mapping) else {})
 
 
-# The watcher runs in a process of its own: in a thread of the test, the openai SDK's streaming
-# work held the GIL long enough (seen: a first sample 1.4 s into a 1.5 s burst) to see nothing.
-WATCHER = """
-import sys, time, urllib.request
-url, poll_s = sys.argv[1], float(sys.argv[2])
-start = time.monotonic()
-while True:
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
-    print(round(time.monotonic() - start, 2), text.replace(chr(10), chr(1)), flush=True)
-    time.sleep(poll_s)
-"""
+def _buckets(text: str, name: str) -> dict[float, float]:
+    """Cumulative bucket counts of histogram ``name`` by upper bound, summed over label sets."""
+    counts: dict[float, float] = {}
+    for sample in scrape.samples(text):
+        if sample.name == f"{name}_bucket":
+            bound = float(sample.labels["le"])
+            counts[bound] = counts.get(bound, 0.0) + sample.value
+    return counts
 
 
-async def _watch_engine(metrics_url: str, done: asyncio.Event) -> list[tuple[float, float, float]]:
-    """(seconds, running, waiting) as vLLM reports them, sampled until ``done`` is set."""
-    watcher = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", WATCHER, metrics_url, str(POLL_S), stdout=asyncio.subprocess.PIPE
+@dataclass(frozen=True)
+class EngineRecord:
+    """vLLM's cumulative record: decode steps by sequence count, and requests by queue time."""
+
+    steps: Mapping[int, float]  # k -> engine steps that decoded exactly k sequences
+    queued: float  # requests vLLM has finished, by its queue-time histogram
+    queued_briefly: float  # of those, requests that waited at most NO_WAIT_S inside vLLM
+
+    def since(self, before: EngineRecord) -> EngineRecord:
+        return EngineRecord(
+            steps={k: n - before.steps[k] for k, n in self.steps.items()},
+            queued=self.queued - before.queued,
+            queued_briefly=self.queued_briefly - before.queued_briefly,
+        )
+
+
+async def _engine_record(http: aiohttp.ClientSession, stack: Stack) -> EngineRecord:
+    text = await scrape.fetch_text(http, f"{stack.vllm_url}/metrics")
+    steps = _buckets(text, "vllm:iteration_tokens_total")
+    assert set(map(float, DECODE_BUCKETS)) <= set(steps), f"vLLM's buckets: {sorted(steps)}"
+    waits = _buckets(text, "vllm:request_queue_time_seconds")
+    return EngineRecord(
+        steps={k: steps[k] - steps[k - 1] for k in DECODE_BUCKETS if k > 1},
+        queued=waits[float("inf")],
+        queued_briefly=waits[NO_WAIT_S],
     )
-    assert watcher.stdout is not None
-    seen: list[tuple[float, float, float]] = []
-    reader = asyncio.ensure_future(_samples(watcher.stdout, seen))
-    try:
-        await done.wait()
-        await asyncio.sleep(POLL_S)  # one more sample after the burst, at the watcher's pace
-    finally:
-        watcher.kill()
-        await watcher.wait()
-        await reader
-    return seen
-
-
-async def _samples(stdout: asyncio.StreamReader, seen: list[tuple[float, float, float]]) -> None:
-    async for line in stdout:
-        at, _, page = line.decode().partition(" ")
-        text = page.replace(chr(1), chr(10))
-        running = scrape.total(text, "vllm:num_requests_running")
-        waiting = scrape.total(text, "vllm:num_requests_waiting")
-        seen.append((float(at), running, waiting))
 
 
 async def _outcomes(http: aiohttp.ClientSession, stack: Stack) -> dict[str, float]:
@@ -111,21 +119,22 @@ async def _capacity(http: aiohttp.ClientSession, stack: Stack) -> dict[str, Any]
         return body
 
 
-async def _run_burst(
-    via_sidecar: openai.AsyncOpenAI, http: aiohttp.ClientSession, stack: Stack, size: int
-) -> tuple[list[Outcome], list[tuple[float, float, float]]]:
-    done = asyncio.Event()
-    watcher = asyncio.create_task(
-        _watch_engine(f"{stack.vllm_url}/metrics", done), name="watch-engine"
+async def _idle(http: aiohttp.ClientSession, stack: Stack) -> None:
+    """Wait until vLLM runs nothing, so that the burst's steps are the burst's alone."""
+    deadline = asyncio.get_running_loop().time() + 10.0
+    while True:
+        text = await scrape.fetch_text(http, f"{stack.vllm_url}/metrics")
+        if scrape.total(text, "vllm:num_requests_running") == 0:
+            return
+        assert asyncio.get_running_loop().time() < deadline, "vLLM still busy before the burst"
+        await asyncio.sleep(POLL_S)
+
+
+async def _run_burst(via_sidecar: openai.AsyncOpenAI, stack: Stack, size: int) -> list[Outcome]:
+    outcomes = await asyncio.wait_for(
+        asyncio.gather(*(_one(via_sidecar, stack, i) for i in range(size))), timeout=120
     )
-    try:
-        outcomes = await asyncio.wait_for(
-            asyncio.gather(*(_one(via_sidecar, stack, i) for i in range(size))), timeout=120
-        )
-    finally:
-        done.set()
-        seen = await watcher
-    return list(outcomes), seen
+    return list(outcomes)
 
 
 async def test_burst_is_held_at_the_permit_count(
@@ -134,26 +143,34 @@ async def test_burst_is_held_at_the_permit_count(
     """vLLM never runs more than the permits, never queues, admitted finish, the rest are busy."""
     permits = (await _capacity(http, stack))["permits"]
     assert 1 <= permits < stack.max_num_seqs, "vLLM must be able to run more than the permits"
-    for _ in range(ATTEMPTS):
-        counted_before = await _outcomes(http, stack)
-        outcomes, seen = await _run_burst(via_sidecar, http, stack, size=4 * permits)
-        counted = await _outcomes(http, stack)
-        if any(running for _, running, _ in seen):
-            break  # vLLM answered its /metrics at least once while the burst ran
+    await _idle(http, stack)
+    counted_before = await _outcomes(http, stack)
+    engine_before = await _engine_record(http, stack)
 
-    report = f"outcomes {outcomes}, vLLM (seconds, running, waiting) {seen}"
-    assert 1 <= max(running for _, running, _ in seen) <= permits, report
-    assert max(waiting for _, _, waiting in seen) == 0, report
+    outcomes = await _run_burst(via_sidecar, stack, size=4 * permits)
+
+    engine = (await _engine_record(http, stack)).since(engine_before)
+    counted = await _outcomes(http, stack)
     completed = [o for o in outcomes if o.busy_error is None]
     busy = [o for o in outcomes if o.busy_error is not None]
-    assert len(completed) >= permits
-    assert all(o.finish_reason == "length" for o in completed)
-    assert all(o.completion_tokens == stack.max_completion_tokens for o in completed)
-    assert len(busy) >= 4 * permits - permits - stack.max_queue
-    assert all({"message", "type", "code"} <= set(o.busy_error or {}) for o in busy)
+    report = f"outcomes {outcomes}, vLLM since the burst began {engine}"
+    # The reading of the histogram holds only if no prefill step fits in a decode bucket.
+    assert all((o.prompt_tokens or 0) > max(DECODE_BUCKETS) for o in completed), report
+    ran_at_once = [k for k, n in engine.steps.items() if n > 0]
+    # vLLM could run 4 at once; it ran exactly as many as the sidecar has permits, never more.
+    assert max(ran_at_once, default=1) == permits, report
+    # Every request vLLM finished was scheduled at once: none waited behind another in vLLM.
+    assert engine.queued == len(completed), report
+    assert engine.queued_briefly == engine.queued, report
+
+    assert len(completed) >= permits, report
+    assert all(o.finish_reason == "length" for o in completed), report
+    assert all(o.completion_tokens == stack.max_completion_tokens for o in completed), report
+    assert len(busy) >= 4 * permits - permits - stack.max_queue, report
+    assert all({"message", "type", "code"} <= set(o.busy_error or {}) for o in busy), report
     grown = {k: counted[k] - counted_before.get(k, 0) for k in counted if counted[k]}
-    assert grown.get("completed", 0) == len(completed)
-    assert grown.get("queue_full", 0) + grown.get("timeout", 0) == len(busy)
+    assert grown.get("completed", 0) == len(completed), report
+    assert grown.get("queue_full", 0) + grown.get("timeout", 0) == len(busy), report
 
 
 async def test_burst_returns_every_permit(
@@ -161,7 +178,7 @@ async def test_burst_returns_every_permit(
 ) -> None:
     """After a burst the sidecar shows no permit in use and nobody queued."""
     permits = (await _capacity(http, stack))["permits"]
-    await _run_burst(via_sidecar, http, stack, size=3 * permits)
+    await _run_burst(via_sidecar, stack, size=3 * permits)
     deadline = asyncio.get_running_loop().time() + 2.0
     capacity = await _capacity(http, stack)
     while (capacity["in_use"], capacity["queued"]) != (0, 0):
