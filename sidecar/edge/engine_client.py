@@ -1,21 +1,20 @@
 """The engine, seen from the sidecar: one HTTP client, and the one place its errors are translated.
 
-Every call to the engine runs inside :func:`translated`: an aiohttp or socket failure becomes an
-UpstreamUnavailableError (502) or UpstreamTimeoutError (504), raised ``from`` the original, so
-nothing of aiohttp's error tree leaks past this module.
+Every call to the engine runs inside :func:`translated`: a socket failure, a timeout or an answer
+that breaks HTTP framing becomes an UpstreamUnavailableError (502) or UpstreamTimeoutError (504),
+raised ``from`` the original, so nothing of the client's own errors leaks past this module. The
+client is :mod:`sidecar.edge.engine_http`, a pooled HTTP/1.1 client made for this one origin.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-import aiohttp
 from multidict import CIMultiDict
-from yarl import URL
 
 from sidecar.core.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
+from sidecar.edge.engine_http import EnginePool, EngineProtocolError, EngineResponse
 
 # RFC 9110 §7.6.1 hop-by-hop fields, plus the framing fields aiohttp recomputes on each side.
 HOP_BY_HOP = frozenset(
@@ -34,14 +33,14 @@ HOP_BY_HOP = frozenset(
     }
 )
 
-# Errors raised while talking to the engine; order matters (timeouts are also OSErrors).
-TIMEOUT_ERRORS: tuple[type[BaseException], ...] = (asyncio.TimeoutError, aiohttp.ServerTimeoutError)
-UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, OSError)
+# Errors raised while talking to the engine; order matters (TimeoutError is also an OSError).
+TIMEOUT_ERRORS: tuple[type[BaseException], ...] = (TimeoutError,)
+UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (OSError, EngineProtocolError)
 UPSTREAM_ERRORS = TIMEOUT_ERRORS + UNAVAILABLE_ERRORS
 
 
 def translate(exc: BaseException) -> UpstreamError:
-    """Map an aiohttp/socket failure to the sidecar's upstream error."""
+    """Map a socket, timeout or framing failure to the sidecar's upstream error."""
     if isinstance(exc, TIMEOUT_ERRORS):
         return UpstreamTimeoutError()
     return UpstreamUnavailableError(repr(exc))
@@ -65,77 +64,61 @@ def end_to_end(headers: Mapping[str, str]) -> CIMultiDict[str]:
     return CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in drop])
 
 
-async def read_chunk(response: aiohttp.ClientResponse) -> bytes:
+async def read_chunk(response: EngineResponse) -> bytes:
     """The next bytes of the engine's body as they arrive; b"" at the end."""
     # Once per relayed chunk: a bare try costs nothing, entering ``translated()`` about 1 us.
     try:
-        return await response.content.readany()
+        return await response.read_chunk()
     except UPSTREAM_ERRORS as exc:
         raise translate(exc) from exc
 
 
-async def read_all(response: aiohttp.ClientResponse) -> bytes:
+async def read_all(response: EngineResponse) -> bytes:
     """The engine's whole body."""
     with translated():
-        return await response.read()
+        return await response.read_all()
 
 
-def finish(response: aiohttp.ClientResponse) -> None:
+def finish(response: EngineResponse) -> None:
     """Give the connection back for reuse if its body was read to the end; else close it.
 
     Closing is what tells the engine the client is gone: vLLM aborts the request and frees
     its KV blocks when its connection drops.
     """
-    if response.content.is_eof():
-        response.release()
-    else:
-        response.close()
+    response.finish()
 
 
 class Upstream:
-    """Sends requests to the engine; owns its aiohttp session."""
+    """Sends requests to the engine over its pool of kept-alive connections."""
 
     def __init__(self, base_url: str, *, connect_timeout_s: float, read_timeout_s: float) -> None:
         self.base_url = base_url.rstrip("/")
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, connect=connect_timeout_s, sock_read=read_timeout_s
-        )
-        self._session: aiohttp.ClientSession | None = None
+        self._connect_timeout_s = connect_timeout_s
+        self._read_timeout_s = read_timeout_s
+        self._pool: EnginePool | None = None
 
     async def start(self) -> None:
-        # auto_decompress=False: bytes are relayed as the engine encoded them, headers and all.
-        # No Accept-Encoding of aiohttp's own: the engine may encode only what the client accepts.
-        connector = aiohttp.TCPConnector(limit=0, enable_cleanup_closed=True)
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=self._timeout,
-            auto_decompress=False,
-            skip_auto_headers=("Accept-Encoding",),
+        # Bytes are relayed as the engine encoded them, and nothing asks for an encoding of its
+        # own: the engine may encode only what the client accepts.
+        self._pool = EnginePool(
+            self.base_url,
+            connect_timeout_s=self._connect_timeout_s,
+            read_timeout_s=self._read_timeout_s,
         )
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            msg = "Upstream.start() was not awaited"
-            raise RuntimeError(msg)
-        return self._session
+        if self._pool is not None:
+            self._pool.close()
 
     async def send(
         self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None
-    ) -> aiohttp.ClientResponse:
+    ) -> EngineResponse:
         """Send one request and return once the engine's status line and headers arrived.
 
         ``path_qs`` goes out exactly as given (already normalised: it is what was admitted).
         """
+        if self._pool is None:
+            msg = "Upstream.start() was not awaited"
+            raise RuntimeError(msg)
         with translated():
-            return await self.session.request(
-                method,
-                URL(self.base_url + path_qs, encoded=True),
-                headers=headers,
-                data=body,
-                allow_redirects=False,
-            )
+            return await self._pool.request(method, path_qs, headers, body)

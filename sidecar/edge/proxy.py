@@ -11,7 +11,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import aiohttp
 import structlog
 from aiohttp import web
 from multidict import CIMultiDict
@@ -26,6 +25,7 @@ from sidecar.core.ledger import StreamUsage
 from sidecar.core.request_checks import CheckedRequest, TokenPolicy
 from sidecar.edge.busy import busy_response
 from sidecar.edge.engine_client import Upstream, end_to_end, finish, read_all
+from sidecar.edge.engine_http import EngineResponse
 from sidecar.edge.http_errors import error_response
 from sidecar.edge.in_flight import InFlight, Stop
 from sidecar.edge.intake import checked_request, read_body
@@ -263,7 +263,7 @@ def result_response(result: RelayResult, permit: Permit) -> tuple[web.StreamResp
 
 
 async def _relay_whole(
-    upstream: aiohttp.ClientResponse, permit: Permit, request_id: str, stop: Stop
+    upstream: EngineResponse, permit: Permit, request_id: str, stop: Stop
 ) -> tuple[web.StreamResponse, str]:
     try:
         body = await read_all(upstream)

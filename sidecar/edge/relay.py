@@ -18,13 +18,13 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import aiohttp
 from aiohttp import web
 
 from sidecar.core.errors import UpstreamError
 from sidecar.core.ledger import StreamUsage
 from sidecar.core.outcomes import REJECTIONS, Refusal
 from sidecar.edge.engine_client import end_to_end, read_chunk
+from sidecar.edge.engine_http import EngineResponse
 from sidecar.edge.http_errors import refusal_body
 from sidecar.edge.in_flight import Stop
 from sidecar.edge.sse_framing import EventFramer
@@ -57,7 +57,7 @@ def in_band_error(exc: UpstreamError) -> bytes:
     return in_band(exc.refusal, str(exc))
 
 
-def response_for(upstream: aiohttp.ClientResponse, request_id: str) -> web.StreamResponse:
+def response_for(upstream: EngineResponse, request_id: str) -> web.StreamResponse:
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
     response.headers.update(end_to_end(upstream.headers))
     response.headers["X-Request-Id"] = request_id
@@ -123,7 +123,7 @@ class _Relay:
 
 async def relay_stream(
     request: web.Request,
-    upstream: aiohttp.ClientResponse,
+    upstream: EngineResponse,
     request_id: str,
     *,
     write_timeout_s: float,
@@ -152,7 +152,7 @@ async def relay_stream(
 
 async def _copy(
     relay: _Relay,
-    upstream: aiohttp.ClientResponse,
+    upstream: EngineResponse,
     framer: EventFramer | None,
     tally: StreamUsage | None,
 ) -> RelayResult:

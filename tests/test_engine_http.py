@@ -1,0 +1,432 @@
+"""The engine client's HTTP/1.1, against a scripted engine on a real loopback socket.
+
+Each test's engine answers with exact bytes, so framing, reuse and every way an answer can
+break are shown as a user of the sidecar would meet them: a 502 or 504 (UpstreamError), never a
+truncated body that looks whole, and a connection reused only when that is safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from sidecar.core.errors import UpstreamTimeoutError, UpstreamUnavailableError
+from sidecar.edge.engine_client import Upstream, finish, read_all, read_chunk
+from sidecar.edge.engine_http import HIGH_WATER, EngineResponse
+
+# One scripted answer: given the request's bytes (head and body), the bytes to send back, and
+# whether to close the connection after sending them.
+Answer = Callable[[bytes], tuple[bytes, bool]]
+
+OK_BODY = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+
+
+def answer(data: bytes, *, close: bool = False) -> Answer:
+    return lambda _request: (data, close)
+
+
+@dataclass
+class Engine:
+    """A loopback engine that plays ``answers`` in order, one per request, on any connection."""
+
+    answers: list[Answer] = field(default_factory=list)
+    requests: list[bytes] = field(default_factory=list)
+    connections: int = 0
+    port: int = 0
+    writers: list[asyncio.StreamWriter] = field(default_factory=list)
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.writers.append(writer)
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            await self._answer(reader, writer)
+            await reader.read()  # hold the connection until the client drops it
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":", 1)[1])
+            request = head + await reader.readexactly(length)
+            self.requests.append(request)
+            if not self.answers:
+                return  # no answer scripted: hold the connection, say nothing
+            data, close = self.answers.pop(0)(request)
+            writer.write(data)
+            await writer.drain()
+            if close:
+                writer.close()
+                return
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[Engine]:
+    scripted = Engine()
+    server = await asyncio.start_server(scripted.serve, "127.0.0.1", 0)
+    scripted.port = server.sockets[0].getsockname()[1]
+    yield scripted
+    for writer in scripted.writers:
+        writer.close()
+    server.close()
+
+
+async def _upstream(
+    engine: Engine, *, read_timeout_s: float = 5.0, path: str = ""
+) -> AsyncIterator[Upstream]:
+    upstream = Upstream(
+        f"http://127.0.0.1:{engine.port}{path}",
+        connect_timeout_s=2.0,
+        read_timeout_s=read_timeout_s,
+    )
+    await upstream.start()
+    try:
+        yield upstream
+    finally:
+        await upstream.close()
+
+
+@pytest.fixture
+async def upstream(engine: Engine) -> AsyncIterator[Upstream]:
+    async for made in _upstream(engine):
+        yield made
+
+
+async def _get_body(upstream: Upstream, method: str = "POST") -> tuple[EngineResponse, bytes]:
+    response = await upstream.send(method, "/v1/x", {"Content-Type": "application/json"}, b"{}")
+    try:
+        return response, await read_all(response)
+    finally:
+        finish(response)
+
+
+async def test_a_kept_alive_connection_is_reused(engine: Engine, upstream: Upstream) -> None:
+    engine.answers = [answer(OK_BODY)] * 3
+    for _ in range(3):
+        response, body = await _get_body(upstream)
+        assert (response.status, body) == (200, b"{}")
+    assert engine.connections == 1
+
+
+async def test_the_request_goes_out_as_the_sidecar_means_it(engine: Engine) -> None:
+    """Path prefix kept, Host set, the sidecar's own framing fields replace the client's."""
+    engine.answers = [answer(OK_BODY)]
+    async for upstream in _upstream(engine, path="/engine/"):
+        headers = {
+            "Authorization": "Bearer k",
+            "Host": "client.example",
+            "Content-Length": "999",
+            "Transfer-Encoding": "chunked",
+            "Expect": "100-continue",
+        }
+        response = await upstream.send("POST", "/v1/chat/completions?x=1", headers, b'{"a":1}')
+        finish(response)
+    head, _, body = engine.requests[0].partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    assert lines[0] == b"POST /engine/v1/chat/completions?x=1 HTTP/1.1"
+    assert sorted(lines[1:]) == sorted(
+        [b"Host: 127.0.0.1:%d" % engine.port, b"Authorization: Bearer k", b"Content-Length: 7"]
+    )
+    assert body == b'{"a":1}'
+
+
+async def test_a_header_with_a_line_break_is_never_sent(engine: Engine, upstream: Upstream) -> None:
+    with pytest.raises(UpstreamUnavailableError):
+        await upstream.send("POST", "/v1/x", {"X-A": "1\r\nX-Injected: 1"}, b"{}")
+    assert engine.requests == []
+
+
+async def test_a_chunked_body_with_extensions_and_trailers(
+    engine: Engine, upstream: Upstream
+) -> None:
+    engine.answers = [
+        answer(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"5;ext=1\r\nhello\r\n1\r\n \r\n5\r\nworld\r\n0\r\nX-Trailer: t\r\n\r\n"
+        ),
+        answer(OK_BODY),
+    ]
+    _, body = await _get_body(upstream)
+    assert body == b"hello world"
+    await _get_body(upstream)
+    assert engine.connections == 1  # read to its end: reused
+
+
+async def test_a_chunked_body_split_at_every_byte(engine: Engine, upstream: Upstream) -> None:
+    """However the socket splits it, the body is the same bytes."""
+    raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(2)
+        for i in range(len(raw)):
+            writer.write(raw[i : i + 1])
+            await writer.drain()
+            await asyncio.sleep(0)  # a turn of the loop, so that each byte is its own read
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(trickle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    upstream = Upstream(f"http://127.0.0.1:{port}", connect_timeout_s=2, read_timeout_s=5)
+    await upstream.start()
+    try:
+        _, body = await _get_body(upstream)
+    finally:
+        await upstream.close()
+        server.close()
+    assert body == b"abcde"
+
+
+async def test_a_body_without_length_ends_at_close_and_is_not_reused(
+    engine: Engine, upstream: Upstream
+) -> None:
+    engine.answers = [answer(b"HTTP/1.1 200 OK\r\n\r\nall of it", close=True), answer(OK_BODY)]
+    _, body = await _get_body(upstream)
+    assert body == b"all of it"
+    await _get_body(upstream)
+    assert engine.connections == 2
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}",
+        b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+        # Both framings: chunked wins (RFC 9112 6.3), and the connection is never reused.
+        b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"2\r\n{}\r\n0\r\n\r\n",
+    ],
+    ids=["connection-close", "http-1.0", "length-and-chunked"],
+)
+async def test_answers_that_end_their_connection(
+    engine: Engine, upstream: Upstream, head: bytes
+) -> None:
+    engine.answers = [answer(head), answer(OK_BODY)]
+    _, body = await _get_body(upstream)
+    assert body == b"{}"
+    await _get_body(upstream)
+    assert engine.connections == 2
+
+
+async def test_an_interim_answer_is_skipped(engine: Engine, upstream: Upstream) -> None:
+    engine.answers = [
+        answer(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\n\r\n" + OK_BODY)
+    ]
+    response, body = await _get_body(upstream)
+    assert (response.status, body) == (200, b"{}")
+
+
+@pytest.mark.parametrize(
+    ("method", "head"),
+    [
+        ("HEAD", b"HTTP/1.1 200 OK\r\nContent-Length: 500\r\n\r\n"),
+        ("POST", b"HTTP/1.1 204 No Content\r\n\r\n"),
+        ("GET", b"HTTP/1.1 304 Not Modified\r\nContent-Length: 12\r\n\r\n"),
+    ],
+    ids=["head", "204", "304"],
+)
+async def test_answers_without_a_body(
+    engine: Engine, upstream: Upstream, method: str, head: bytes
+) -> None:
+    engine.answers = [answer(head), answer(OK_BODY)]
+    _, body = await _get_body(upstream, method)
+    assert body == b""
+    _, body = await _get_body(upstream)
+    assert (body, engine.connections) == (b"{}", 1)
+
+
+async def test_status_reason_and_fields_reach_the_response(
+    engine: Engine, upstream: Upstream
+) -> None:
+    engine.answers = [
+        answer(
+            b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 3\r\nSet-Cookie: a=1\r\n"
+            b"Set-Cookie: b=2\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
+            b"Content-Length: 0\r\n\r\n"
+        )
+    ]
+    response, _ = await _get_body(upstream)
+    assert (response.status, response.reason) == (429, "Too Many Requests")
+    assert response.headers.getall("Set-Cookie") == ["a=1", "b=2"]
+    assert response.headers["retry-after"] == "3"
+    assert response.content_type == "text/event-stream"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"SSH-2.0-OpenSSH\r\n\r\n",
+        b"HTTP/1.1 2000 OK\r\n\r\n",
+        b"HTTP/2 200\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n folded: value\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nBad Name: 1\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70_000 + b"\r\n\r\n",
+    ],
+    ids=[
+        "not-http",
+        "status-4-digits",
+        "http-2",
+        "obs-fold",
+        "space-in-name",
+        "two-lengths",
+        "signed-length",
+        "head-too-large",
+    ],
+)
+async def test_a_broken_head_is_a_502(engine: Engine, upstream: Upstream, data: bytes) -> None:
+    engine.answers = [answer(data), answer(OK_BODY)]
+    with pytest.raises(UpstreamUnavailableError):
+        await upstream.send("POST", "/v1/x", {}, b"{}")
+    await _get_body(upstream)
+    assert engine.connections == 2  # the broken connection was not kept
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\nab\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1_0\r\nab\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}extra",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"1" * 5000,
+    ],
+    ids=["not-hex", "hex-prefix", "underscore", "chunk-overrun", "past-length", "endless-size"],
+)
+async def test_a_broken_body_is_an_error_not_a_short_body(
+    engine: Engine, upstream: Upstream, data: bytes
+) -> None:
+    engine.answers = [answer(data)]
+    # Whether the break comes in the head's read or a later one, it is an error, never a body.
+    with pytest.raises(UpstreamUnavailableError):
+        await _get_body(upstream)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n12345",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n12345\r\n",
+    ],
+    ids=["length", "chunked"],
+)
+async def test_an_engine_gone_mid_body_is_an_error(
+    engine: Engine, upstream: Upstream, data: bytes
+) -> None:
+    engine.answers = [answer(data, close=True)]
+    response = await upstream.send("POST", "/v1/x", {}, b"{}")
+    assert await read_chunk(response) == b"12345"
+    with pytest.raises(UpstreamUnavailableError) as caught:
+        await read_chunk(response)
+    assert isinstance(caught.value.__cause__, ConnectionResetError)
+    finish(response)
+
+
+async def test_an_engine_gone_before_its_head_is_a_502(engine: Engine, upstream: Upstream) -> None:
+    engine.answers = [answer(b"", close=True)]
+    with pytest.raises(UpstreamUnavailableError):
+        await upstream.send("POST", "/v1/x", {}, b"{}")
+
+
+async def test_a_kept_alive_connection_the_engine_closed_is_replaced(
+    engine: Engine, upstream: Upstream
+) -> None:
+    """The engine's keep-alive timeout closed the idle connection: the request goes out again
+    on a new one, once; the engine saw it once on each connection, the client got one answer."""
+    engine.answers = [answer(OK_BODY), answer(OK_BODY)]
+    await _get_body(upstream)
+    for writer in engine.writers:
+        writer.close()  # the engine ends the idle connection
+    engine.writers.clear()
+    response, body = await _get_body(upstream)
+    assert (response.status, body, engine.connections) == (200, b"{}", 2)
+
+
+async def test_a_reused_connection_closed_unanswered_is_sent_once_more(
+    engine: Engine, upstream: Upstream
+) -> None:
+    """The race the check above cannot see: the engine closed the idle connection just as the
+    request went out on it. Not one byte came back, so the request is sent again, once."""
+    engine.answers = [answer(OK_BODY), answer(b"", close=True), answer(OK_BODY)]
+    await _get_body(upstream)
+    response, body = await _get_body(upstream)
+    assert (response.status, body, engine.connections, len(engine.requests)) == (200, b"{}", 2, 3)
+
+
+async def test_no_answer_in_time_is_a_504(engine: Engine) -> None:
+    async for upstream in _upstream(engine, read_timeout_s=0.2):
+        with pytest.raises(UpstreamTimeoutError):
+            await upstream.send("POST", "/v1/x", {}, b"{}")
+
+
+async def test_a_body_that_stops_arriving_is_a_504(engine: Engine) -> None:
+    engine.answers = [answer(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n12345")]
+    async for upstream in _upstream(engine, read_timeout_s=0.2):
+        response = await upstream.send("POST", "/v1/x", {}, b"{}")
+        assert await read_chunk(response) == b"12345"
+        with pytest.raises(UpstreamTimeoutError):
+            await read_chunk(response)
+        finish(response)
+
+
+async def test_a_refused_connection_is_a_502() -> None:
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+    upstream = Upstream(f"http://127.0.0.1:{port}", connect_timeout_s=2, read_timeout_s=5)
+    await upstream.start()
+    with pytest.raises(UpstreamUnavailableError) as caught:
+        await upstream.send("GET", "/health", {}, None)
+    assert isinstance(caught.value.__cause__, ConnectionRefusedError)
+    await upstream.close()
+
+
+async def test_a_body_left_unread_closes_its_connection(engine: Engine, upstream: Upstream) -> None:
+    """Closing is how vLLM learns the client is gone: it aborts the request on the drop."""
+    engine.answers = [
+        answer(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n12345"),
+        answer(OK_BODY),
+    ]
+    response = await upstream.send("POST", "/v1/x", {}, b"{}")
+    assert await read_chunk(response) == b"12345"
+    finish(response)
+    await _get_body(upstream)
+    assert engine.connections == 2
+
+
+async def test_a_whole_body_left_unread_never_reaches_the_next_request(
+    engine: Engine, upstream: Upstream
+) -> None:
+    """The engine's answer arrived in full, but the relay stopped before taking it (its client
+    left): those bytes are dropped with their connection, not read by the next request."""
+    engine.answers = [answer(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale"), answer(OK_BODY)]
+    response = await upstream.send("POST", "/v1/x", {}, b"{}")
+    for _ in range(5):
+        await asyncio.sleep(0)  # turns of the loop: the body arrives, unread
+    finish(response)
+    _, body = await _get_body(upstream)
+    assert body == b"{}"
+
+
+async def test_a_slow_reader_stops_the_engine_socket(engine: Engine, upstream: Upstream) -> None:
+    """Bytes the relay has not taken yet are bounded: past the high-water mark the socket stops
+    reading and the engine's own send buffer fills, instead of the sidecar's memory."""
+    size = 16 * 1024 * 1024
+    engine.answers = [answer(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size + b"x" * size)]
+    response = await upstream.send("POST", "/v1/x", {}, b"{}")
+    for _ in range(50):
+        await asyncio.sleep(0)  # turns of the loop for the engine to write what it can
+    first = await read_chunk(response)
+    assert HIGH_WATER <= len(first) < HIGH_WATER + 1024 * 1024
+    total = len(first) + len(await read_all(response))
+    assert total == size
+    finish(response)
