@@ -78,3 +78,25 @@ def test_any_split_of_whole_events_passes_every_byte_in_order(
     assert out + framer.flush() == stream
     # A blank line ending in a CR is complete at the CR: a LF after it may wait for the next event.
     assert out in (stream, stream[:-1] if stream.endswith(b"\r\n") else stream)
+
+
+class GeneralFramer(EventFramer):
+    """The framer without its LF-only fast path: the reference the fast path must match."""
+
+    __slots__ = ()
+
+    def _last_event_end(self, chunk: bytes) -> int:
+        return self._last_any_event_end(chunk)
+
+
+@given(st.lists(st.sampled_from([b"d", b"\n", b"\n", b"\r"]), max_size=40), st.data())
+def test_the_lf_fast_path_cuts_where_the_general_scan_does(
+    stream_bytes: list[bytes], data: st.DataObject
+) -> None:
+    """Any bytes, any split: chunk by chunk, both framers send exactly the same bytes."""
+    stream = b"".join(stream_bytes)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=8)))
+    pieces = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+    fast, general = EventFramer(), GeneralFramer()
+    assert [fast.feed(p) for p in pieces] == [general.feed(p) for p in pieces]
+    assert fast.flush() == general.flush()

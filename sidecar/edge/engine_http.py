@@ -212,7 +212,7 @@ class EngineConnection(asyncio.Protocol):
 
     def _parse_chunks(self, data: bytes) -> None:
         """Parse whole chunks out of ``data``; keep a partial chunk line for the next bytes."""
-        at = 0
+        at = self._whole_chunks(data) if self._chunk_state == "size" else 0
         size = len(data)
         while at < size:
             state = self._chunk_state
@@ -245,13 +245,42 @@ class EngineConnection(asyncio.Protocol):
                     raise EngineProtocolError("the engine sent bytes after its answer")
                 return
 
+    def _whole_chunks(self, data: bytes) -> int:
+        """The fast path, once per socket read: complete chunks with a bare hex size, back to
+        back, taken in one tight loop; returns where the general state machine goes on."""
+        at, size = 0, len(data)
+        pieces = []
+        while True:
+            end = data.find(b"\r\n", at, at + 18)
+            if end < 0:
+                break
+            line = data[at:end]
+            if not line or line.strip(HEX_DIGITS):
+                break  # an extension, or not a size at all: the general path says which
+            start = end + 2
+            stop = start + int(line, 16)
+            if stop == start or stop + 2 > size:
+                break  # the last chunk, or one not all here yet
+            if data[stop : stop + 2] != b"\r\n":
+                raise EngineProtocolError("the engine's chunk did not end where it said")
+            pieces.append(data[start:stop])
+            at = stop + 2
+        if pieces:
+            self._pieces += pieces
+            self._held += sum(map(len, pieces))
+            self._check_high_water()
+        return at
+
     def _hold(self, data: bytes) -> None:
         if data:
             self._pieces.append(data)
             self._held += len(data)
-            if self._held > HIGH_WATER and not self._paused and self.transport is not None:
-                self._paused = True
-                self.transport.pause_reading()
+            self._check_high_water()
+
+    def _check_high_water(self) -> None:
+        if self._held > HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
 
     def _fail(self, exc: BaseException) -> None:
         self._error = self._error or exc

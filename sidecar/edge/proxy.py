@@ -320,7 +320,7 @@ async def passthrough(
 
 
 def _upstream_headers(request: web.Request, request_id: str) -> CIMultiDict[str]:
-    # A CIMultiDict, which aiohttp's client takes as it is (a dict it would copy into one).
+    # Built once per request; the engine client writes the fields as they are, in this order.
     headers = end_to_end(request.headers)
     headers["X-Request-Id"] = request_id
     return headers

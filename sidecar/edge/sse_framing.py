@@ -48,6 +48,12 @@ class EventFramer:
 
     def _last_event_end(self, chunk: bytes) -> int:
         """Index just past the last blank line in ``chunk`` (-1 if none); updates line state."""
+        if not self._after_cr and b"\r" not in chunk:
+            return self._last_lf_event_end(chunk)
+        return self._last_any_event_end(chunk)
+
+    def _last_any_event_end(self, chunk: bytes) -> int:
+        """The general case: any mix of CRLF, LF and CR, a CRLF split across chunks."""
         start = 1 if self._after_cr and chunk.startswith(b"\n") else 0
         line_begin = start if self._line_empty else -1
         cut = -1
@@ -58,4 +64,15 @@ class EventFramer:
         if chunk:
             self._line_empty = line_begin == len(chunk)
             self._after_cr = chunk.endswith(b"\r")
+        return cut
+
+    def _last_lf_event_end(self, chunk: bytes) -> int:
+        """The same, for a chunk with LF line ends only (vLLM's): two C-level scans."""
+        cut = chunk.rfind(b"\n\n")
+        if cut >= 0:
+            cut += 2
+        elif self._line_empty and chunk.startswith(b"\n"):
+            cut = 1  # the blank line that ends an event is this chunk's first byte
+        if chunk:
+            self._line_empty = chunk.endswith(b"\n")
         return cut
