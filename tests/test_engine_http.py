@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -29,6 +31,9 @@ OK_BODY = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length:
 
 def answer(data: bytes, *, close: bool = False) -> Answer:
     return lambda _request: (data, close)
+
+
+RESET = b"<reset>"  # an answer that ends in a TCP reset (SO_LINGER 0), not a clean close
 
 
 @dataclass
@@ -60,8 +65,14 @@ class Engine:
             if not self.answers:
                 return  # no answer scripted: hold the connection, say nothing
             data, close = self.answers.pop(0)(request)
-            writer.write(data)
+            reset = data.endswith(RESET)
+            writer.write(data.removesuffix(RESET))
             await writer.drain()
+            if reset:
+                sock = writer.get_extra_info("socket")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                writer.transport.abort()
+                return
             if close:
                 writer.close()
                 return
@@ -329,6 +340,15 @@ async def test_an_engine_gone_mid_body_is_an_error(
     with pytest.raises(UpstreamUnavailableError) as caught:
         await read_chunk(response)
     assert isinstance(caught.value.__cause__, ConnectionResetError)
+    finish(response)
+
+
+async def test_a_reset_ends_no_close_delimited_body(engine: Engine, upstream: Upstream) -> None:
+    """A body framed by the engine's close ends cleanly on a FIN; a reset is a failure."""
+    engine.answers = [answer(b"HTTP/1.1 200 OK\r\n\r\npart" + RESET)]
+    response = await upstream.send("POST", "/v1/x", {}, b"{}")
+    with pytest.raises(UpstreamUnavailableError):
+        await read_all(response)
     finish(response)
 
 

@@ -107,8 +107,9 @@ class EngineConnection(asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         self.closed = True
         self.cancel_timer()
-        if self.head is not None and self.framing == "close" and not self.eof:
-            self.eof = True  # a close-delimited body ends here
+        clean = exc is None and self._error is None
+        if clean and self.head is not None and self.framing == "close" and not self.eof:
+            self.eof = True  # a close-delimited body ends here; a reset is no end
         elif self._waiter is not None or (self.head is not None and not self.eof):
             error: BaseException
             if self.head is None and not self._received:
