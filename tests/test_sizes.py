@@ -49,7 +49,8 @@ def test_parse_size_reads_units(text: str, expected: int) -> None:
     [
         pytest.param("", "expected a number", id="empty"),
         pytest.param("lots", "expected a number", id="words"),
-        pytest.param("-5GiB", "expected a number", id="negative"),
+        pytest.param("-5GiB", "a size cannot be negative", id="negative"),
+        pytest.param("-lots", "expected a number", id="dash-words"),
         pytest.param("12 parsecs", "unknown unit 'parsecs'", id="unknown-unit"),
         pytest.param("1e9", "expected a number", id="exponent"),
         pytest.param("24 GiB GiB", "expected a number", id="two-units"),
@@ -99,6 +100,21 @@ def test_cli_and_settings_refuse_a_size_with_the_same_words(
     reason = "cannot read size '24g': 'g' is ambiguous"
     assert f"{flag}: {reason}" in cli_error
     assert f"invalid setting {setting} (got '24g'): {reason}" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["--vram", "-5GiB"], id="separate"),
+        pytest.param(["--vram=-5GiB"], id="joined"),
+    ],
+)
+def test_a_negative_size_flag_is_named_however_it_is_written(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """argparse would read "-5GiB" as an option and say only "expected one argument"."""
+    assert main(["plan", "--model", "qwen2.5-7b", *argv, "--weights", "15GiB"]) == 2
+    assert "--vram: cannot read size '-5GiB': a size cannot be negative" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

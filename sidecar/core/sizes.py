@@ -55,6 +55,8 @@ def parse_size(text: str) -> int:
     Raises ConfigError quoting the text when it is not a non-negative size with a known unit.
     """
     match = _SIZE.fullmatch(text.strip())
+    if match is None and _SIZE.fullmatch(text.strip().removeprefix("-")):
+        raise ConfigError(f"cannot read size {text!r}: a size cannot be negative")
     if match is None:
         raise ConfigError(f"cannot read size {text!r}: expected {_expected()}")
     unit = _unit(match["unit"], match["number"], text)

@@ -66,9 +66,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def glue_negative_values(argv: Sequence[str]) -> list[str]:
+    """``--vram -5GiB`` -> ``--vram=-5GiB``: argparse reads a token that starts with ``-`` and is
+    not a plain number as an option, and would answer "expected one argument" instead of
+    saying what is wrong with the value. No option of ours takes a value that starts with ``-``
+    otherwise, and no flag is followed by a positional argument."""
+    glued: list[str] = []
+    for token in argv:
+        if glued and glued[-1].startswith("--") and "=" not in glued[-1] and token[:2] in NEGATIVE:
+            glued[-1] = f"{glued[-1]}={token}"
+        else:
+            glued.append(token)
+    return glued
+
+
+NEGATIVE = frozenset({f"-{digit}" for digit in "0123456789."})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(glue_negative_values(sys.argv[1:] if argv is None else argv))
     if args.command is None:  # bare `sidecar`: show what it can do, as a usage error
         parser.print_help(sys.stderr)
         return 2
