@@ -58,6 +58,13 @@ async def _broken(request: web.Request) -> web.StreamResponse:
     return response
 
 
+def numbered_events(count: int = 3_000) -> list[bytes]:
+    """``count`` SSE events of about 1 KiB, each carrying its number, then [DONE]."""
+    pad = "x" * 1_000
+    events = [f'data: {{"n": {i}, "pad": "{pad}"}}\n\n'.encode() for i in range(count)]
+    return [*events, b"data: [DONE]\n\n"]
+
+
 def _completion(request: web.Request, stream: bool) -> web.Response | list[bytes]:
     if stream:
         return [b'data: {"choices": [{"text": "hi"}]}\n\n', b"data: [DONE]\n\n"]
@@ -74,6 +81,8 @@ def build_double(double: EngineDouble) -> web.Application:
             return await _endless(request)
         if mode == "broken":
             return await _broken(request)
+        if mode == "numbered":  # many numbered events, written as fast as the socket takes them
+            return await _events(request, numbered_events())
         if mode == "crlf":
             return await _events(request, [b"data: 1\r\n\r\n", b"data: [DONE]\r\n\r\n"])
         if request.raw_path == "/tokenize":

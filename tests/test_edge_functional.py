@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
@@ -11,7 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from sidecar.entry.app import SidecarServer
-from tests.engine_double import EngineDouble, double
+from tests.engine_double import EngineDouble, double, numbered_events
 from tests.servers import admin_url, error_of, proxy_url, scrape, sidecars, sse_events, until
 
 __all__ = ["double"]
@@ -196,6 +197,45 @@ async def test_a_client_that_stops_reading_loses_its_permit(edge: Start) -> None
 
 async def _in_use(server: SidecarServer, n: int) -> bool:
     return server.bulkhead.snapshot().in_use == n
+
+
+async def test_a_slow_reader_gets_every_event_in_order(edge: Start) -> None:
+    """A client slower than the engine (a 4 KiB receive buffer, read a little at a time): the
+    relay's socket fills again and again, and every byte still arrives, in order, once."""
+    server = await edge()
+    body = json.dumps({**CHAT, "stream": True}).encode()
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-double: numbered\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close"
+        "\r\n\r\n"
+    ).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", server.proxy_port))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=4096)
+    writer.write(head + body)
+    received = bytearray()
+    async with asyncio.timeout(30):
+        while piece := await reader.read(1024):
+            received += piece
+            await asyncio.sleep(0)  # a loop turn, no time: the reader stays behind the engine
+    writer.close()
+    answer_head, _, chunked = bytes(received).partition(b"\r\n\r\n")
+    assert answer_head.startswith(b"HTTP/1.1 200")
+    assert _dechunk(chunked) == b"".join(numbered_events())
+    assert await until(lambda: _in_use(server, 0))
+
+
+def _dechunk(data: bytes) -> bytes:
+    out, at = bytearray(), 0
+    while True:
+        end = data.index(b"\r\n", at)
+        size = int(data[at:end], 16)
+        if size == 0:
+            return bytes(out)
+        out += data[end + 2 : end + 2 + size]
+        at = end + 2 + size + 2
 
 
 async def test_a_broken_plain_body_is_cut_off_not_a_clean_200(edge: Start) -> None:
