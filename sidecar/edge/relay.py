@@ -10,8 +10,8 @@ While the client keeps up, the engine connection pushes the body here from its
 per read; when the client's socket is full the relay's own task takes over and waits.
 
 Every write to the client that may wait has a deadline: a client that stops reading ends its
-stream (``client_stalled``) instead of holding its permit. A drain that ran out of grace stops the relay
-through its :class:`Stop`; the stream then ends in-band with ``draining``.
+stream (``client_stalled``) instead of holding its permit. A drain that ran out of grace stops
+the relay through its :class:`Stop`; the stream then ends in-band with ``draining``.
 """
 
 from __future__ import annotations
