@@ -8,7 +8,7 @@ client is :mod:`sidecar.edge.engine_http`, a pooled HTTP/1.1 client made for thi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from multidict import CIMultiDict
@@ -69,14 +69,6 @@ async def read_chunk(response: EngineResponse) -> bytes:
     # Once per relayed chunk: a bare try costs nothing, entering ``translated()`` about 1 us.
     try:
         return await response.read_chunk()
-    except UPSTREAM_ERRORS as exc:
-        raise translate(exc) from exc
-
-
-async def push_to(response: EngineResponse, sink: Callable[[bytes], bool]) -> None:
-    """Give the body to ``sink`` as it arrives, until it gives up or the body ends."""
-    try:
-        await response.push_to(sink)
     except UPSTREAM_ERRORS as exc:
         raise translate(exc) from exc
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -71,9 +71,6 @@ class EngineConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._last_data = 0.0
         self._paused = False
-        # Set while the relay streams: body bytes go to it from data_received, no task woken per
-        # read. It returns False when it cannot take them now (the client's socket is full).
-        self.sink: Callable[[bytes], bool] | None = None
         self._reset_message()
 
     def _reset_message(self) -> None:
@@ -102,12 +99,6 @@ class EngineConnection(asyncio.Protocol):
             self._chunks(data)
         else:
             self._body_bytes(data)
-        if self.sink is not None and self._pieces and self._error is None:
-            pieces, self._pieces, self._held = self._pieces, [], 0
-            if not self.sink(pieces[0] if len(pieces) == 1 else b"".join(pieces)):
-                self.sink = None  # the reader takes over from here: woken below
-            elif not self.eof:
-                return  # passed on as it came; nobody to wake
         self._wake()
 
     def eof_received(self) -> bool:
@@ -328,11 +319,6 @@ class EngineConnection(asyncio.Protocol):
             self.transport.resume_reading()
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
-    async def until_pushed(self) -> None:
-        """Wait while the sink takes the body: until it gives up, the body ends, or it breaks."""
-        while self.sink is not None and not self.eof:
-            await self._wait()
-
     async def _wait(self) -> None:
         if self._error is not None:
             raise self._error
@@ -449,22 +435,6 @@ class EngineResponse:
         while chunk := await self.read_chunk():
             pieces.append(chunk)
         return b"".join(pieces)
-
-    @property
-    def buffered(self) -> bool:
-        """Whether body bytes are waiting to be read."""
-        return self._connection is not None and bool(self._connection._pieces)
-
-    async def push_to(self, sink: Callable[[bytes], bool]) -> None:
-        """Hand the body to ``sink`` as it arrives, until the sink gives up or the body ends."""
-        connection = self._connection
-        if connection is None:
-            return
-        connection.sink = sink
-        try:
-            await connection.until_pushed()
-        finally:
-            connection.sink = None
 
     def is_eof(self) -> bool:
         return self._connection is None or self._connection.eof

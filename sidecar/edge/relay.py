@@ -5,13 +5,9 @@ its own mid-stream errors (``data: {"error": ...}`` then ``data: [DONE]``) so SD
 error instead of choking on a truncated body; any other body is cut off (the connection is
 aborted, no terminating chunk), so the client sees an error, never a clean truncated 200.
 
-While the client keeps up, the engine connection pushes the body here from its
-``data_received`` and each event is written to the client's socket at once, with no task woken
-per read; when the client's socket is full the relay's own task takes over and waits.
-
-Every write to the client that may wait has a deadline: a client that stops reading ends its
-stream (``client_stalled``) instead of holding its permit. A drain that ran out of grace stops
-the relay through its :class:`Stop`; the stream then ends in-band with ``draining``.
+Every write to the client has a deadline: a client that stops reading ends its stream
+(``client_stalled``) instead of holding its permit. A drain that ran out of grace stops the relay
+through its :class:`Stop`; the stream then ends in-band with ``draining``.
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ from aiohttp import web
 from sidecar.core.errors import UpstreamError
 from sidecar.core.ledger import StreamUsage
 from sidecar.core.outcomes import REJECTIONS, Refusal
-from sidecar.edge.engine_client import end_to_end, push_to, read_chunk
+from sidecar.edge.engine_client import end_to_end, read_chunk
 from sidecar.edge.engine_http import EngineResponse
 from sidecar.edge.http_errors import refusal_body
 from sidecar.edge.in_flight import Stop
@@ -75,8 +71,6 @@ class _Relay:
     write_timeout_s: float
     sse: bool
     high_water: int = 0  # the client socket's; 0: unknown, every write takes the deadline
-    chunked: bool = False  # whether aiohttp framed the response in chunks (known after prepare)
-    pending: bytes = b""  # what the engine connection's push could not write at once
 
     def __post_init__(self) -> None:
         transport = self.request.transport
@@ -92,32 +86,13 @@ class _Relay:
             and transport.get_write_buffer_size() + size + HEADROOM <= self.high_water
         )
 
-    def write_now(self, data: bytes) -> bool:
-        """Write ``data`` at once, straight to the socket, if its buffer has room; else False
-        (the caller then awaits :meth:`write`, which may wait under the deadline).
-
-        Called from the engine connection's ``data_received``: no coroutine per event. The
-        bytes are framed as aiohttp's writer frames them (chunks on HTTP/1.1, where the engine's
-        Content-Length is not relayed; raw on HTTP/1.0, whose end is the connection's close).
-        """
-        transport = self.request.transport
-        if transport is None or transport.is_closing() or not self._cannot_wait(len(data)):
-            return False
-        if self.chunked:
-            transport.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
-        else:
-            transport.write(data)
-        return True
-
     async def write(self, data: bytes, timeout_s: float | None = None) -> RelayEnd | None:
         """Write with a deadline; the relay's end if the client is gone or stalled."""
         return await self._deadlined(self.response.write(data), len(data), timeout_s)
 
     async def prepare(self) -> RelayEnd | None:
         """Send the status line and headers, under the same deadline as a write."""
-        end = await self._deadlined(self.response.prepare(self.request), 0, None)
-        self.chunked = self.response.headers.get("Transfer-Encoding", "").lower() == "chunked"
-        return end
+        return await self._deadlined(self.response.prepare(self.request), 0, None)
 
     async def finish(self) -> RelayEnd | None:
         """End the body (the terminating chunk), under the same deadline as a write."""
@@ -157,9 +132,8 @@ async def relay_stream(
 ) -> RelayResult:
     """Copy the engine's body to the client as it arrives.
 
-    The hot path, per engine read: one framing scan for SSE, one write; no parsing, and no task
-    step while the client keeps up. With a ``tally`` (adaptive admission), one ``bytes.count``
-    per chunk adds the token events relayed.
+    The loop is the hot path: one read, one framing scan for SSE, one write; no parsing. With a
+    ``tally`` (adaptive admission), one ``bytes.count`` per chunk adds the token events relayed.
     """
     response = response_for(upstream, request_id)
     # An encoded (e.g. gzip) stream cannot be framed or ended in-band: its bytes pass as they are.
@@ -183,40 +157,18 @@ async def _copy(
     tally: StreamUsage | None,
 ) -> RelayResult:
     response = relay.response
-
-    def take(data: bytes) -> bytes:
-        chunk = framer.feed(data) if framer is not None else data
-        if chunk and tally is not None:
-            tally.relayed += chunk.count(TOKEN_MARK)
-        return chunk
-
-    def push(data: bytes) -> bool:
-        # From the engine connection's data_received: relay at once while the client keeps up.
-        chunk = take(data)
-        if chunk and not relay.write_now(chunk):
-            relay.pending = chunk
-            return False
-        return True
-
     while True:
         try:
-            if not upstream.buffered:
-                await push_to(upstream, push)
-            if relay.pending:
-                pending, relay.pending = relay.pending, b""
-                if (end := await relay.write(pending)) is not None:
-                    return RelayResult(end, response)
-            chunk = (
-                await read_chunk(upstream) if upstream.buffered or not upstream.is_eof() else b""
-            )
+            chunk = await read_chunk(upstream)
         except UpstreamError as exc:
             return await _end_broken(relay, exc)
         if not chunk:
-            if upstream.is_eof():
-                break
+            break
+        if framer is not None and not (chunk := framer.feed(chunk)):
             continue
-        chunk = take(chunk)
-        if chunk and (end := await relay.write(chunk)) is not None:
+        if tally is not None:
+            tally.relayed += chunk.count(TOKEN_MARK)
+        if (end := await relay.write(chunk)) is not None:
             return RelayResult(end, response)
     if framer is not None and (rest := framer.flush()) and (end := await relay.write(rest)):
         return RelayResult(end, response)
