@@ -41,7 +41,10 @@ async def _endless(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": SSE})
     await response.prepare(request)
     event = b"data: " + b"x" * 65_536 + b"\n\n"
-    for _ in range(2_000):  # bounded: ~128 MiB at most, far past any socket buffer
+    # Bounded in time, not bytes: a fast relay moves 128 MiB in a tenth of a second, which would
+    # end the stream inside a test's drain grace. 10 s is past every deadline the tests use.
+    deadline = asyncio.get_running_loop().time() + 10.0
+    while asyncio.get_running_loop().time() < deadline:
         await response.write(event)
         await asyncio.sleep(0)
     await response.write_eof()

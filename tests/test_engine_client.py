@@ -11,7 +11,7 @@ from multidict import CIMultiDict
 
 from sidecar.core.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
 from sidecar.edge.engine_client import end_to_end, translated
-from sidecar.edge.engine_http import EngineProtocolError, UnsendableRequestError
+from sidecar.edge.http1 import EngineProtocolError, UnsendableRequestError
 
 Make = Callable[[], BaseException]
 OFF, LATE = UpstreamUnavailableError, UpstreamTimeoutError

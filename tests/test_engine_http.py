@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from sidecar.core.errors import UpstreamTimeoutError, UpstreamUnavailableError
 from sidecar.edge.engine_client import Upstream, finish, read_all, read_chunk
-from sidecar.edge.engine_http import HIGH_WATER, EngineConnection, EngineResponse
+from sidecar.edge.engine_connection import HIGH_WATER, EngineConnection
+from sidecar.edge.engine_http import EngineResponse
 
 # One scripted answer: given the request's bytes (head and body), the bytes to send back, and
 # whether to close the connection after sending them.
@@ -445,10 +446,18 @@ async def test_a_slow_reader_stops_the_engine_socket(engine: Engine, upstream: U
     size = 16 * 1024 * 1024
     engine.answers = [answer(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size + b"x" * size)]
     response = await upstream.send("POST", "/v1/x", {}, b"{}")
-    for _ in range(50):
-        await asyncio.sleep(0)  # turns of the loop for the engine to write what it can
+    connection = response._connection
+    assert connection is not None
+    # Loop turns, as many as it takes (bounded), for the engine to write past the mark.
+    for _ in range(100_000):
+        if connection._paused:
+            break
+        await asyncio.sleep(0)
+    assert connection._paused, "the engine socket was never paused"
     first = await read_chunk(response)
+    # What was held when reading stopped: the mark, plus at most one socket read past it.
     assert HIGH_WATER <= len(first) < HIGH_WATER + 1024 * 1024
+    assert not connection._paused  # reading it resumed the socket
     total = len(first) + len(await read_all(response))
     assert total == size
     finish(response)

@@ -14,7 +14,8 @@ from contextlib import contextmanager
 from multidict import CIMultiDict
 
 from sidecar.core.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
-from sidecar.edge.engine_http import EnginePool, EngineProtocolError, EngineResponse
+from sidecar.edge.engine_http import EnginePool, EngineResponse
+from sidecar.edge.http1 import EngineProtocolError
 
 # RFC 9110 §7.6.1 hop-by-hop fields, plus the framing fields aiohttp recomputes on each side.
 HOP_BY_HOP = frozenset(

@@ -1,0 +1,107 @@
+"""HTTP/1.1 on the wire, as the engine client needs it: pure functions over bytes, no I/O.
+
+Framing follows RFC 9112 §6.3: no body for HEAD, 1xx, 204 and 304; ``Transfer-Encoding: chunked``
+over ``Content-Length`` (the connection is then not reused); a body with neither ends when the
+engine closes. Anything else malformed is an :class:`EngineProtocolError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+from multidict import CIMultiDict
+
+# Past these the answer is refused, not buffered: they bound what one engine answer can cost.
+MAX_HEAD_BYTES = 64 * 1024
+MAX_CHUNK_LINE = 4 * 1024
+
+NO_BODY_STATUSES = frozenset({204, 304})
+# Sent by the sidecar itself, whatever the client sent: the framing of the request it writes.
+# Expect too: the body goes out with the head, so there is nothing for a 100 Continue to unblock.
+OWN_FIELDS = frozenset({"host", "content-length", "transfer-encoding", "connection", "expect"})
+HEX_DIGITS = b"0123456789abcdefABCDEF"
+
+Framing = Literal["none", "length", "chunked", "close"]
+
+
+class EngineProtocolError(Exception):
+    """The engine's answer broke HTTP/1.1 framing (or its connection closed before a head)."""
+
+
+class UnsendableRequestError(EngineProtocolError):
+    """A request line or field that HTTP/1.1 cannot carry (a line break, a NUL)."""
+
+
+def encode_request(
+    method: str, target: str, host: str, headers: Mapping[str, str], body: bytes | None
+) -> bytes:
+    """One request's bytes: request line, Host, the client's end-to-end fields, our framing."""
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}"]
+    lines += [f"{k}: {v}" for k, v in headers.items() if k.lower() not in OWN_FIELDS]
+    if body is not None or method in ("POST", "PUT", "PATCH"):
+        lines.append(f"Content-Length: {len(body or b'')}")
+    head = "\r\n".join(lines)
+    # One scan for the whole head: a CR, LF or NUL inside a field would split it.
+    if head.count("\n") != len(lines) - 1 or head.count("\r") != len(lines) - 1:
+        msg = "a request line or header field holds a line break"
+        raise UnsendableRequestError(msg)
+    if "\x00" in head or " " in target:
+        msg = "a request line or header field holds a forbidden character"
+        raise UnsendableRequestError(msg)
+    encoded = (head + "\r\n\r\n").encode("utf-8", "surrogateescape")
+    return encoded + body if body else encoded
+
+
+def parse_head(head: bytes) -> tuple[int, str, CIMultiDict[str], bool]:
+    """Status, reason, fields and whether it is HTTP/1.0, from a head without its blank line."""
+    lines = head.split(b"\r\n")
+    version, _, rest = lines[0].partition(b" ")
+    code, _, reason = rest.partition(b" ")
+    if version not in (b"HTTP/1.1", b"HTTP/1.0") or len(code) != 3 or not code.isdigit():
+        raise EngineProtocolError(f"the engine's status line is not HTTP/1.x: {lines[0][:80]!r}")
+    fields: CIMultiDict[str] = CIMultiDict()
+    for line in lines[1:]:
+        name, colon, value = line.partition(b":")
+        if not colon or not name or b" " in name or b"\t" in name:
+            raise EngineProtocolError(f"the engine sent a malformed header line: {line[:80]!r}")
+        # As aiohttp's parser does: UTF-8, with any other byte kept as it came.
+        fields.add(
+            name.decode("utf-8", "surrogateescape"),
+            value.strip(b" \t").decode("utf-8", "surrogateescape"),
+        )
+    return int(code), reason.decode("utf-8", "replace"), fields, version == b"HTTP/1.0"
+
+
+def framing(
+    status: int, fields: CIMultiDict[str], *, http10: bool, head_request: bool
+) -> tuple[Framing, int, bool]:
+    """How the answer's body is delimited (RFC 9112 §6.3): its framing, its Content-Length (0
+    when not framed by length), and whether the connection may carry another request after it."""
+    connection = {t.strip().lower() for t in fields.get("Connection", "").split(",")}
+    keep_alive = not http10 and "close" not in connection
+    if head_request or status in NO_BODY_STATUSES or status < 200:
+        return "none", 0, keep_alive
+    coding = fields.getall("Transfer-Encoding", [])
+    if coding:
+        codings = [c.strip().lower() for value in coding for c in value.split(",")]
+        if codings[-1] != "chunked":
+            return "close", 0, False
+        # Both framings (RFC 9112 §6.1): a request-smuggling shape; chunked wins, never reuse.
+        return "chunked", 0, keep_alive and "Content-Length" not in fields
+    lengths = fields.getall("Content-Length", [])
+    if lengths:
+        values = {v.strip() for value in lengths for v in value.split(",")}
+        length = next(iter(values))
+        if len(values) != 1 or not (length.isascii() and length.isdigit()):
+            raise EngineProtocolError(f"the engine sent Content-Length {lengths!r}")
+        return "length", int(length), keep_alive
+    return "close", 0, False
+
+
+def chunk_size(line: bytes) -> int:
+    """The size on a chunk-size line, in bytes."""
+    digits = line.split(b";", 1)[0].rstrip(b" \t")  # a chunk extension is ignored
+    if not digits or len(digits) > 16 or digits.strip(HEX_DIGITS):
+        raise EngineProtocolError(f"the engine sent a bad chunk size: {line[:40]!r}")
+    return int(digits, 16)
