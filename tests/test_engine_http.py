@@ -440,6 +440,22 @@ async def test_a_whole_body_left_unread_never_reaches_the_next_request(
     assert body == b"{}"
 
 
+async def test_bytes_on_an_idle_connection_never_reach_the_next_request(
+    engine: Engine, upstream: Upstream
+) -> None:
+    """An engine that writes while nothing was asked (a stray second answer): the connection is
+    dropped, and the next request reads its own answer on a new one."""
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+    engine.answers = [answer(chunked), answer(OK_BODY)]
+    await _get_body(upstream)
+    engine.writers[0].write(b"st")  # no line end: nothing a parser could reject on its own
+    await engine.writers[0].drain()
+    for _ in range(5):
+        await asyncio.sleep(0)  # loop turns: the stray bytes arrive at the idle connection
+    _, body = await _get_body(upstream)
+    assert (body, engine.connections) == (b"{}", 2)
+
+
 async def test_a_slow_reader_stops_the_engine_socket(engine: Engine, upstream: Upstream) -> None:
     """Bytes the relay has not taken yet are bounded: past the high-water mark the socket stops
     reading and the engine's own send buffer fills, instead of the sidecar's memory."""

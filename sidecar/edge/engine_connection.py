@@ -51,6 +51,7 @@ class EngineConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._last_data = 0.0
         self._paused = False
+        self.idle = False  # in the pool, between requests: any byte now is the engine's error
         self._reset_message()
 
     def _reset_message(self) -> None:
@@ -70,6 +71,9 @@ class EngineConnection(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
+        if self.idle:
+            self._fail(EngineProtocolError("the engine sent bytes on an idle connection"))
+            return
         self._received = True
         self._last_data = self._loop.time()
         if self.head is None or self._buffer:
@@ -255,6 +259,7 @@ class EngineConnection(asyncio.Protocol):
     # The reader's side -----------------------------------------------------------------------
 
     def send(self, request: bytes, *, head_request: bool) -> None:
+        self.idle = False
         self._reset_message()
         self._head_request = head_request
         assert self.transport is not None

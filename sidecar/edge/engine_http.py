@@ -137,6 +137,7 @@ class EnginePool:
         if self._closed or not connection.reusable or len(self._idle) >= MAX_IDLE:
             connection.close()
         else:
+            connection.idle = True
             self._idle.append(connection)
 
     def close(self) -> None:
