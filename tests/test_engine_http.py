@@ -45,6 +45,7 @@ class Engine:
     requests: list[bytes] = field(default_factory=list)
     connections: int = 0
     port: int = 0
+    byte_by_byte: bool = False  # each byte of an answer its own write, and its own read there
     writers: list[asyncio.StreamWriter] = field(default_factory=list)
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -67,8 +68,14 @@ class Engine:
                 return  # no answer scripted: hold the connection, say nothing
             data, close = self.answers.pop(0)(request)
             reset = data.endswith(RESET)
-            writer.write(data.removesuffix(RESET))
-            await writer.drain()
+            data = data.removesuffix(RESET)
+            for piece in (
+                [data[i : i + 1] for i in range(len(data))] if self.byte_by_byte else [data]
+            ):
+                writer.write(piece)
+                await writer.drain()
+                if self.byte_by_byte:
+                    await asyncio.sleep(0)  # a turn of the loop, no time: one byte per read
             if reset:
                 sock = writer.get_extra_info("socket")
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -91,10 +98,10 @@ async def engine() -> AsyncIterator[Engine]:
 
 
 async def _upstream(
-    engine: Engine, *, read_timeout_s: float = 5.0, path: str = ""
+    port: int, *, read_timeout_s: float = 5.0, path: str = ""
 ) -> AsyncIterator[Upstream]:
     upstream = Upstream(
-        f"http://127.0.0.1:{engine.port}{path}",
+        f"http://127.0.0.1:{port}{path}",
         connect_timeout_s=2.0,
         read_timeout_s=read_timeout_s,
     )
@@ -107,7 +114,7 @@ async def _upstream(
 
 @pytest.fixture
 async def upstream(engine: Engine) -> AsyncIterator[Upstream]:
-    async for made in _upstream(engine):
+    async for made in _upstream(engine.port):
         yield made
 
 
@@ -130,7 +137,7 @@ async def test_a_kept_alive_connection_is_reused(engine: Engine, upstream: Upstr
 async def test_the_request_goes_out_as_the_sidecar_means_it(engine: Engine) -> None:
     """Path prefix kept, Host set, the sidecar's own framing fields replace the client's."""
     engine.answers = [answer(OK_BODY)]
-    async for upstream in _upstream(engine, path="/engine/"):
+    async for upstream in _upstream(engine.port, path="/engine/"):
         headers = {
             "Authorization": "Bearer k",
             "Host": "client.example",
@@ -173,27 +180,13 @@ async def test_a_chunked_body_with_extensions_and_trailers(
 
 async def test_a_chunked_body_split_at_every_byte(engine: Engine, upstream: Upstream) -> None:
     """However the socket splits it, the body is the same bytes."""
-    raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
-
-    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        await reader.readexactly(2)
-        for i in range(len(raw)):
-            writer.write(raw[i : i + 1])
-            await writer.drain()
-            await asyncio.sleep(0)  # a turn of the loop, so that each byte is its own read
-        await reader.read()
-        writer.close()
-
-    server = await asyncio.start_server(trickle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    upstream = Upstream(f"http://127.0.0.1:{port}", connect_timeout_s=2, read_timeout_s=5)
-    await upstream.start()
-    try:
-        _, body = await _get_body(upstream)
-    finally:
-        await upstream.close()
-        server.close()
+    engine.byte_by_byte = True
+    engine.answers = [
+        answer(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+        )
+    ]
+    _, body = await _get_body(upstream)
     assert body == b"abcde"
 
 
@@ -385,14 +378,14 @@ async def test_a_reused_connection_closed_unanswered_is_sent_once_more(
 
 
 async def test_no_answer_in_time_is_a_504(engine: Engine) -> None:
-    async for upstream in _upstream(engine, read_timeout_s=0.2):
+    async for upstream in _upstream(engine.port, read_timeout_s=0.2):
         with pytest.raises(UpstreamTimeoutError):
             await upstream.send("POST", "/v1/x", {}, b"{}")
 
 
 async def test_a_body_that_stops_arriving_is_a_504(engine: Engine) -> None:
     engine.answers = [answer(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n12345")]
-    async for upstream in _upstream(engine, read_timeout_s=0.2):
+    async for upstream in _upstream(engine.port, read_timeout_s=0.2):
         response = await upstream.send("POST", "/v1/x", {}, b"{}")
         assert await read_chunk(response) == b"12345"
         with pytest.raises(UpstreamTimeoutError):
@@ -405,12 +398,10 @@ async def test_a_refused_connection_is_a_502() -> None:
     port = server.sockets[0].getsockname()[1]
     server.close()
     await server.wait_closed()
-    upstream = Upstream(f"http://127.0.0.1:{port}", connect_timeout_s=2, read_timeout_s=5)
-    await upstream.start()
-    with pytest.raises(UpstreamUnavailableError) as caught:
-        await upstream.send("GET", "/health", {}, None)
+    async for upstream in _upstream(port):
+        with pytest.raises(UpstreamUnavailableError) as caught:
+            await upstream.send("GET", "/health", {}, None)
     assert isinstance(caught.value.__cause__, ConnectionRefusedError)
-    await upstream.close()
 
 
 async def test_a_body_left_unread_closes_its_connection(engine: Engine, upstream: Upstream) -> None:

@@ -1,6 +1,9 @@
-"""Read what the running servers report: Prometheus /metrics pages and vLLM's cache config."""
+"""Read what the running servers report: Prometheus /metrics pages, vLLM's cache config and the
+sidecar's /capacity document."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -43,3 +46,11 @@ async def fetch_text(session: aiohttp.ClientSession, url: str) -> str:
     async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as response:
         response.raise_for_status()
         return await response.text()
+
+
+async def capacity(session: aiohttp.ClientSession, admin_url: str) -> dict[str, Any]:
+    """The sidecar's /capacity document, failing the test on any non-200 answer."""
+    async with session.get(f"{admin_url}/capacity", timeout=aiohttp.ClientTimeout(total=5)) as r:
+        r.raise_for_status()
+        body: dict[str, Any] = await r.json()
+        return body

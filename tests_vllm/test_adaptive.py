@@ -86,8 +86,7 @@ async def _stream(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -
 async def _peak_in_use(http: aiohttp.ClientSession, admin: str, done: asyncio.Event) -> int:
     peak = 0
     while not done.is_set():
-        async with http.get(f"{admin}/capacity") as response:
-            peak = max(peak, (await response.json())["in_use"])
+        peak = max(peak, (await scrape.capacity(http, admin))["in_use"])
         await asyncio.sleep(POLL_S)
     return peak
 
@@ -111,8 +110,8 @@ async def _until_ready(http: aiohttp.ClientSession, admin: str) -> None:
 
 
 async def _preemptions(http: aiohttp.ClientSession, stack: Stack) -> float:
-    async with http.get(f"{stack.vllm_url}/metrics") as response:
-        return scrape.total(await response.text(), "vllm:num_preemptions_total", default=0.0)
+    text = await scrape.fetch_text(http, f"{stack.vllm_url}/metrics")
+    return scrape.total(text, "vllm:num_preemptions_total", default=0.0)
 
 
 async def test_adaptive_runs_more_streams_without_preemption(
@@ -123,7 +122,7 @@ async def test_adaptive_runs_more_streams_without_preemption(
         await _until_ready(http, admin)
         for index in range(5):  # learn: every completion stops at LENGTH tokens
             assert await _stream(http, url, _body(stack, index)) == 200
-        doc = await (await http.get(f"{admin}/capacity")).json()
+        doc = await scrape.capacity(http, admin)
         (learned,) = doc["adaptive"]["expected_completion_tokens"]
         assert learned["tokens"] <= LENGTH + 2, learned  # role/usage events aside
         assert doc["served_model"] == stack.served_model

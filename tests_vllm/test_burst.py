@@ -113,12 +113,6 @@ async def _outcomes(http: aiohttp.ClientSession, stack: Stack) -> dict[str, floa
     }
 
 
-async def _capacity(http: aiohttp.ClientSession, stack: Stack) -> dict[str, Any]:
-    async with http.get(f"{stack.admin_url}/capacity") as response:
-        body: dict[str, Any] = await response.json()
-        return body
-
-
 async def _idle(http: aiohttp.ClientSession, stack: Stack) -> None:
     """Wait until vLLM runs nothing, so that the burst's steps are the burst's alone."""
     deadline = asyncio.get_running_loop().time() + 10.0
@@ -141,7 +135,7 @@ async def test_burst_is_held_at_the_permit_count(
     stack: Stack, via_sidecar: openai.AsyncOpenAI, http: aiohttp.ClientSession
 ) -> None:
     """vLLM never runs more than the permits, never queues, admitted finish, the rest are busy."""
-    permits = (await _capacity(http, stack))["permits"]
+    permits = (await scrape.capacity(http, stack.admin_url))["permits"]
     assert 1 <= permits < stack.max_num_seqs, "vLLM must be able to run more than the permits"
     await _idle(http, stack)
     counted_before = await _outcomes(http, stack)
@@ -177,12 +171,12 @@ async def test_burst_returns_every_permit(
     stack: Stack, via_sidecar: openai.AsyncOpenAI, http: aiohttp.ClientSession
 ) -> None:
     """After a burst the sidecar shows no permit in use and nobody queued."""
-    permits = (await _capacity(http, stack))["permits"]
+    permits = (await scrape.capacity(http, stack.admin_url))["permits"]
     await _run_burst(via_sidecar, stack, size=3 * permits)
     deadline = asyncio.get_running_loop().time() + 2.0
-    capacity = await _capacity(http, stack)
+    capacity = await scrape.capacity(http, stack.admin_url)
     while (capacity["in_use"], capacity["queued"]) != (0, 0):
         assert asyncio.get_running_loop().time() < deadline, f"permits still held: {capacity}"
         await asyncio.sleep(POLL_S)
-        capacity = await _capacity(http, stack)
+        capacity = await scrape.capacity(http, stack.admin_url)
     assert capacity["permits"] == permits

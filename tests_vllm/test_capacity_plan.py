@@ -45,9 +45,7 @@ async def _capacity(stack: Stack, http: aiohttp.ClientSession) -> dict[str, Any]
     """
     deadline = asyncio.get_running_loop().time() + 10.0
     while True:
-        async with http.get(f"{stack.admin_url}/capacity") as response:
-            assert response.status == 200
-            body: dict[str, Any] = await response.json()
+        body = await scrape.capacity(http, stack.admin_url)
         if body["stale"] is False:
             return body
         assert asyncio.get_running_loop().time() < deadline, f"plan still stale: {body}"

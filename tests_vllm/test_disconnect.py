@@ -109,9 +109,8 @@ async def _idle(http: aiohttp.ClientSession, stack: Stack) -> bool:
 
 
 async def _capacity_in_use(http: aiohttp.ClientSession, stack: Stack) -> int:
-    async with http.get(f"{stack.admin_url}/capacity") as response:
-        in_use: int = (await response.json())["in_use"]
-        return in_use
+    in_use: int = (await scrape.capacity(http, stack.admin_url))["in_use"]
+    return in_use
 
 
 async def _permit_free(http: aiohttp.ClientSession, stack: Stack) -> bool:

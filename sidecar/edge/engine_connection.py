@@ -20,6 +20,7 @@ from sidecar.edge.http1 import (
     HEX_DIGITS,
     MAX_CHUNK_LINE,
     MAX_HEAD_BYTES,
+    MAX_SIZE_DIGITS,
     EngineProtocolError,
     Framing,
     chunk_size,
@@ -76,13 +77,16 @@ class EngineConnection(asyncio.Protocol):
             return
         self._received = True
         self._last_data = self._loop.time()
-        if self.head is None or self._buffer:
-            self._buffer += data
-            self._parse()
-        elif self.framing == "chunked":  # the fast path: parsed straight off the socket's bytes
-            self._chunks(data)
-        else:
-            self._body_bytes(data)
+        try:
+            if self.head is None or self._buffer:
+                self._buffer += data
+                self._parse()
+            elif self.framing == "chunked":  # the fast path: parsed straight off the socket's bytes
+                self._parse_chunks(data)
+            else:
+                self._body_bytes(data)
+        except EngineProtocolError as exc:
+            self._fail(exc)
         self._wake()
 
     def eof_received(self) -> bool:
@@ -105,33 +109,24 @@ class EngineConnection(asyncio.Protocol):
             self._error = self._error or error
         self._wake()
 
-    def pause_writing(self) -> None:  # request bodies are small and written at once
-        pass
-
-    def resume_writing(self) -> None:
-        pass
-
     # Parsing ---------------------------------------------------------------------------------
 
     def _parse(self) -> None:
-        try:
-            if self.head is None and not self._parse_head():
-                return
-            rest, self._buffer = bytes(self._buffer), bytearray()
-            if self.framing == "chunked":
-                self._parse_chunks(rest)
-            elif rest:
-                self._body_bytes(rest)
-        except EngineProtocolError as exc:
-            self._fail(exc)
+        if self.head is None and not self._parse_head():
+            return
+        rest, self._buffer = bytes(self._buffer), bytearray()
+        if self.framing == "chunked":
+            self._parse_chunks(rest)
+        elif rest:
+            self._body_bytes(rest)
 
     def _body_bytes(self, data: bytes) -> None:
         if self.framing == "length":
             self._take_length(data)
         elif self.framing == "close":
             self._hold(data)
-        else:  # after a complete answer with no body, or while idle: not HTTP
-            self._fail(EngineProtocolError("the engine sent bytes it was not asked for"))
+        else:  # after a complete answer with no body: not HTTP
+            raise EngineProtocolError("the engine sent bytes it was not asked for")
 
     def _parse_head(self) -> bool:
         """Parse a status line and fields if they are all here; skip interim 1xx answers."""
@@ -160,18 +155,11 @@ class EngineConnection(asyncio.Protocol):
 
     def _take_length(self, data: bytes) -> None:
         if len(data) > self._remaining:
-            self._fail(EngineProtocolError("the engine sent more than its Content-Length"))
-            return
+            raise EngineProtocolError("the engine sent more than its Content-Length")
         self._remaining -= len(data)
         self._hold(data)
         if self._remaining == 0:
             self.eof = True
-
-    def _chunks(self, data: bytes) -> None:
-        try:
-            self._parse_chunks(data)
-        except EngineProtocolError as exc:
-            self._fail(exc)
 
     def _parse_chunks(self, data: bytes) -> None:
         """Parse whole chunks out of ``data``; keep a partial chunk line for the next bytes."""
@@ -214,7 +202,7 @@ class EngineConnection(asyncio.Protocol):
         at, size = 0, len(data)
         pieces = []
         while True:
-            end = data.find(b"\r\n", at, at + 18)
+            end = data.find(b"\r\n", at, at + MAX_SIZE_DIGITS + 2)
             if end < 0:
                 break
             line = data[at:end]

@@ -15,6 +15,7 @@ from multidict import CIMultiDict
 # Past these the answer is refused, not buffered: they bound what one engine answer can cost.
 MAX_HEAD_BYTES = 64 * 1024
 MAX_CHUNK_LINE = 4 * 1024
+MAX_SIZE_DIGITS = 16  # a chunk size of 16 hex digits is already 16 EiB
 
 NO_BODY_STATUSES = frozenset({204, 304})
 # Sent by the sidecar itself, whatever the client sent: the framing of the request it writes.
@@ -102,6 +103,6 @@ def framing(
 def chunk_size(line: bytes) -> int:
     """The size on a chunk-size line, in bytes."""
     digits = line.split(b";", 1)[0].rstrip(b" \t")  # a chunk extension is ignored
-    if not digits or len(digits) > 16 or digits.strip(HEX_DIGITS):
+    if not digits or len(digits) > MAX_SIZE_DIGITS or digits.strip(HEX_DIGITS):
         raise EngineProtocolError(f"the engine sent a bad chunk size: {line[:40]!r}")
     return int(digits, 16)

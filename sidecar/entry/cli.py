@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+NEGATIVE = frozenset({f"-{digit}" for digit in "0123456789."})
+
+
 def glue_negative_values(argv: Sequence[str]) -> list[str]:
     """``--vram -5GiB`` -> ``--vram=-5GiB``: argparse reads a token that starts with ``-`` and is
     not a plain number as an option, and would answer "expected one argument" instead of
@@ -78,9 +81,6 @@ def glue_negative_values(argv: Sequence[str]) -> list[str]:
         else:
             glued.append(token)
     return glued
-
-
-NEGATIVE = frozenset({f"-{digit}" for digit in "0123456789."})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
