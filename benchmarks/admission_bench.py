@@ -18,6 +18,7 @@ import statistics
 import time
 import tracemalloc
 from collections.abc import Callable, Coroutine
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -67,21 +68,33 @@ async def contended() -> tuple[float, int, list[int]]:
     """ns per admit+release with 4x more tasks than permits; how many had to wait; the gaps
     between successive releases (ns), the loop's time per operation as it went."""
     bulkhead = _bulkhead(PERMITS)
+    elapsed, gaps = await _contend(bulkhead.admit)
+    return elapsed / (TASKS * OPS_PER_TASK), bulkhead.snapshot().queued_total, gaps
+
+
+async def contended_semaphore() -> list[int]:
+    """The same load on asyncio's own Semaphore (unbounded queue, no timeout): for scale."""
+    semaphore = asyncio.Semaphore(PERMITS)
+    return (await _contend(lambda: semaphore))[1]
+
+
+async def _contend(
+    admit: Callable[[], AbstractAsyncContextManager[object]],
+) -> tuple[int, list[int]]:
+    """TASKS tasks, each OPS_PER_TASK times: admit, hold across a loop turn, release."""
     releases: list[int] = []
     mark = releases.append
     clock = time.perf_counter_ns
 
     async def worker() -> None:
         for _ in range(OPS_PER_TASK):
-            async with bulkhead.admit():
+            async with admit():
                 await asyncio.sleep(0)  # hold across a loop turn so the others queue
             mark(clock())
 
     started = clock()
     await asyncio.gather(*(worker() for _ in range(TASKS)))
-    elapsed = clock() - started
-    gaps = [b - a for a, b in itertools.pairwise(releases)]
-    return elapsed / (TASKS * OPS_PER_TASK), bulkhead.snapshot().queued_total, gaps
+    return clock() - started, [b - a for a, b in itertools.pairwise(releases)]
 
 
 async def sleep_baseline() -> float:
@@ -166,6 +179,9 @@ def main() -> None:
         (asyncio.run(contended()) for _ in range(REPEATS)), key=lambda r: _p(r[2], 99)
     )
     loop_ns = min(asyncio.run(sleep_baseline()) for _ in range(REPEATS))
+    semaphore_gaps = min(
+        (asyncio.run(contended_semaphore()) for _ in range(REPEATS)), key=lambda g: _p(g, 99)
+    )
     ops = TASKS * OPS_PER_TASK
     print(f"core request+release (sync)      {core_ns:9.0f} ns/op  ({UNCONTENDED_OPS} ops)")
     print(
@@ -176,6 +192,10 @@ def main() -> None:
         f"contended admit+release          {busy_ns:9.0f} ns/op  "
         f"({TASKS} tasks on {PERMITS} permits, {ops} ops, {waited} queued first)"
         f"  p50 {_p(gaps, 50):.0f} ns  p99 {_p(gaps, 99):.0f} ns"
+    )
+    print(
+        f"asyncio.Semaphore, same load      p50 {_p(semaphore_gaps, 50):.0f} ns  "
+        f"p99 {_p(semaphore_gaps, 99):.0f} ns  (stdlib, no queue bound or timeout; for scale)"
     )
     print(
         f"event-loop turn alone            {loop_ns:9.0f} ns/op  "

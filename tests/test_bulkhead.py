@@ -61,6 +61,29 @@ async def holder_and_waiter(
     return holder, waiter
 
 
+async def test_a_permit_not_yet_granted_or_refused_releases_nothing() -> None:
+    """admit() returns the permit before deciding it: releasing it then, or after a refusal, or
+    twice after its grant, gives back nothing, and shutdown still waits for the one held."""
+    bulkhead = make(FakeTime(), max_queue=0)
+    early = bulkhead.admit()
+    async with bulkhead.admit() as held:
+        early.release()
+        refused = bulkhead.admit()
+        with pytest.raises(AdmissionRejectedError):
+            await refused.__aenter__()
+        refused.release()
+        idle = asyncio.create_task(bulkhead.idle())
+        await settle()
+        assert not idle.done()
+        assert (bulkhead.snapshot().in_use, bulkhead.snapshot().released) == (1, {})
+    await settle()
+    assert idle.done()
+    held.release("failed")  # a second release: ignored, the first said completed
+    async with early:
+        assert bulkhead.snapshot().in_use == 1
+    assert bulkhead.snapshot().released == {"completed": 2}
+
+
 async def test_uncontended_admit_releases_completed_on_exit() -> None:
     """A free permit is granted without waiting and released as completed."""
     bulkhead = make(FakeTime())

@@ -39,6 +39,6 @@ def test_ledger_reports_growth_once() -> None:
     second.relayed = 70
     assert ledger.grown() == [(2, 80)]
     assert ledger.grown() == []
-    assert (ledger.occupancy(), ledger.reserved(), ledger.streams) == (180, 240, 2)
+    assert (ledger.occupancy(), ledger.reserved(), len(ledger.streams)) == (180, 240, 2)
     assert ledger.close(2) is second
     assert ledger.reserved() == 160

@@ -54,36 +54,33 @@ class Ledger:
     """Every running stream's usage, by admission ticket."""
 
     def __init__(self) -> None:
-        self._streams: dict[int, StreamUsage] = {}
+        # Public and read as a plain dict: ``if ledger.streams`` is asked twice per admission.
+        self.streams: dict[int, StreamUsage] = {}
         self._charged: dict[int, int] = {}
 
     def open(self, ticket: int, usage: StreamUsage, charged: int) -> None:
         """A stream was granted at ``charged`` tokens."""
-        self._streams[ticket] = usage
+        self.streams[ticket] = usage
         self._charged[ticket] = charged
 
     def close(self, ticket: int) -> StreamUsage | None:
         """The stream ended; forget it."""
         self._charged.pop(ticket, None)
-        return self._streams.pop(ticket, None)
+        return self.streams.pop(ticket, None)
 
     def grown(self) -> list[tuple[int, int]]:
         """(ticket, new charge) of every stream whose charge grew since it was last read."""
         found = []
-        for ticket, usage in self._streams.items():
+        for ticket, usage in self.streams.items():
             charge = usage.charge()
             if charge > self._charged[ticket]:
                 self._charged[ticket] = charge
                 found.append((ticket, charge))
         return found
 
-    @property
-    def streams(self) -> int:
-        return len(self._streams)
-
     def occupancy(self) -> int:
         """Tokens the running streams hold now (prompts plus what was relayed)."""
-        return sum(usage.occupancy() for usage in self._streams.values())
+        return sum(usage.occupancy() for usage in self.streams.values())
 
     def reserved(self) -> int:
         """Tokens the running streams are charged (occupancy plus expected growth)."""

@@ -33,7 +33,6 @@ class ReleaseRate:
         self._times: deque[float] = deque(maxlen=window)
         self._amounts: deque[int] = deque(maxlen=window)
         self._bounds = bounds or HintBounds()
-        self._last_seen = float("-inf")
 
     @property
     def bounds(self) -> HintBounds:
@@ -41,15 +40,16 @@ class ReleaseRate:
 
     def observe(self, at: float, amount: int = 1) -> None:
         """Record one release of ``amount`` (tokens; 1 for a permit) at time ``at`` (seconds)."""
+        # Once per release: two appends; the latest time is found when a hint is asked for.
         self._times.append(at)
         self._amounts.append(amount)
-        self._last_seen = max(self._last_seen, at)
 
     def rate_per_s(self, now: float | None = None) -> float | None:
         """Releases per second over the window, up to ``now``; None before two releases."""
         if len(self._times) < 2:
             return None
-        end = max(self._last_seen, now if now is not None else self._last_seen)
+        latest = max(self._times)
+        end = latest if now is None else max(latest, now)
         # Measuring up to ``now`` lets the rate fall when releases stop, instead of freezing.
         span = end - self._times[0]
         if span <= 0:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -25,7 +24,7 @@ from sidecar.core.outcomes import RejectReason
 from sidecar.core.retry_hint import ReleaseRate
 from sidecar.limiter.events import AdmissionEvent, BulkheadSnapshot, EventKind, Mode
 from sidecar.limiter.expiry import CallLater, Expiry
-from sidecar.limiter.permit import Admitting, Permit
+from sidecar.limiter.permit import Permit
 
 log = structlog.get_logger(__name__)
 
@@ -91,13 +90,13 @@ class Bulkhead:
         usage: StreamUsage | None = None,
         *,
         may_wait: bool = True,
-    ) -> AbstractAsyncContextManager[Permit]:
+    ) -> Permit:
         """Hold capacity for the body of ``async with``; raises AdmissionRejectedError before it.
 
         ``may_wait=False``: refused at once (``shed``) unless capacity is free now. Adaptive mode:
         ``usage`` is the request's live footprint; its charge grows while it runs.
         """
-        return Admitting(self._acquire, cost, compartment, may_wait, usage)
+        return Permit(self, cost, compartment, may_wait, usage)
 
     def resize(self, limit: int, ceiling: int | None = None) -> None:
         """New limit (permits, bytes or tokens): growing wakes waiters now, shrinking revokes
@@ -144,37 +143,45 @@ class Bulkhead:
             ledger_reserved_tokens=self._ledger.reserved(),
         )
 
-    # --- acquiring -------------------------------------------------------------------------------
+    # --- acquiring (the permit's Holder side) ------------------------------------------------
 
-    async def _acquire(
-        self, cost: int, compartment: str, may_wait: bool, usage: StreamUsage | None = None
-    ) -> Permit:
-        if cost < 0:
+    def take_now(self, permit: Permit) -> Queued | None:
+        """Decide ``permit``: held now (None), refused (raises), or queued (its place)."""
+        if permit.cost < 0:
             raise ValueError("cost must be >= 0")
-        started = self._clock()
         if self._ledger.streams:
             self.sync()
-        worst = usage.worst() if usage is not None else None
+        usage = permit._asked
         decision = self._core.request(
-            cost if self._mode != "count" else 1, compartment, worst, may_wait=may_wait
+            permit.cost if self._mode != "count" else 1,
+            permit.compartment,
+            usage.worst() if usage is not None else None,
+            may_wait=permit._may_wait,
         )
         if isinstance(decision, Granted):
             self._emit("granted", decision.compartment, decision.cost)
-            permit = self._permit(decision.ticket, decision.cost, decision.compartment, 0.0)
-        elif isinstance(decision, Rejected):
-            return self._rejected(decision)
-        else:
-            permit = await self._wait(decision, started)
-        if (
-            usage is not None
-            and permit._ticket is not None
-            and self._core.is_granted(permit._ticket)
-        ):
-            permit.usage = usage
-            self._ledger.open(permit._ticket, usage, permit.cost)
-        return permit
+            self._hold(permit, decision.ticket, decision.cost, decision.compartment, 0.0)
+            return None
+        if isinstance(decision, Rejected):
+            self._rejected(permit, decision)
+            return None
+        return self._enqueue(permit, decision)
 
-    def _rejected(self, decision: Rejected) -> Permit:
+    async def take_queued(self, permit: Permit, queued: Queued) -> None:
+        """Wait for the grant of a request ``take_now`` queued."""
+        ticket = queued.ticket
+        wait = self._waiters[ticket]
+        assert wait.future is not None
+        try:
+            granted_at = await wait.future
+        except asyncio.CancelledError:
+            self._abandon(queued)
+            raise
+        finally:
+            self._forget(ticket)
+        self._hold(permit, ticket, queued.cost, queued.compartment, granted_at - wait.started)
+
+    def _rejected(self, permit: Permit, decision: Rejected) -> None:
         error = self._error(decision.reason, decision.compartment)
         self._emit(
             "rejected", decision.compartment, decision.cost, reason=decision.reason,
@@ -182,31 +189,22 @@ class Bulkhead:
         )  # fmt: skip
         if not self._shadow or decision.reason == "draining":
             raise error
-        permit = self._permit(None, decision.cost, decision.compartment, 0.0)
+        self._hold(permit, None, decision.cost, decision.compartment, 0.0)
         permit.shadow_rejected = decision.reason
-        return permit
 
-    async def _wait(self, queued: Queued, started: float) -> Permit:
+    def _enqueue(self, permit: Permit, queued: Queued) -> Queued | None:
         self._emit("queued", queued.compartment, queued.cost)
         ticket = queued.ticket
         if self._shadow:
             # Shadow: run now, but leave the ticket queued so every later decision is the same.
-            permit = self._permit(ticket, queued.cost, queued.compartment, 0.0)
-            self._waiters[ticket] = _Wait(queued, started, None, permit)
+            self._hold(permit, ticket, queued.cost, queued.compartment, 0.0)
+            self._waiters[ticket] = _Wait(queued, self._clock(), None, permit)
             self._deadlines().add(ticket, self._max_wait_s)
-            return permit
+            return None
         future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-        self._waiters[ticket] = _Wait(queued, started, future)
-        expiry = self._deadlines()
-        expiry.add(ticket, self._max_wait_s)
-        try:
-            granted_at = await future
-        except asyncio.CancelledError:
-            self._abandon(queued)
-            raise
-        finally:
-            expiry.discard(ticket)
-        return self._permit(ticket, queued.cost, queued.compartment, granted_at - started)
+        self._waiters[ticket] = _Wait(queued, self._clock(), future)
+        self._deadlines().add(ticket, self._max_wait_s)
+        return queued
 
     def _deadlines(self) -> Expiry:
         """The waiters' deadlines: on the injected timer, else on the running loop.
@@ -223,9 +221,18 @@ class Bulkhead:
         assert self._expiry is not None
         return self._expiry
 
-    def _permit(self, ticket: int | None, cost: int, compartment: str, wait_s: float) -> Permit:
+    def _hold(
+        self, permit: Permit, ticket: int | None, cost: int, compartment: str, wait_s: float
+    ) -> None:
         self._open += 1
-        return Permit(cost, compartment, wait_s, ticket, self._settle)
+        permit._ticket, permit.cost, permit.compartment, permit.wait_s = (
+            ticket, cost, compartment, wait_s,
+        )  # fmt: skip
+        permit._state = "held"
+        usage = permit._asked
+        if usage is not None and ticket is not None and self._core.is_granted(ticket):
+            permit.usage = usage
+            self._ledger.open(ticket, usage, cost)
 
     # --- settling waiters ------------------------------------------------------------------------
 
@@ -272,8 +279,8 @@ class Bulkhead:
             self._give_back(queued.ticket, queued.compartment, queued.cost, "cancelled")
         self._wake(withdrawal.granted)
 
-    def _settle(self, permit: Permit, outcome: Outcome) -> None:
-        """Called once per permit, by ``Permit.release``."""
+    def give_back(self, permit: Permit, outcome: Outcome) -> None:
+        """Take back what ``permit`` holds; called once per held permit, by its ``release``."""
         if permit._ticket is not None:
             self._give_back(permit._ticket, permit.compartment, permit.cost, outcome)
         self._open -= 1
@@ -291,7 +298,8 @@ class Bulkhead:
                     amount = max(cost, usage.charge())
             grants = self._core.release(ticket, outcome)
             self._hint.observe(self._clock(), amount)
-            self._wake(grants)
+            if grants:
+                self._wake(grants)
         elif (wait := self._waiters.pop(ticket, None)) is not None:
             # Shadow: the request ran at once and ended before its would-be grant came.
             self._forget(wait.queued.ticket)

@@ -1,71 +1,91 @@
-"""What the bulkhead hands out: a permit, released exactly once, and the ``async with`` context
-that acquires it and releases it with the outcome of the body it guarded."""
+"""What the bulkhead hands out: a permit, which is also the ``async with`` that acquires it and
+releases it, exactly once, with the outcome of the body it guarded."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
 from types import TracebackType
+from typing import Literal, Protocol
 
-from sidecar.core.decisions import Outcome
+from sidecar.core.decisions import Outcome, Queued
 from sidecar.core.ledger import StreamUsage
 from sidecar.core.outcomes import RejectReason
 
+State = Literal["asked", "held", "released"]
 
-@dataclass(eq=False, slots=True)
+
+class Holder(Protocol):
+    """The side that decides and takes back permits (the bulkhead)."""
+
+    def take_now(self, permit: Permit) -> Queued | None:
+        """Grant ``permit`` now, raise AdmissionRejectedError, or return its place in a queue."""
+
+    async def take_queued(self, permit: Permit, queued: Queued) -> None:
+        """Wait in the queue until granted; raise AdmissionRejectedError if refused."""
+
+    def give_back(self, permit: Permit, outcome: Outcome) -> None:
+        """Take back what ``permit`` holds; called once per held permit."""
+
+
 class Permit:
-    """A grant held by one request; released exactly once (a second release does nothing)."""
+    """A grant held by one request, from ``async with`` to its end; released exactly once (a
+    second release, or a release of a permit never granted, does nothing).
 
-    cost: int
-    compartment: str
-    wait_s: float
-    _ticket: int | None = field(repr=False)
-    _settle: Callable[[Permit, Outcome], None] = field(repr=False)
-    usage: StreamUsage | None = None
-    outcome: Outcome | None = None
-    shadow_rejected: RejectReason | None = None
-    _released: bool = field(default=False, repr=False)
-
-    def release(self, outcome: Outcome | None = None) -> None:
-        """Give the capacity back with ``outcome`` (default: ``self.outcome``, else completed)."""
-        if self._released:
-            return
-        self._released = True
-        self._settle(self, outcome or self.outcome or "completed")
-
-
-# (cost, compartment, may_wait, usage) -> the permit, or AdmissionRejectedError.
-Acquire = Callable[[int, str, bool, StreamUsage | None], Awaitable[Permit]]
-
-
-class Admitting(AbstractAsyncContextManager[Permit]):
-    """``Bulkhead.admit()``'s context: acquire on enter; on exit release with the body's outcome.
-
-    A class rather than ``@asynccontextmanager``: this runs once per request, and a generator-
-    based context costs ~2.0 us where this one costs ~0.4 us (docs/performance.md).
+    One object is both the context and the grant: this runs once per request, and a separate
+    context object cost ~0.3 us more (docs/performance.md), as a generator-based one cost ~2 us.
+    ``cost`` and ``compartment`` are what was asked until the grant, then what was granted.
+    ``usage`` is the request's live footprint (adaptive admission), set once it runs.
     """
 
-    __slots__ = ("_acquire", "_compartment", "_cost", "_may_wait", "_permit", "_usage")
+    __slots__ = (
+        "_asked",
+        "_holder",
+        "_may_wait",
+        "_state",
+        "_ticket",
+        "compartment",
+        "cost",
+        "outcome",
+        "shadow_rejected",
+        "usage",
+        "wait_s",
+    )
 
     def __init__(
         self,
-        acquire: Acquire,
+        holder: Holder,
         cost: int,
         compartment: str,
-        may_wait: bool,
+        may_wait: bool = True,
         usage: StreamUsage | None = None,
     ) -> None:
-        self._acquire, self._cost, self._compartment = acquire, cost, compartment
-        self._may_wait, self._usage = may_wait, usage
-        self._permit: Permit | None = None
+        self.cost, self.compartment, self.wait_s = cost, compartment, 0.0
+        self.usage: StreamUsage | None = None
+        self.outcome: Outcome | None = None
+        self.shadow_rejected: RejectReason | None = None
+        self._holder, self._may_wait, self._asked = holder, may_wait, usage
+        self._ticket: int | None = None
+        self._state: State = "asked"
+
+    def __repr__(self) -> str:
+        return (
+            f"Permit(cost={self.cost}, compartment={self.compartment!r}, wait_s={self.wait_s}, "
+            f"state={self._state!r}, outcome={self.outcome!r})"
+        )
+
+    def release(self, outcome: Outcome | None = None) -> None:
+        """Give the capacity back with ``outcome`` (default: ``self.outcome``, else completed)."""
+        if self._state != "held":
+            return
+        self._state = "released"
+        self._holder.give_back(self, outcome or self.outcome or "completed")
 
     async def __aenter__(self) -> Permit:
-        self._permit = await self._acquire(
-            self._cost, self._compartment, self._may_wait, self._usage
-        )
-        return self._permit
+        # Decided without a second coroutine; only a queued request awaits one.
+        queued = self._holder.take_now(self)
+        if queued is not None:
+            await self._holder.take_queued(self, queued)
+        return self
 
     async def __aexit__(
         self,
@@ -73,10 +93,9 @@ class Admitting(AbstractAsyncContextManager[Permit]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        assert self._permit is not None
         if exc_type is None:
-            self._permit.release()
+            self.release()
         elif issubclass(exc_type, asyncio.CancelledError):
-            self._permit.release("cancelled")
+            self.release("cancelled")
         else:
-            self._permit.release("failed")
+            self.release("failed")
