@@ -22,6 +22,8 @@ class EngineDouble:
 
     url: str = ""
     seen: list[tuple[str, str]] = field(default_factory=list)
+    # Mode "held": the head goes out at once, the events only once this is set.
+    released: asyncio.Event = field(default_factory=asyncio.Event)
 
     def generating(self, free: frozenset[str] = frozenset({"/tokenize", "/detokenize"})) -> int:
         """Requests that needed a permit: every non-GET one off the free paths."""
@@ -86,6 +88,16 @@ def build_double(double: EngineDouble) -> web.Application:
             return await _broken(request)
         if mode == "numbered":  # many numbered events, written as fast as the socket takes them
             return await _events(request, numbered_events())
+        if mode == "held":  # a head, then nothing until the test says (an engine in prefill)
+            response = web.StreamResponse(headers={"Content-Type": SSE})
+            await response.prepare(request)
+            await double.released.wait()
+            await response.write(b"data: 1\n\ndata: [DONE]\n\n")
+            await response.write_eof()
+            return response
+        if mode == "one_write":  # head, every event and the end in one write
+            events = b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
+            return web.Response(body=events, headers={"Content-Type": SSE})
         if mode == "crlf":
             return await _events(request, [b"data: 1\r\n\r\n", b"data: [DONE]\r\n\r\n"])
         if request.raw_path == "/tokenize":

@@ -265,6 +265,41 @@ async def test_a_crlf_stream_is_relayed_whole(edge: Start) -> None:
         assert await r.read() == b"data: 1\r\n\r\ndata: [DONE]\r\n\r\n"
 
 
+async def test_a_head_sent_alone_reaches_the_client_before_the_first_event(
+    edge: Start, double: EngineDouble
+) -> None:
+    """An engine in prefill has sent its head only: the client has its 200 while it waits."""
+    server = await edge()
+    raw = json.dumps({**CHAT, "stream": True}).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.proxy_port)
+    try:
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-double: held\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw)
+        )
+        async with asyncio.timeout(3):
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200")
+            assert b"text/event-stream" in head
+            double.released.set()
+            body = await reader.readuntil(b"0\r\n\r\n")
+    finally:
+        writer.close()
+    assert b"data: 1\n\ndata: [DONE]\n\n" in body
+
+
+async def test_an_answer_in_one_write_is_relayed_whole(edge: Start) -> None:
+    """Head, events and end in one read from the engine: every event reaches the client."""
+    server = await edge()
+    body = {**CHAT, "stream": True}
+    headers = {"x-double": "one_write"}
+    async with aiohttp.ClientSession() as s, s.post(
+        proxy_url(server) + "/v1/chat/completions", json=body, headers=headers
+    ) as r:
+        assert (r.status, r.content_type) == (200, "text/event-stream")
+        assert await r.read() == b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
+
+
 async def test_slow_headers_are_closed_at_the_header_deadline(edge: Start) -> None:
     """Slowloris on the head: a 408 in JSON after the deadline, then the connection closes."""
     server = await edge(SIDECAR_HEADER_TIMEOUT_MS="300")
@@ -280,6 +315,50 @@ async def test_a_slow_body_gets_a_408(edge: Start, double: EngineDouble) -> None
     answer = await exchange(server.proxy_port, raw)
     assert answer.startswith(b"HTTP/1.1 408")
     assert b'"body_timeout"' in answer
+    assert double.seen == []
+
+
+async def test_a_client_that_expects_100_continue_gets_it_then_its_answer(
+    edge: Start, double: EngineDouble
+) -> None:
+    """curl's way with bodies over 1 KiB: the head alone, a 100 Continue, then the body."""
+    server = await edge()
+    body = json.dumps({"prompt": "hello", "max_tokens": 5}).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.proxy_port)
+    try:
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body)
+        )
+        async with asyncio.timeout(3):
+            assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+            assert double.seen == []
+            writer.write(body)
+            assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+    finally:
+        writer.close()
+    assert double.seen == [("POST", "/v1/completions")]
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        pytest.param(b"POST /v1/completions HTTP/1.1\r\nExpect: x-secret-token\r\n", b"417",
+                     id="unknown-expectation"),
+        pytest.param(b"POST /v1/%2e%2e/%2fcompletions HTTP/1.1\r\nExpect: 100-continue\r\n",
+                     b"400", id="refused-before-the-body"),
+    ],
+)  # fmt: skip
+async def test_an_expectation_never_sends_a_refused_request_on(
+    edge: Start, double: EngineDouble, head: bytes, status: bytes
+) -> None:
+    """An expectation other than 100-continue is a 417 that does not echo it; a request refused
+    before its body is read gets its answer, with no 100 Continue first."""
+    server = await edge()
+    answer = await exchange(server.proxy_port, head + b"Host: x\r\nContent-Length: 40\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 " + status)
+    assert b"100 Continue" not in answer
+    assert b"secret" not in answer
     assert double.seen == []
 
 

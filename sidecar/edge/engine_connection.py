@@ -312,6 +312,15 @@ class EngineConnection(asyncio.Protocol):
             self._timer = None
 
     @property
+    def has_pieces(self) -> bool:
+        """Body bytes parsed and not yet read."""
+        return bool(self._pieces)
+
+    @property
+    def failed(self) -> bool:
+        return self._error is not None
+
+    @property
     def reusable(self) -> bool:
         return (
             self.eof

@@ -56,7 +56,14 @@ class EngineResponse:
         return b"".join(pieces)
 
     def is_eof(self) -> bool:
-        return self._connection is None or self._connection.eof
+        """The body was read to its end (after a read: the next read returns b"")."""
+        connection = self._connection
+        return connection is None or (connection.eof and not connection.has_pieces)
+
+    def ready(self) -> bool:
+        """The next read returns at once: body bytes, its end, or an error are here already."""
+        connection = self._connection
+        return connection is None or connection.has_pieces or connection.eof or connection.failed
 
     def finish(self) -> None:
         """Back to the pool if the body was read to its end and may be reused; else closed."""

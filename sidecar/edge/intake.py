@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Mapping
 
 import aiohttp
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from sidecar.core.errors import EdgeRefusedError, RequestError
@@ -23,12 +23,17 @@ from sidecar.core.request_checks import (
 from sidecar.edge.prompt_count import EnginePromptCounter
 
 
-async def read_body(request: web.Request, timeout_s: float) -> bytes:
+async def read_body(request: web.BaseRequest, timeout_s: float) -> bytes:
     """The whole body, within the size limit and ``timeout_s``; RequestError/EdgeRefusedError."""
+    expect = request.headers.get("Expect")
     try:
+        if expect is not None:
+            _check_expectation(expect)
         if request.content.is_eof():  # all of it arrived with the head: read() cannot wait
             return await request.read()
         async with asyncio.timeout(timeout_s):
+            if expect is not None and request.version >= HttpVersion11:
+                await _continue(request)
             return await request.read()
     except TimeoutError as exc:
         raise EdgeRefusedError("body_timeout") from exc
@@ -44,7 +49,23 @@ async def read_body(request: web.Request, timeout_s: float) -> bytes:
         raise RequestError("request body is not valid HTTP/1.1 framing", code="bad_body") from exc
 
 
-def require_json(request: web.Request) -> None:
+def _check_expectation(expect: str) -> None:
+    if expect.strip().lower() != "100-continue":  # never echoed: it is the client's text
+        raise RequestError(
+            "the only expectation this server meets is Expect: 100-continue",
+            status=417,
+            code="expectation_failed",
+        )
+
+
+async def _continue(request: web.BaseRequest) -> None:
+    """Tell a client that waits (curl does, for bodies over 1 KiB) to send its body: only now,
+    once the request was routed and let through the gate, so a refused one never sends it."""
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0  # the answer itself has not started
+
+
+def require_json(request: web.BaseRequest) -> None:
     """A priced request's body must be UTF-8 JSON: a declared other charset is a 415.
 
     The media type itself is not enforced (``curl -d`` sends a form type with a JSON body); the
@@ -60,7 +81,7 @@ def require_json(request: web.Request) -> None:
 
 
 async def checked_request(
-    request: web.Request,
+    request: web.BaseRequest,
     endpoint: Endpoint,
     budget: TokenPolicy,
     *,

@@ -4,6 +4,7 @@ admission, priced by its token budget where it has one; free paths pass straight
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import time
@@ -12,7 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import structlog
-from aiohttp import web
+from aiohttp import StreamReader, web
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.http import RawRequestMessage
 from multidict import CIMultiDict
 
 from sidecar.core.errors import (
@@ -87,20 +90,36 @@ class Job:
     headers: CIMultiDict[str] | None = None  # what goes to the engine, where already built
 
 
-PROXY = web.AppKey("proxy", Proxy)
+def build_proxy_server(proxy: Proxy) -> web.Server:
+    """aiohttp's low-level server, every request to :func:`handle`; call inside the loop.
+
+    Not a ``web.Application``: routing is ours, on the normalised path, and the application's
+    router, match info and handler chain cost ~15-20 us a request (docs/performance.md). The body
+    limit is the request's ``client_max_size``, enforced by read_body.
+    """
+    loop = asyncio.get_running_loop()
+    limit = proxy.config.max_body_bytes
+
+    def request_of(
+        message: RawRequestMessage,
+        payload: StreamReader,
+        protocol: web.RequestHandler,
+        writer: AbstractStreamWriter,
+        task: asyncio.Task[None],
+    ) -> web.BaseRequest:
+        return web.BaseRequest(
+            message, payload, protocol, writer, task, loop, client_max_size=limit
+        )
+
+    # handler_cancellation: a client that hangs up cancels its handler at once, so a queued
+    # waiter leaves the queue and a stream's upstream connection is closed.
+    return web.Server(
+        functools.partial(handle, proxy), request_factory=request_of, handler_cancellation=True
+    )
 
 
-def build_proxy_app(proxy: Proxy) -> web.Application:
-    # The body limit is enforced by read_body; routing is ours, on the normalised path.
-    app = web.Application(client_max_size=proxy.config.max_body_bytes)
-    app[PROXY] = proxy
-    app.router.add_route("*", "/{tail:.*}", handle)
-    return app
-
-
-async def handle(request: web.Request) -> web.StreamResponse:
+async def handle(proxy: Proxy, request: web.BaseRequest) -> web.StreamResponse:
     """Route, read and check (inside the gate), admit, forward, relay."""
-    proxy = request.app[PROXY]
     # 32 hex digits like uuid4().hex, for a fifth of its cost (no UUID object).
     request_id = request.headers.get("X-Request-Id") or os.urandom(16).hex()
     tenant = proxy.config.tenant_of(request.headers)
@@ -129,7 +148,7 @@ def _refused(proxy: Proxy, exc: RequestError | EdgeRefusedError, started: float)
     return error_response(exc)
 
 
-async def _intake(request: web.Request, proxy: Proxy, target: Target, request_id: str) -> Job:
+async def _intake(request: web.BaseRequest, proxy: Proxy, target: Target, request_id: str) -> Job:
     """Everything before admission, bounded by the gate: body, checks, engine prompt count."""
     config = proxy.config
     with proxy.gate.enter():
@@ -153,7 +172,7 @@ async def _intake(request: web.Request, proxy: Proxy, target: Target, request_id
 
 
 async def _admit_and_forward(
-    request: web.Request, proxy: Proxy, job: Job, request_id: str, started: float
+    request: web.BaseRequest, proxy: Proxy, job: Job, request_id: str, started: float
 ) -> web.StreamResponse:
     config = proxy.config
     compartment = config.compartment_of(request.headers)
@@ -208,7 +227,7 @@ def _log_grant(permit: Permit, job: Job) -> None:
 
 
 async def _forward(
-    request: web.Request, proxy: Proxy, job: Job, permit: Permit, request_id: str, *, stop: Stop
+    request: web.BaseRequest, proxy: Proxy, job: Job, permit: Permit, request_id: str, *, stop: Stop
 ) -> tuple[web.StreamResponse, str]:
     headers = job.headers if job.headers is not None else _upstream_headers(request, request_id)
     try:
@@ -298,7 +317,7 @@ def _log_usage(body: bytes) -> int | None:
 
 
 async def passthrough(
-    request: web.Request, proxy: Proxy, target: Target, request_id: str
+    request: web.BaseRequest, proxy: Proxy, target: Target, request_id: str
 ) -> web.StreamResponse:
     """A free path (GET, HEAD, OPTIONS, or a configured cheap POST): forwarded without a permit."""
     try:
@@ -319,7 +338,7 @@ async def passthrough(
     return result.response
 
 
-def _upstream_headers(request: web.Request, request_id: str) -> CIMultiDict[str]:
+def _upstream_headers(request: web.BaseRequest, request_id: str) -> CIMultiDict[str]:
     # Built once per request; the engine client writes the fields as they are, in this order.
     headers = end_to_end(request.headers)
     headers["X-Request-Id"] = request_id

@@ -57,8 +57,20 @@ def in_band_error(exc: UpstreamError) -> bytes:
     return in_band(exc.refusal, str(exc))
 
 
+class _HeadWithBody(web.StreamResponse):
+    """A response whose status line and fields leave with its first body bytes, in one write.
+
+    Used only where those bytes came in the same read as the engine's head: where the engine
+    sent its head alone (vLLM before its first token), the client gets the head at once too.
+    aiohttp's own ``web.Response`` sets the same flag; an aiohttp without it sends two writes.
+    """
+
+    _send_headers_immediately = False
+
+
 def response_for(upstream: EngineResponse, request_id: str) -> web.StreamResponse:
-    response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+    kind = _HeadWithBody if upstream.ready() else web.StreamResponse
+    response = kind(status=upstream.status, reason=upstream.reason)
     response.headers.update(end_to_end(upstream.headers))
     response.headers["X-Request-Id"] = request_id
     return response
@@ -66,7 +78,7 @@ def response_for(upstream: EngineResponse, request_id: str) -> web.StreamRespons
 
 @dataclass(slots=True)
 class _Relay:
-    request: web.Request
+    request: web.BaseRequest
     response: web.StreamResponse
     write_timeout_s: float
     sse: bool
@@ -94,9 +106,10 @@ class _Relay:
         """Send the status line and headers, under the same deadline as a write."""
         return await self._deadlined(self.response.prepare(self.request), 0, None)
 
-    async def finish(self) -> RelayEnd | None:
-        """End the body (the terminating chunk), under the same deadline as a write."""
-        return await self._deadlined(self.response.write_eof(), 0, None)
+    async def finish(self, last: bytes = b"") -> RelayEnd | None:
+        """End the body with its ``last`` bytes (and the terminating chunk) in one write, under
+        the same deadline as a write."""
+        return await self._deadlined(self.response.write_eof(last), len(last), None)
 
     async def _deadlined(
         self, io: Coroutine[Any, Any, object], size: int, timeout_s: float | None
@@ -122,7 +135,7 @@ class _Relay:
 
 
 async def relay_stream(
-    request: web.Request,
+    request: web.BaseRequest,
     upstream: EngineResponse,
     request_id: str,
     *,
@@ -163,16 +176,24 @@ async def _copy(
         except UpstreamError as exc:
             return await _end_broken(relay, exc)
         if not chunk:
+            last = b""
             break
-        if framer is not None and not (chunk := framer.feed(chunk)):
+        if framer is not None:
+            chunk = framer.feed(chunk)
+        if upstream.is_eof():  # the body ended in this read: its last bytes go with the end
+            last = chunk
+            break
+        if not chunk:
             continue
         if tally is not None:
             tally.relayed += chunk.count(TOKEN_MARK)
         if (end := await relay.write(chunk)) is not None:
             return RelayResult(end, response)
-    if framer is not None and (rest := framer.flush()) and (end := await relay.write(rest)):
-        return RelayResult(end, response)
-    return RelayResult(await relay.finish() or "completed", response)
+    if framer is not None:
+        last += framer.flush()
+    if tally is not None and last:
+        tally.relayed += last.count(TOKEN_MARK)
+    return RelayResult(await relay.finish(last) or "completed", response)
 
 
 async def _end_broken(relay: _Relay, exc: UpstreamError) -> RelayResult:

@@ -23,7 +23,7 @@ from sidecar.edge.engine_client import Upstream
 from sidecar.edge.in_flight import InFlight
 from sidecar.edge.limits import ConnectionCount, EdgeLimits, Gate
 from sidecar.edge.prompt_count import EnginePromptCounter
-from sidecar.edge.proxy import Proxy, ProxyConfig, build_proxy_app
+from sidecar.edge.proxy import Proxy, ProxyConfig, build_proxy_server
 from sidecar.edge.routes import parse_free_paths
 from sidecar.entry.listen import bind, reserve_descriptors, serve
 from sidecar.entry.settings import Settings
@@ -79,7 +79,7 @@ class SidecarServer:
         self.in_flight = InFlight()
         self.gate = Gate(settings.max_pre_admission)
         self.proxy_connections: ConnectionCount | None = None
-        self._runners: list[web.AppRunner] = []
+        self._runners: list[web.BaseRunner] = []
         self.proxy_port = self.admin_port = 0
         register_capacity_metrics(self.registry, self.controller, clock)
         self.registry.register(BulkheadCollector(self.bulkhead.snapshot, self._plan_permits))
@@ -213,7 +213,7 @@ class SidecarServer:
         s = self.settings
         self.admin_port = await self._listen(build_admin_app(self._admin()), admin_sock, 64)
         self.proxy_port = await self._listen(
-            build_proxy_app(self._proxy()), proxy_sock, s.max_connections
+            build_proxy_server(self._proxy()), proxy_sock, s.max_connections
         )
         log.info(
             "sidecar_listening",
@@ -224,7 +224,9 @@ class SidecarServer:
             shadow=s.shadow,
         )
 
-    async def _listen(self, app: web.Application, sock: socket.socket, cap: int) -> int:
+    async def _listen(
+        self, app: web.Application | web.Server, sock: socket.socket, cap: int
+    ) -> int:
         runner, self.proxy_connections = await serve(app, sock, self._edge_limits(cap))
         self._runners.append(runner)
         return int(sock.getsockname()[1])  # the real port, also when 0 asked for any

@@ -51,14 +51,18 @@ def reserve_descriptors(max_connections: int) -> int:
 
 
 async def serve(
-    app: web.Application, sock: socket.socket, limits: EdgeLimits
-) -> tuple[web.AppRunner, ConnectionCount]:
-    """Serve ``app`` on ``sock`` behind the edge's limits; the runner and its connection count."""
-    # handler_cancellation: a client that hangs up cancels its handler at once, so a queued
-    # waiter leaves the queue and a stream's upstream connection is closed.
-    runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S
-    )
+    app: web.Application | web.Server, sock: socket.socket, limits: EdgeLimits
+) -> tuple[web.BaseRunner, ConnectionCount]:
+    """Serve ``app`` (the admin application, or the proxy's low-level server) on ``sock`` behind
+    the edge's limits; the runner and its connection count."""
+    runner: web.BaseRunner
+    if isinstance(app, web.Server):  # it was built with handler_cancellation, as below
+        runner = web.ServerRunner(app, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+    else:
+        # handler_cancellation: a client that hangs up cancels its handler at once.
+        runner = web.AppRunner(
+            app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+        )
     await runner.setup()
     count = ConnectionCount(limits)
     site = GuardedSite(
