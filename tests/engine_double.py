@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -77,29 +77,43 @@ def _completion(request: web.Request, stream: bool) -> web.Response | list[bytes
     return web.json_response(body)
 
 
+async def _held(request: web.Request, double: EngineDouble) -> web.StreamResponse:
+    """A head, then nothing until the test sets ``double.released`` (an engine in prefill)."""
+    response = web.StreamResponse(headers={"Content-Type": SSE})
+    await response.prepare(request)
+    await double.released.wait()
+    await response.write(b"data: 1\n\ndata: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+async def _one_write(request: web.Request, double: EngineDouble) -> web.StreamResponse:
+    """Head, every event and the end in one write."""
+    events = b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
+    return web.Response(body=events, headers={"Content-Type": SSE})
+
+
+Mode = Callable[[web.Request, EngineDouble], Awaitable[web.StreamResponse]]
+MODES: dict[str, Mode] = {
+    "endless": lambda request, _double: _endless(request),
+    "broken": lambda request, _double: _broken(request),
+    # many numbered events, written as fast as the socket takes them
+    "numbered": lambda request, _double: _events(request, numbered_events()),
+    "crlf": lambda request, _double: _events(
+        request, [b"data: 1\r\n\r\n", b"data: [DONE]\r\n\r\n"]
+    ),
+    "held": _held,
+    "one_write": _one_write,
+}
+
+
 def build_double(double: EngineDouble) -> web.Application:
     async def handle(request: web.Request) -> web.StreamResponse:
         double.seen.append((request.method, request.raw_path))
         body = await request.read()
-        mode = request.headers.get("x-double", "")
-        if mode == "endless":
-            return await _endless(request)
-        if mode == "broken":
-            return await _broken(request)
-        if mode == "numbered":  # many numbered events, written as fast as the socket takes them
-            return await _events(request, numbered_events())
-        if mode == "held":  # a head, then nothing until the test says (an engine in prefill)
-            response = web.StreamResponse(headers={"Content-Type": SSE})
-            await response.prepare(request)
-            await double.released.wait()
-            await response.write(b"data: 1\n\ndata: [DONE]\n\n")
-            await response.write_eof()
-            return response
-        if mode == "one_write":  # head, every event and the end in one write
-            events = b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
-            return web.Response(body=events, headers={"Content-Type": SSE})
-        if mode == "crlf":
-            return await _events(request, [b"data: 1\r\n\r\n", b"data: [DONE]\r\n\r\n"])
+        mode = MODES.get(request.headers.get("x-double", ""))
+        if mode is not None:
+            return await mode(request, double)
         if request.raw_path == "/tokenize":
             return web.json_response({"count": 3})
         stream = bool(body) and json.loads(body).get("stream") is True

@@ -293,9 +293,10 @@ async def test_an_answer_in_one_write_is_relayed_whole(edge: Start) -> None:
     server = await edge()
     body = {**CHAT, "stream": True}
     headers = {"x-double": "one_write"}
-    async with aiohttp.ClientSession() as s, s.post(
-        proxy_url(server) + "/v1/chat/completions", json=body, headers=headers
-    ) as r:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(proxy_url(server) + "/v1/chat/completions", json=body, headers=headers) as r,
+    ):
         assert (r.status, r.content_type) == (200, "text/event-stream")
         assert await r.read() == b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
 
