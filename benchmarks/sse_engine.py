@@ -27,6 +27,9 @@ HEADERS = (
 )
 HEALTH = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
 END = b"0\r\n\r\n"
+# A request carrying this field is paced: one event every so many ms after the first (lower case:
+# the head is matched lowered). Stands for an engine decoding at a real rate.
+GAP_FIELD = b"x-bench-gap-ms:"
 
 
 def stream_events(count: int) -> list[bytes]:
@@ -82,17 +85,20 @@ class EngineProtocol(asyncio.Protocol):
             self._write(HEALTH)
             self._next()
             return
+        gap_s = 0.0
+        if (at := head.find(GAP_FIELD)) >= 0:
+            gap_s = float(head[at + len(GAP_FIELD) :].split(b"\r\n", 1)[0]) / 1e3
         self._busy = True
-        asyncio.get_running_loop().create_task(self._stream())
+        asyncio.get_running_loop().create_task(self._stream(gap_s))
 
     def _write(self, data: bytes) -> None:
         if self._transport is not None:
             self._transport.write(data)
 
-    async def _stream(self) -> None:
+    async def _stream(self, gap_s: float) -> None:
         self._write(HEADERS)
-        for event in self._events:
-            await asyncio.sleep(0)
+        for i, event in enumerate(self._events):
+            await asyncio.sleep(gap_s if i else 0)
             if not self._writable.is_set():
                 await self._writable.wait()
             if self._transport is None:

@@ -17,7 +17,8 @@ TERMINATOR = b"0\r\n\r\n"
 HOST = "127.0.0.1"
 
 
-def chat_request(host: str, port: int, max_tokens: int) -> bytes:
+def chat_request(host: str, port: int, max_tokens: int, gap_ms: float = 0.0) -> bytes:
+    """A streaming chat request; ``gap_ms`` asks the bench engine to pace its events."""
     body = json.dumps(
         {
             "model": "bench",
@@ -26,8 +27,9 @@ def chat_request(host: str, port: int, max_tokens: int) -> bytes:
             "max_tokens": max_tokens,
         }
     ).encode()
+    pace = f"x-bench-gap-ms: {gap_ms:g}\r\n" if gap_ms else ""
     head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\n{pace}"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
@@ -79,8 +81,9 @@ class _Plan:
     result: LoadResult
 
 
-async def _worker(plan: _Plan) -> None:
+async def _worker(plan: _Plan, delay_s: float) -> None:
     reader, writer = await asyncio.open_connection(HOST, plan.port)
+    await asyncio.sleep(delay_s)
     try:
         while time.perf_counter() < plan.deadline and plan.left > 0:
             plan.left -= 1
@@ -97,13 +100,24 @@ async def _worker(plan: _Plan) -> None:
 
 
 async def load(
-    port: int, *, concurrency: int, seconds: float, max_streams: int, max_tokens: int
+    port: int,
+    *,
+    concurrency: int,
+    seconds: float,
+    max_streams: int,
+    max_tokens: int,
+    gap_ms: float = 0.0,
+    stagger_s: float = 0.0,
 ) -> LoadResult:
-    """Run ``concurrency`` streams at a time against 127.0.0.1:``port`` for ``seconds``."""
+    """Run ``concurrency`` streams at a time against 127.0.0.1:``port`` for ``seconds``.
+
+    ``gap_ms``: paced streams (the bench engine spaces its events). ``stagger_s``: the workers'
+    first requests spread evenly over that time, so paced streams do not start (and end) in step.
+    """
     started = time.perf_counter()
-    plan = _Plan(
-        port, chat_request(HOST, port, max_tokens), started + seconds, max_streams, LoadResult()
-    )
-    await asyncio.gather(*(_worker(plan) for _ in range(concurrency)))
+    request = chat_request(HOST, port, max_tokens, gap_ms)
+    plan = _Plan(port, request, started + seconds, max_streams, LoadResult())
+    delays = [i * stagger_s / concurrency for i in range(concurrency)]
+    await asyncio.gather(*(_worker(plan, delay) for delay in delays))
     plan.result.elapsed_s = time.perf_counter() - started
     return plan.result
