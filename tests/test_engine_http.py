@@ -46,6 +46,7 @@ class Engine:
     connections: int = 0
     port: int = 0
     byte_by_byte: bool = False  # each byte of an answer its own write, and its own read there
+    delays: dict[int, float] = field(default_factory=dict)  # request number -> s before answering
     writers: list[asyncio.StreamWriter] = field(default_factory=list)
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -66,6 +67,8 @@ class Engine:
             self.requests.append(request)
             if not self.answers:
                 return  # no answer scripted: hold the connection, say nothing
+            if delay := self.delays.get(len(self.requests)):
+                await asyncio.sleep(delay)
             data, close = self.answers.pop(0)(request)
             reset = data.endswith(RESET)
             data = data.removesuffix(RESET)
@@ -381,6 +384,20 @@ async def test_no_answer_in_time_is_a_504(engine: Engine) -> None:
     async for upstream in _upstream(engine.port, read_timeout_s=0.2):
         with pytest.raises(UpstreamTimeoutError):
             await upstream.send("POST", "/v1/x", {}, b"{}")
+
+
+async def test_a_pooled_connection_gives_its_next_request_the_whole_read_timeout(
+    engine: Engine,
+) -> None:
+    """The read timer outlives an answer in the pool, but the next request's deadline counts
+    from its own send: an answer 0.2 s late is in time for a 0.3 s timeout."""
+    engine.answers = [answer(OK_BODY), answer(OK_BODY)]
+    engine.delays = {2: 0.2}
+    async for upstream in _upstream(engine.port, read_timeout_s=0.3):
+        await _get_body(upstream)
+        await asyncio.sleep(0.2)  # the first answer's timer is still pending (due at ~0.3 s)
+        response, body = await _get_body(upstream)
+        assert (response.status, body, engine.connections) == (200, b"{}", 1)
 
 
 async def test_a_body_that_stops_arriving_is_a_504(engine: Engine) -> None:

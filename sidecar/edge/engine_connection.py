@@ -249,6 +249,8 @@ class EngineConnection(asyncio.Protocol):
     def send(self, request: bytes, *, head_request: bool) -> None:
         self.idle = False
         self._reset_message()
+        # The read deadline counts from here: a timer left from the last answer re-arms by it.
+        self._last_data = self._loop.time()
         self._head_request = head_request
         assert self.transport is not None
         self.transport.write(request)
@@ -292,7 +294,8 @@ class EngineConnection(asyncio.Protocol):
         self._timer = self._loop.call_later(delay, self._on_timer)
 
     def _on_timer(self) -> None:
-        """One timer per connection, re-armed lazily: no timer handle per relayed chunk."""
+        """One timer per connection, re-armed lazily: no timer handle per relayed chunk, nor
+        per request (it outlives an answer: idle in the pool, it fires once and stays off)."""
         self._timer = None
         if self._waiter is None:
             return  # nobody reading: the next wait arms a fresh one

@@ -140,7 +140,7 @@ class EnginePool:
         return protocol
 
     def put_back(self, connection: EngineConnection) -> None:
-        connection.cancel_timer()
+        # A kept connection keeps its timer: the next request's wait re-arms nothing.
         if self._closed or not connection.reusable or len(self._idle) >= MAX_IDLE:
             connection.close()
         else:

@@ -8,16 +8,31 @@ the answer in-band (an SSE error event, or a 503) instead of unwinding silently.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 
 
-@dataclass(slots=True)
 class Stop:
-    """Set when the sidecar itself ends this request; ``reason`` is an outcome code."""
+    """One tracked request, for the body of ``with in_flight.track() as stop``; ``reason`` is set
+    (an outcome code) when the sidecar itself ends the request.
 
-    reason: str | None = None
+    Its own context manager: ``@contextmanager`` cost ~1.5 us a request.
+    """
+
+    __slots__ = ("_task", "_tasks", "reason")
+
+    def __init__(self, tasks: dict[asyncio.Task[object], Stop]) -> None:
+        self._tasks = tasks
+        self._task: asyncio.Task[object] | None = None
+        self.reason: str | None = None
+
+    def __enter__(self) -> Stop:
+        self._task = asyncio.current_task()
+        if self._task is not None:
+            self._tasks[self._task] = self
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._task is not None:
+            self._tasks.pop(self._task, None)
 
     def claim(self) -> bool:
         """In an ``except CancelledError``: True (and the cancel absorbed) if it was our stop."""
@@ -37,17 +52,9 @@ class InFlight:
     def __len__(self) -> int:
         return len(self._tasks)
 
-    @contextmanager
-    def track(self) -> Iterator[Stop]:
-        task = asyncio.current_task()
-        stop = Stop()
-        if task is not None:
-            self._tasks[task] = stop
-        try:
-            yield stop
-        finally:
-            if task is not None:
-                self._tasks.pop(task, None)
+    def track(self) -> Stop:
+        """``with in_flight.track() as stop``: the current task, stoppable, for the block."""
+        return Stop(self._tasks)
 
     def stop_all(self, reason: str) -> int:
         """Cancel every tracked request with ``reason``; how many there were."""

@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,21 +166,24 @@ class GuardedSite(web.BaseSite):
 
 
 class Gate:
-    """At most ``limit`` requests being read, parsed or counted at once; the next one is refused
-    at once (503 ``edge_busy``), never queued."""
+    """At most ``limit`` requests being read, parsed or counted at once (``with gate:``); the
+    next one is refused at once (503 ``edge_busy``), never queued.
+
+    Its own context manager, with no state per entry: ``@contextmanager`` cost ~1.5 us a request.
+    """
+
+    __slots__ = ("_limit", "held", "refused")
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self.held = 0
         self.refused = 0
 
-    @contextmanager
-    def enter(self) -> Iterator[None]:
+    def __enter__(self) -> None:
         if self.held >= self._limit:
             self.refused += 1
             raise EdgeRefusedError("edge_busy")
         self.held += 1
-        try:
-            yield
-        finally:
-            self.held -= 1
+
+    def __exit__(self, *_exc: object) -> None:
+        self.held -= 1

@@ -151,7 +151,7 @@ def _refused(proxy: Proxy, exc: RequestError | EdgeRefusedError, started: float)
 async def _intake(request: web.BaseRequest, proxy: Proxy, target: Target, request_id: str) -> Job:
     """Everything before admission, bounded by the gate: body, checks, engine prompt count."""
     config = proxy.config
-    with proxy.gate.enter():
+    with proxy.gate:
         if target.endpoint is None:
             body = await read_body(request, config.body_timeout_s) if request.body_exists else None
             return Job(target, body, config.flat_price(), stream=False, whole=False)
@@ -321,7 +321,7 @@ async def passthrough(
 ) -> web.StreamResponse:
     """A free path (GET, HEAD, OPTIONS, or a configured cheap POST): forwarded without a permit."""
     try:
-        with proxy.gate.enter():
+        with proxy.gate:
             timeout = proxy.config.body_timeout_s
             body = await read_body(request, timeout) if request.body_exists else None
         upstream = await proxy.upstream.send(
