@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 
 from sidecar.core.capacity import Budget, KvCost, MemoryInputs, Source, Term, make_plan
 from sidecar.core.errors import ConfigError, PlanError
-from sidecar.core.model_spec import ModelSpec, load_model_spec, spec_from_config
+from sidecar.core.model_spec import (
+    LayerKind,
+    ModelSpec,
+    load_model_spec,
+    preset_names,
+    spec_from_config,
+)
 
 CONFIGS = Path(__file__).parent / "configs"
 GiB = 1024**3
@@ -98,6 +104,33 @@ def test_bytes_per_token(name: str, kv_dtype: str, tp: int, per_gpu: int, whole:
 def test_request_bytes(name: str, block: int | None, tokens: int, expected: int) -> None:
     """One request's worst case honours windows, blocks and constant state."""
     assert KvCost(model(name), block_size=block).request_bytes(tokens) == expected
+
+
+# Every preset, and the configs that describe a model (llava's is refused on purpose elsewhere).
+PRICED = [
+    *preset_names(),
+    *(p.stem for p in sorted(CONFIGS.glob("*.json")) if p.stem != "llava-1.5-7b"),
+]
+
+
+@given(
+    name=st.sampled_from(PRICED),
+    tokens=st.integers(min_value=1, max_value=300_000),
+    block=st.one_of(st.none(), st.sampled_from([1, 16, 32, 128, 256])),
+    tp=st.sampled_from([1, 2, 8]),
+)
+def test_request_bytes_is_every_attention_layer_summed(
+    name: str, tokens: int, block: int | None, tp: int
+) -> None:
+    """Priced per layer kind, a request costs what summing its slots layer by layer gives."""
+    cost = KvCost(model(name), block_size=block, tp=tp)
+    per_layer = sum(
+        cost.tokens_held(kind, tokens)
+        for kind in cost.spec.layers
+        if kind in (LayerKind.FULL, LayerKind.SLIDING)
+    )
+    expected = per_layer * cost.layer_bytes_per_token_per_gpu + cost.state_bytes_per_gpu
+    assert cost.request_bytes(tokens) == expected * tp
 
 
 def test_brief_worked_example_8gib_card() -> None:
