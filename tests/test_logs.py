@@ -11,11 +11,15 @@ from collections.abc import Iterator
 
 import pytest
 import structlog
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sidecar.entry.logs import (
     OncePer,
+    _scrub,
     configure_logging,
     loop_exception_handler,
+    may_hold_secret,
     redact_secrets,
 )
 
@@ -52,11 +56,22 @@ class Clock:
             {"msg": "token bearer abc.def ok"}, {"msg": "token [redacted] ok"}, id="bearer"
         ),
         pytest.param({"path": "/v1/models"}, {"path": "/v1/models"}, id="untouched"),
+        pytest.param({"note": "ſk-abcdefgh"}, {"note": "[redacted]"}, id="unicode-case"),
     ],
 )
 def test_secrets_are_redacted(event: dict[str, str], expected: dict[str, str]) -> None:
     """Each secret-bearing value is replaced; everything else is left as it was."""
     assert dict(redact_secrets(None, "info", dict(event))) == expected
+
+
+@given(st.text(max_size=80) | st.builds(
+    "".join, st.lists(st.sampled_from(["Authorization: ", "api_key=", "Cookie:", "bearer ", "sk-",
+                                       "SK-abcdefg", "ſk-abcdefg", "authorızation: x", "x", " "]),
+                      max_size=6)))  # fmt: skip
+def test_text_passed_over_holds_nothing_to_scrub(text: str) -> None:
+    """The fast check skips only text the scrubbing pattern leaves as it is."""
+    if not may_hold_secret(text):
+        assert _scrub(text) == text
 
 
 def test_once_per_interval_counts_what_it_held_back() -> None:
