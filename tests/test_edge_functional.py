@@ -288,6 +288,28 @@ async def test_a_head_sent_alone_reaches_the_client_before_the_first_event(
     assert b"data: 1\n\ndata: [DONE]\n\n" in body
 
 
+async def test_a_head_request_gets_the_engines_head_and_no_body(
+    edge: Start, double: EngineDouble
+) -> None:
+    """HEAD passes without a permit; the answer's fields arrive, its body does not, and the
+    connection serves the next request."""
+    server = await edge()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.proxy_port)
+    try:
+        writer.write(b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        async with asyncio.timeout(3):
+            head = await reader.readuntil(b"\r\n\r\n")
+            second = await reader.readuntil(b"\r\n\r\n")
+    finally:
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 200")
+    assert b"application/json" in head
+    assert second.startswith(b"HTTP/1.1 200")  # the HEAD answer carried no body before it
+    assert double.seen == [("HEAD", "/v1/models"), ("GET", "/v1/models")]
+    assert granted(server) == 0
+
+
 async def test_an_answer_in_one_write_is_relayed_whole(edge: Start) -> None:
     """Head, events and end in one read from the engine: every event reaches the client."""
     server = await edge()
