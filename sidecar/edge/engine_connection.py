@@ -12,21 +12,11 @@ and :class:`EngineProtocolError` (an answer that is not HTTP/1.x).
 from __future__ import annotations
 
 import asyncio
-from typing import Literal
 
 from multidict import CIMultiDict
 
-from sidecar.edge.http1 import (
-    HEX_DIGITS,
-    MAX_CHUNK_LINE,
-    MAX_HEAD_BYTES,
-    MAX_SIZE_DIGITS,
-    EngineProtocolError,
-    Framing,
-    chunk_size,
-    framing,
-    parse_head,
-)
+from sidecar.edge.chunked import ChunkedBody
+from sidecar.edge.http1 import MAX_HEAD_BYTES, EngineProtocolError, Framing, framing, parse_head
 
 # Body bytes held for a reader that is slower than the engine before the socket stops reading.
 HIGH_WATER = 256 * 1024
@@ -60,8 +50,8 @@ class EngineConnection(asyncio.Protocol):
         self.framing: Framing = "none"
         self.keep_alive = True
         self.eof = False  # the body was read to its end
-        self._remaining = 0  # Content-Length left, or the current chunk's bytes left
-        self._chunk_state: Literal["size", "data", "data_end", "trailer"] = "size"
+        self._remaining = 0  # Content-Length left
+        self._chunks: ChunkedBody | None = None  # a chunked body's decoder
         self._head_request = False
         self._received = False  # any byte of this answer arrived
 
@@ -78,11 +68,11 @@ class EngineConnection(asyncio.Protocol):
         self._received = True
         self._last_data = self._loop.time()
         try:
-            if self.head is None or self._buffer:
+            if self.head is None:
                 self._buffer += data
                 self._parse()
-            elif self.framing == "chunked":  # the fast path: parsed straight off the socket's bytes
-                self._parse_chunks(data)
+            elif self._chunks is not None:  # decoded straight off the socket's bytes
+                self._take_chunks(data)
             else:
                 self._body_bytes(data)
         except EngineProtocolError as exc:
@@ -115,8 +105,8 @@ class EngineConnection(asyncio.Protocol):
         if self.head is None and not self._parse_head():
             return
         rest, self._buffer = bytes(self._buffer), bytearray()
-        if self.framing == "chunked":
-            self._parse_chunks(rest)
+        if self._chunks is not None:
+            self._take_chunks(rest)
         elif rest:
             self._body_bytes(rest)
 
@@ -152,6 +142,8 @@ class EngineConnection(asyncio.Protocol):
             status, fields, http10=http10, head_request=self._head_request
         )
         self.eof = self.framing == "none" or (self.framing == "length" and self._remaining == 0)
+        if self.framing == "chunked":
+            self._chunks = ChunkedBody()
 
     def _take_length(self, data: bytes) -> None:
         if len(data) > self._remaining:
@@ -161,66 +153,14 @@ class EngineConnection(asyncio.Protocol):
         if self._remaining == 0:
             self.eof = True
 
-    def _parse_chunks(self, data: bytes) -> None:
-        """Parse whole chunks out of ``data``; keep a partial chunk line for the next bytes."""
-        at = self._whole_chunks(data) if self._chunk_state == "size" else 0
-        size = len(data)
-        while at < size:
-            state = self._chunk_state
-            if state == "data":
-                take = min(self._remaining, size - at)
-                self._hold(data[at : at + take] if take < size else data)
-                at += take
-                self._remaining -= take
-                if self._remaining == 0:
-                    self._chunk_state = "data_end"
-                continue
-            end = data.find(b"\r\n", at)
-            if end < 0:
-                if size - at > MAX_CHUNK_LINE:
-                    raise EngineProtocolError("the engine sent an overlong chunk line")
-                self._buffer += data[at:]
-                return
-            line = data[at:end]
-            at = end + 2
-            if state == "size":
-                self._remaining = chunk_size(line)
-                self._chunk_state = "data" if self._remaining else "trailer"
-            elif state == "data_end":
-                if line:
-                    raise EngineProtocolError("the engine's chunk did not end where it said")
-                self._chunk_state = "size"
-            elif not line:  # the empty line after the last chunk (and any trailer fields)
-                self.eof = True
-                if at < size:
-                    raise EngineProtocolError("the engine sent bytes after its answer")
-                return
-
-    def _whole_chunks(self, data: bytes) -> int:
-        """The fast path, once per socket read: complete chunks with a bare hex size, back to
-        back, taken in one tight loop; returns where the general state machine goes on."""
-        at, size = 0, len(data)
-        pieces = []
-        while True:
-            end = data.find(b"\r\n", at, at + MAX_SIZE_DIGITS + 2)
-            if end < 0:
-                break
-            line = data[at:end]
-            if not line or line.strip(HEX_DIGITS):
-                break  # an extension, or not a size at all: the general path says which
-            start = end + 2
-            stop = start + int(line, 16)
-            if stop == start or stop + 2 > size:
-                break  # the last chunk, or one not all here yet
-            if data[stop : stop + 2] != b"\r\n":
-                raise EngineProtocolError("the engine's chunk did not end where it said")
-            pieces.append(data[start:stop])
-            at = stop + 2
-        if pieces:
+    def _take_chunks(self, data: bytes) -> None:
+        assert self._chunks is not None
+        if pieces := self._chunks.feed(data):
             self._pieces += pieces
             self._held += sum(map(len, pieces))
             self._check_high_water()
-        return at
+        if self._chunks.done:
+            self.eof = True
 
     def _hold(self, data: bytes) -> None:
         if data:

@@ -1,0 +1,104 @@
+"""The chunked transfer coding (RFC 9112 §7.1), decoded as an answer's bytes arrive: pure, no I/O.
+
+:class:`ChunkedBody` is fed each socket read and returns the data it carried, in the largest
+pieces it can: a read holding whole chunks with bare hex sizes (vLLM's, one event per chunk) is
+taken in one tight loop; extensions, trailers and chunks split across reads go through the
+general state machine. A partial chunk line is kept for the next read, up to ``MAX_CHUNK_LINE``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from sidecar.edge.http1 import (
+    HEX_DIGITS,
+    MAX_CHUNK_LINE,
+    MAX_SIZE_DIGITS,
+    EngineProtocolError,
+    chunk_size,
+)
+
+State = Literal["size", "data", "data_end", "trailer"]
+
+
+class ChunkedBody:
+    """One chunked body; ``done`` once its last chunk and trailer section were read."""
+
+    __slots__ = ("_line", "_remaining", "_state", "done")
+
+    def __init__(self) -> None:
+        self._state: State = "size"
+        self._remaining = 0  # bytes left in the current chunk
+        self._line = b""  # a chunk line not yet complete
+        self.done = False
+
+    @property
+    def partial(self) -> bool:
+        """Bytes of a line are held back, waiting for the rest of it."""
+        return bool(self._line)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The body data in ``data`` (after what came before); EngineProtocolError if broken."""
+        if self.done:
+            if data:
+                raise EngineProtocolError("the engine sent bytes after its answer")
+            return []
+        if self._line:
+            data, self._line = self._line + data, b""
+        pieces: list[bytes] = []
+        at = self._whole_chunks(data, pieces) if self._state == "size" else 0
+        size = len(data)
+        while at < size:
+            if self._state == "data":
+                take = min(self._remaining, size - at)
+                pieces.append(data[at : at + take] if take < size else data)
+                at += take
+                self._remaining -= take
+                if self._remaining == 0:
+                    self._state = "data_end"
+                continue
+            end = data.find(b"\r\n", at)
+            if end < 0:
+                if size - at > MAX_CHUNK_LINE:
+                    raise EngineProtocolError("the engine sent an overlong chunk line")
+                self._line = data[at:]
+                break
+            at = self._line_done(data[at:end], end + 2, size)
+        return pieces
+
+    def _line_done(self, line: bytes, at: int, size: int) -> int:
+        """Act on one complete line (a size, a chunk's end, a trailer); where to go on."""
+        if self._state == "size":
+            self._remaining = chunk_size(line)
+            self._state = "data" if self._remaining else "trailer"
+        elif self._state == "data_end":
+            if line:
+                raise EngineProtocolError("the engine's chunk did not end where it said")
+            self._state = "size"
+        elif not line:  # the empty line after the last chunk (and any trailer fields)
+            self.done = True
+            if at < size:
+                raise EngineProtocolError("the engine sent bytes after its answer")
+            return size
+        return at
+
+    @staticmethod
+    def _whole_chunks(data: bytes, pieces: list[bytes]) -> int:
+        """The fast path: complete chunks with a bare hex size, back to back, taken in one
+        loop; returns where the general state machine goes on."""
+        at, size = 0, len(data)
+        while True:
+            end = data.find(b"\r\n", at, at + MAX_SIZE_DIGITS + 2)
+            if end < 0:
+                return at
+            line = data[at:end]
+            if not line or line.strip(HEX_DIGITS):
+                return at  # an extension, or not a size at all: the general path says which
+            start = end + 2
+            stop = start + int(line, 16)
+            if stop == start or stop + 2 > size:
+                return at  # the last chunk, or one not all here yet
+            if data[stop : stop + 2] != b"\r\n":
+                raise EngineProtocolError("the engine's chunk did not end where it said")
+            pieces.append(data[start:stop])
+            at = stop + 2

@@ -1,0 +1,73 @@
+"""The chunked decoder alone: any chunks, any extensions and trailers, split at any points."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sidecar.edge.chunked import ChunkedBody
+from sidecar.edge.http1 import MAX_CHUNK_LINE, EngineProtocolError
+
+
+def encode(payloads: list[bytes], *, extension: bool = False, trailer: bool = False) -> bytes:
+    ext = b";name=value" if extension else b""
+    body = b"".join(b"%x%s\r\n%s\r\n" % (len(p), ext, p) for p in payloads if p)
+    return body + b"0\r\n" + (b"X-Trailer: 1\r\n" if trailer else b"") + b"\r\n"
+
+
+def feed_all(data: bytes, cuts: list[int]) -> tuple[bytes, ChunkedBody]:
+    decoder, out, at = ChunkedBody(), [], 0
+    for cut in [*sorted(set(cuts)), len(data)]:
+        out += decoder.feed(data[at:cut])
+        at = cut
+    return b"".join(out), decoder
+
+
+@given(
+    payloads=st.lists(st.binary(min_size=0, max_size=300), max_size=12),
+    extension=st.booleans(),
+    trailer=st.booleans(),
+    cuts=st.lists(st.integers(min_value=0, max_value=5_000), max_size=10),
+)
+def test_any_chunks_split_anywhere_decode_to_their_data(
+    payloads: list[bytes], extension: bool, trailer: bool, cuts: list[int]
+) -> None:
+    """Whatever the reads, the data is what was chunked, in order, and the body ends once."""
+    data = encode(payloads, extension=extension, trailer=trailer)
+    decoded, decoder = feed_all(data, [c for c in cuts if c < len(data)])
+    assert decoded == b"".join(payloads)
+    assert decoder.done
+    assert not decoder.partial
+
+
+def test_whole_chunks_in_one_read_come_out_as_they_were_sent() -> None:
+    """The fast path: one read of back-to-back events gives one piece per chunk."""
+    decoder = ChunkedBody()
+    assert decoder.feed(b"5\r\nhello\r\n6\r\n world\r\n") == [b"hello", b" world"]
+    assert not decoder.done
+    assert decoder.feed(b"0\r\n\r\n") == []
+    assert decoder.done
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(b"zz\r\nhello\r\n", id="not-hex"),
+        pytest.param(b"5\r\nhelloXX0\r\n\r\n", id="data-overruns-its-size"),
+        pytest.param(b"0\r\n\r\nHTTP/1.1 200 OK\r\n", id="bytes-after-the-end"),
+        pytest.param(b"1" * 40 + b"\r\n", id="size-past-16-hex-digits"),
+        pytest.param(b"5;" + b"x" * (MAX_CHUNK_LINE + 1), id="overlong-line"),
+    ],
+)
+def test_broken_chunking_is_an_error(data: bytes) -> None:
+    """A broken body is an EngineProtocolError, never data passed on."""
+    with pytest.raises(EngineProtocolError):
+        ChunkedBody().feed(data)
+
+
+def test_bytes_fed_after_the_end_are_an_error() -> None:
+    decoder = ChunkedBody()
+    decoder.feed(b"0\r\n\r\n")
+    with pytest.raises(EngineProtocolError):
+        decoder.feed(b"x")
