@@ -26,6 +26,7 @@ HEADERS = (
     b"Transfer-Encoding: chunked\r\n\r\n"
 )
 HEALTH = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
+HEALTH_HEAD = HEALTH[: HEALTH.index(b"\r\n\r\n") + 4]  # the answer to a HEAD: no body
 END = b"0\r\n\r\n"
 # A request carrying this field is paced: one event every so many ms after the first (lower case:
 # the head is matched lowered). Stands for an engine decoding at a real rate.
@@ -81,8 +82,8 @@ class EngineProtocol(asyncio.Protocol):
         if len(self._buffer) < head_end + 4 + length:
             return
         self._buffer = self._buffer[head_end + 4 + length :]
-        if head.startswith(b"get"):
-            self._write(HEALTH)
+        if head.startswith((b"get", b"head")):  # any GET is the health check; HEAD: no body
+            self._write(HEALTH if head.startswith(b"get") else HEALTH_HEAD)
             self._next()
             return
         gap_s = 0.0
