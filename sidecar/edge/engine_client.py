@@ -8,8 +8,8 @@ client is :mod:`sidecar.edge.engine_http`, a pooled HTTP/1.1 client made for thi
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from types import TracebackType
 
 from multidict import CIMultiDict
 
@@ -48,13 +48,31 @@ def translate(exc: BaseException) -> UpstreamError:
     return UpstreamUnavailableError(repr(exc))
 
 
-@contextmanager
-def translated() -> Iterator[None]:
+class _Translated:
+    """``with translated():`` as a plain context manager: entered once a request, where a
+    generator-based one cost ~1.5 us."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        _type: type[BaseException] | None,
+        exc: BaseException | None,
+        _tb: TracebackType | None,
+    ) -> None:
+        if isinstance(exc, UPSTREAM_ERRORS):
+            raise translate(exc) from exc
+
+
+_TRANSLATED = _Translated()
+
+
+def translated() -> _Translated:
     """The error boundary: re-raise any engine I/O failure as the sidecar's UpstreamError."""
-    try:
-        yield
-    except UPSTREAM_ERRORS as exc:
-        raise translate(exc) from exc
+    return _TRANSLATED
 
 
 def end_to_end(headers: Mapping[str, str]) -> CIMultiDict[str]:
@@ -68,7 +86,7 @@ def end_to_end(headers: Mapping[str, str]) -> CIMultiDict[str]:
 
 async def read_chunk(response: EngineResponse) -> bytes:
     """The next bytes of the engine's body as they arrive; b"" at the end."""
-    # Once per relayed chunk: a bare try costs nothing, entering ``translated()`` about 1 us.
+    # Once per relayed chunk: a bare try costs nothing, entering ``translated()`` ~0.2 us.
     try:
         return await response.read_chunk()
     except UPSTREAM_ERRORS as exc:
