@@ -18,7 +18,7 @@ import pytest
 
 from emulator.app import build_app
 from emulator.config import EmulatorConfig
-from sidecar.entry.serve_command import freeze_startup_heap
+from sidecar.entry.serve_command import YOUNG_THRESHOLD, tune_collector
 from tests.servers import BASE_ENV, serve_app, until
 
 
@@ -197,11 +197,14 @@ async def _in_use(session: aiohttp.ClientSession, admin: int, n: int) -> bool:
 
 
 def test_the_startup_heap_leaves_the_collectors_reach() -> None:
-    """What is alive once serving starts is frozen: a full collection no longer walks it."""
-    tracked = len(gc.get_objects())
-    freeze_startup_heap()
+    """What is alive once serving starts is frozen (a full collection no longer walks it), and
+    young collections come less often."""
+    tracked, threshold = len(gc.get_objects()), gc.get_threshold()
+    tune_collector()
     try:
         assert gc.get_freeze_count() >= tracked // 2
         assert len(gc.get_objects()) < tracked // 10
+        assert gc.get_threshold() == (YOUNG_THRESHOLD, *threshold[1:])
     finally:
         gc.unfreeze()
+        gc.set_threshold(*threshold)
