@@ -184,6 +184,29 @@ async def test_queued_request_is_granted_when_a_stream_ends(
         held[1].close()
 
 
+async def test_a_queued_client_that_hangs_up_leaves_the_queue(
+    start_sidecar: StartSidecar,
+) -> None:
+    """Hanging up while queued cancels the handler at once: the waiter is gone, never granted
+    (its queue deadline is a minute away, so only the hang-up can have taken it out)."""
+    server = await start_sidecar(SIDECAR_MAX_QUEUE="4", SIDECAR_MAX_WAIT_MS="60000")
+    async with aiohttp.ClientSession() as session:
+        held = [await hold_stream(session, proxy_url(server)) for _ in range(2)]
+        granted = server.bulkhead.snapshot().granted_total
+        raw = json.dumps({**CHAT, "stream": True}).encode()
+        _, writer = await asyncio.open_connection("127.0.0.1", server.proxy_port)
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            b"\r\nContent-Length: %d\r\n\r\n%s" % (len(raw), raw)
+        )
+        assert await until(lambda: _queued(server, 1))
+        writer.close()
+        assert await until(lambda: _queued(server, 0))
+        assert server.bulkhead.snapshot().granted_total == granted
+        for response in held:
+            response.close()
+
+
 async def _queued(server: SidecarServer, expected: int) -> bool:
     doc = await get_json(f"{admin_url(server)}/capacity")
     return bool(doc["queued"] == expected)
