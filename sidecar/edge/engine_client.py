@@ -130,6 +130,11 @@ class Upstream:
         if self._pool is not None:
             self._pool.close()
 
+    @property
+    def idle_connections(self) -> int:
+        """Kept-alive engine connections waiting for a request (at most engine_http.MAX_IDLE)."""
+        return 0 if self._pool is None else self._pool.idle
+
     async def send(
         self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None
     ) -> EngineResponse:

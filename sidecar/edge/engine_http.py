@@ -139,6 +139,11 @@ class EnginePool:
             )
         return protocol
 
+    @property
+    def idle(self) -> int:
+        """Kept-alive connections waiting for a request."""
+        return len(self._idle)
+
     def put_back(self, connection: EngineConnection) -> None:
         # A kept connection keeps its timer: the next request's wait re-arms nothing.
         if self._closed or not connection.reusable or len(self._idle) >= MAX_IDLE:
