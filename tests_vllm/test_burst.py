@@ -114,13 +114,16 @@ async def _outcomes(http: aiohttp.ClientSession, stack: Stack) -> dict[str, floa
 
 
 async def _idle(http: aiohttp.ClientSession, stack: Stack) -> None:
-    """Wait until vLLM runs nothing, so that the burst's steps are the burst's alone."""
+    """Wait until vLLM runs nothing and the sidecar holds no permit, so that the burst's steps
+    are the burst's alone and all its permits are free (an earlier test's stream may still be
+    relayed after vLLM is done with it)."""
     deadline = asyncio.get_running_loop().time() + 10.0
     while True:
         text = await scrape.fetch_text(http, f"{stack.vllm_url}/metrics")
-        if scrape.total(text, "vllm:num_requests_running") == 0:
+        held = (await scrape.capacity(http, stack.admin_url))["in_use"]
+        if scrape.total(text, "vllm:num_requests_running") == 0 and held == 0:
             return
-        assert asyncio.get_running_loop().time() < deadline, "vLLM still busy before the burst"
+        assert asyncio.get_running_loop().time() < deadline, "still busy before the burst"
         await asyncio.sleep(POLL_S)
 
 
