@@ -54,3 +54,13 @@ async def capacity(session: aiohttp.ClientSession, admin_url: str) -> dict[str, 
         r.raise_for_status()
         body: dict[str, Any] = await r.json()
         return body
+
+
+async def outcomes(session: aiohttp.ClientSession, admin_url: str) -> dict[str, float]:
+    """The sidecar's own count of finished requests, by outcome, from its /metrics."""
+    text = await fetch_text(session, f"{admin_url}/metrics")
+    return {
+        sample.labels["outcome"]: sample.value
+        for sample in samples(text)
+        if sample.name == "sidecar_requests_total"
+    }

@@ -103,16 +103,6 @@ async def _engine_record(http: aiohttp.ClientSession, stack: Stack) -> EngineRec
     )
 
 
-async def _outcomes(http: aiohttp.ClientSession, stack: Stack) -> dict[str, float]:
-    """The sidecar's own count of finished requests, by outcome, from its /metrics."""
-    text = await scrape.fetch_text(http, f"{stack.admin_url}/metrics")
-    return {
-        sample.labels["outcome"]: sample.value
-        for sample in scrape.samples(text)
-        if sample.name == "sidecar_requests_total"
-    }
-
-
 async def _idle(http: aiohttp.ClientSession, stack: Stack) -> None:
     """Wait until vLLM runs nothing and the sidecar holds no permit, so that the burst's steps
     are the burst's alone and all its permits are free (an earlier test's stream may still be
@@ -141,13 +131,13 @@ async def test_burst_is_held_at_the_permit_count(
     permits = (await scrape.capacity(http, stack.admin_url))["permits"]
     assert 1 <= permits < stack.max_num_seqs, "vLLM must be able to run more than the permits"
     await _idle(http, stack)
-    counted_before = await _outcomes(http, stack)
+    counted_before = await scrape.outcomes(http, stack.admin_url)
     engine_before = await _engine_record(http, stack)
 
     outcomes = await _run_burst(via_sidecar, stack, size=4 * permits)
 
     engine = (await _engine_record(http, stack)).since(engine_before)
-    counted = await _outcomes(http, stack)
+    counted = await scrape.outcomes(http, stack.admin_url)
     completed = [o for o in outcomes if o.busy_error is None]
     busy = [o for o in outcomes if o.busy_error is not None]
     report = f"outcomes {outcomes}, vLLM since the burst began {engine}"
