@@ -32,11 +32,6 @@ class ChunkedBody:
         self._line = b""  # a chunk line not yet complete
         self.done = False
 
-    @property
-    def partial(self) -> bool:
-        """Bytes of a line are held back, waiting for the rest of it."""
-        return bool(self._line)
-
     def feed(self, data: bytes) -> list[bytes]:
         """The body data in ``data`` (after what came before); EngineProtocolError if broken."""
         if self.done:
