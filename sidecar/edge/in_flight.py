@@ -36,10 +36,9 @@ class Stop:
 
     def claim(self) -> bool:
         """In an ``except CancelledError``: True (and the cancel absorbed) if it was our stop."""
-        task = asyncio.current_task()
-        if self.reason is None or task is None:
+        if self.reason is None or self._task is None:
             return False
-        task.uncancel()
+        self._task.uncancel()  # the tracked task is the one handling the cancel
         return True
 
 

@@ -60,10 +60,13 @@ def redact_secrets(
 ) -> MutableMapping[str, Any]:
     """A processor: secrets under a known key, with a known prefix, or inside text are removed."""
     for key, value in event.items():
-        if _secret_key(key) or (isinstance(value, str) and value.startswith(SECRET_PREFIXES)):
+        if _secret_key(key):
             event[key] = "[redacted]"
-        elif isinstance(value, str) and may_hold_secret(value):
-            event[key] = _scrub(value)
+        elif isinstance(value, str):
+            if value.startswith(SECRET_PREFIXES):
+                event[key] = "[redacted]"
+            elif may_hold_secret(value):
+                event[key] = _scrub(value)
     return event
 
 

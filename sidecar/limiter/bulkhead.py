@@ -195,29 +195,24 @@ class Bulkhead:
     def _enqueue(self, permit: Permit, queued: Queued) -> Queued | None:
         self._emit("queued", queued.compartment, queued.cost)
         ticket = queued.ticket
+        loop = asyncio.get_running_loop()  # once: on Python 3.11 each call is a getpid()
         if self._shadow:
             # Shadow: run now, but leave the ticket queued so every later decision is the same.
             self._hold(permit, ticket, queued.cost, queued.compartment, 0.0)
             self._waiters[ticket] = _Wait(queued, self._clock(), None, permit)
-            self._deadlines().add(ticket, self._max_wait_s)
-            return None
-        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-        self._waiters[ticket] = _Wait(queued, self._clock(), future)
-        self._deadlines().add(ticket, self._max_wait_s)
-        return queued
+        else:
+            self._waiters[ticket] = _Wait(queued, self._clock(), loop.create_future())
+        self._deadlines(loop).add(ticket, self._max_wait_s)
+        return None if self._shadow else queued
 
-    def _deadlines(self) -> Expiry:
-        """The waiters' deadlines: on the injected timer, else on the running loop.
+    def _deadlines(self, loop: asyncio.AbstractEventLoop) -> Expiry:
+        """The waiters' deadlines: on the injected timer, else on ``loop`` (the running one).
 
         On the loop's own time, not ``clock``: that is what its timers fire by.
         """
-        if self._call_later is None:
-            loop = asyncio.get_running_loop()
-            if self._expiry_loop is not loop:
-                self._expiry_loop = loop
-                self._expiry = Expiry(
-                    now=loop.time, call_later=loop.call_later, expire=self._expire
-                )
+        if self._call_later is None and self._expiry_loop is not loop:
+            self._expiry_loop = loop
+            self._expiry = Expiry(now=loop.time, call_later=loop.call_later, expire=self._expire)
         assert self._expiry is not None
         return self._expiry
 
@@ -276,19 +271,19 @@ class Bulkhead:
         self._waiters.pop(queued.ticket, None)
         withdrawal = self._core.withdraw(queued.ticket, "cancelled")
         if not withdrawal.removed:
-            self._give_back(queued.ticket, queued.compartment, queued.cost, "cancelled")
+            self._return_grant(queued.ticket, queued.cost, "cancelled")
         self._wake(withdrawal.granted)
 
     def give_back(self, permit: Permit, outcome: Outcome) -> None:
         """Take back what ``permit`` holds; called once per held permit, by its ``release``."""
         if permit._ticket is not None:
-            self._give_back(permit._ticket, permit.compartment, permit.cost, outcome)
+            self._return_grant(permit._ticket, permit.cost, outcome)
         self._open -= 1
         if self._open == 0 and self._idle is not None:
             self._idle.set()
             self._idle = None
 
-    def _give_back(self, ticket: int, compartment: str, cost: int, outcome: Outcome) -> None:
+    def _return_grant(self, ticket: int, cost: int, outcome: Outcome) -> None:
         if self._core.is_granted(ticket):
             amount = 1 if self._mode == "count" else cost
             if self._ledger.streams:  # adaptive with streams open; else no ledger work at all
