@@ -428,6 +428,16 @@ MALFORMED = [
         id="oversized-header",
     ),
     pytest.param(b"GET /v1/models HTTP/1.1\r\nBad Header\r\n\r\n", id="malformed-header-line"),
+    pytest.param(b"GET /v1/models HTTP/1.1\nHost: x\n\n", id="bare-lf"),
+    pytest.param(b"GET /v1/models HTTP/2.0\r\nHost: x\r\n\r\n", id="http-2-over-http-1"),
+    pytest.param(
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + b"X-A: 1\r\n" * 65 + b"\r\n",
+        id="too-many-fields",
+    ),
+    pytest.param(
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + b"X-Long: " + b"a" * 5000 * 150,
+        id="a-head-that-never-ends",
+    ),
 ]  # fmt: skip
 
 

@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import pytest
-from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
 from sidecar.core.errors import (
@@ -26,9 +25,13 @@ from sidecar.core.outcomes import (
 )
 from sidecar.edge.busy import busy_response
 from sidecar.edge.http_errors import error_response
+from sidecar.edge.limits import EdgeLimits
 from sidecar.edge.relay import in_band_error
+from sidecar.edge.request import Request
+from sidecar.edge.response import Answer
+from sidecar.edge.server import ProxyServer
+from sidecar.entry.listen import bind
 from sidecar.telemetry.metrics import RequestMetrics
-from tests.servers import serve_app
 
 UPSTREAM_CLASSES: dict[UpstreamFailure, type[UpstreamError]] = {
     "upstream_unavailable": UpstreamUnavailableError,
@@ -46,30 +49,31 @@ EXPECTED = {
     "upstream_timeout": (504, "upstream_error", "upstream_failed"),
 }
 
-Handler = Callable[[web.Request], web.StreamResponse]
+Handler = Callable[[Request], Answer]
 Fetch = Callable[[Handler], Awaitable[tuple[int, dict[str, str], bytes]]]
 
 
 @pytest.fixture
 async def answer() -> AsyncIterator[Fetch]:
-    """Serve one handler on a real loopback socket and fetch its answer."""
-    runners: list[web.AppRunner] = []
+    """Serve one handler on the proxy port's own server, on a real loopback socket, and fetch its
+    answer."""
+    servers: list[ProxyServer] = []
 
     async def fetch(handler: Handler) -> tuple[int, dict[str, str], bytes]:
-        app = web.Application()
-
-        async def route(request: web.Request) -> web.StreamResponse:
+        async def route(request: Request) -> Answer:
             return handler(request)
 
-        app.router.add_post("/", route)
-        runner, url = await serve_app(app)
-        runners.append(runner)
-        async with aiohttp.ClientSession() as session, session.post(url + "/") as response:
+        sock = bind("127.0.0.1", 0)
+        server = ProxyServer(route, EdgeLimits(), max_body_bytes=1024)
+        await server.start(sock)
+        servers.append(server)
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/"
+        async with aiohttp.ClientSession() as session, session.post(url) as response:
             return response.status, dict(response.headers), await response.read()
 
     yield fetch
-    for runner in runners:
-        await runner.cleanup()
+    for server in servers:
+        await server.close(0.5)
 
 
 def test_every_row_is_declared_as_expected() -> None:

@@ -11,10 +11,9 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from aiohttp import web
-
 from sidecar.core.errors import AdmissionRejectedError
 from sidecar.edge.http_errors import error_response, refusal_body, retry_after_header
+from sidecar.edge.response import Response
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -28,7 +27,7 @@ def fallback_event(exc: AdmissionRejectedError) -> bytes:
 
 def busy_response(
     exc: AdmissionRejectedError, *, stream: bool, mode: Literal["sse", "http"]
-) -> web.Response:
+) -> Response:
     """The whole busy answer for a rejected request."""
     if not stream or mode == "http":
         return error_response(exc)
@@ -37,10 +36,6 @@ def busy_response(
         "Retry-After": retry_after_header(exc.retry_after_s),
         "X-Sidecar-Outcome": exc.refusal.code,
     }
-    return web.Response(
-        status=200,
-        body=fallback_event(exc),
-        content_type="text/event-stream",
-        charset="utf-8",
-        headers=headers,
+    return Response(
+        200, fallback_event(exc), headers, content_type="text/event-stream; charset=utf-8"
     )

@@ -11,8 +11,6 @@ import json
 import math
 from typing import Any
 
-from aiohttp import web
-
 from sidecar.core.errors import (
     AdmissionRejectedError,
     EdgeRefusedError,
@@ -21,6 +19,7 @@ from sidecar.core.errors import (
     UpstreamError,
 )
 from sidecar.core.outcomes import Refusal
+from sidecar.edge.response import Response
 
 
 def error_body(
@@ -43,11 +42,9 @@ def json_error(
     code: str,
     param: str | None = None,
     headers: dict[str, str] | None = None,
-) -> web.Response:
-    body = json.dumps(error_body(message, type_=type_, code=code, param=param))
-    return web.Response(
-        status=status, text=body, content_type="application/json", headers=headers or {}
-    )
+) -> Response:
+    body = json.dumps(error_body(message, type_=type_, code=code, param=param)).encode()
+    return Response(status, body, headers, content_type="application/json")
 
 
 def refusal_body(refusal: Refusal, message: str) -> dict[str, dict[str, Any]]:
@@ -55,7 +52,7 @@ def refusal_body(refusal: Refusal, message: str) -> dict[str, dict[str, Any]]:
     return error_body(message, type_=refusal.error_type, code=refusal.code)
 
 
-def error_response(exc: SidecarError) -> web.Response:
+def error_response(exc: SidecarError) -> Response:
     """Map a sidecar error to its HTTP answer; unknown errors are a 500, never a traceback."""
     if isinstance(exc, RequestError):
         return json_error(
@@ -73,8 +70,6 @@ def error_response(exc: SidecarError) -> web.Response:
     return json_error(500, "internal sidecar error", type_="server_error", code="internal_error")
 
 
-def _refusal_response(refusal: Refusal, message: str, headers: dict[str, str]) -> web.Response:
-    body = json.dumps(refusal_body(refusal, message))
-    return web.Response(
-        status=refusal.status, text=body, content_type="application/json", headers=headers
-    )
+def _refusal_response(refusal: Refusal, message: str, headers: dict[str, str]) -> Response:
+    body = json.dumps(refusal_body(refusal, message)).encode()
+    return Response(refusal.status, body, headers, content_type="application/json")

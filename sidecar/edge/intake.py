@@ -7,10 +7,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-import aiohttp
-from aiohttp import HttpVersion11, web
-from aiohttp.http_exceptions import HttpProcessingError
-
 from sidecar.core.errors import EdgeRefusedError, RequestError
 from sidecar.core.request_checks import (
     CheckedRequest,
@@ -21,32 +17,25 @@ from sidecar.core.request_checks import (
     with_prompt_tokens,
 )
 from sidecar.edge.prompt_count import EnginePromptCounter
+from sidecar.edge.request import Request
 
 
-async def read_body(request: web.BaseRequest, timeout_s: float) -> bytes:
+async def read_body(request: Request, timeout_s: float) -> bytes:
     """The whole body, within the size limit and ``timeout_s``; RequestError/EdgeRefusedError."""
     expect = request.headers.get("Expect")
+    if expect is not None:
+        _check_expectation(expect)
+    if request.complete or request.fault is not None:  # read() cannot wait: no timer
+        return await request.read()
     try:
-        if expect is not None:
-            _check_expectation(expect)
-        if request.content.is_eof():  # all of it arrived with the head: read() cannot wait
-            return await request.read()
         async with asyncio.timeout(timeout_s):
-            if expect is not None and request.version >= HttpVersion11:
-                await _continue(request)
+            # Only now, once the request was routed and let through the gate, so a refused one
+            # never makes its client send the body.
+            if expect is not None and request.version >= (1, 1):
+                request.send_continue()
             return await request.read()
     except TimeoutError as exc:
         raise EdgeRefusedError("body_timeout") from exc
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise RequestError(
-            f"request body is larger than this server's limit of {request.client_max_size} bytes",
-            status=413,
-            code="body_too_large",
-        ) from exc
-    except (asyncio.IncompleteReadError, aiohttp.ClientPayloadError) as exc:
-        raise RequestError("request body ended early", code="incomplete_body") from exc
-    except HttpProcessingError as exc:  # a bad chunk size, a broken encoding: never echoed
-        raise RequestError("request body is not valid HTTP/1.1 framing", code="bad_body") from exc
 
 
 def _check_expectation(expect: str) -> None:
@@ -58,14 +47,7 @@ def _check_expectation(expect: str) -> None:
         )
 
 
-async def _continue(request: web.BaseRequest) -> None:
-    """Tell a client that waits (curl does, for bodies over 1 KiB) to send its body: only now,
-    once the request was routed and let through the gate, so a refused one never sends it."""
-    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-    request.writer.output_size = 0  # the answer itself has not started
-
-
-def require_json(request: web.BaseRequest) -> None:
+def require_json(request: Request) -> None:
     """A priced request's body must be UTF-8 JSON: a declared other charset is a 415.
 
     The media type itself is not enforced (``curl -d`` sends a form type with a JSON body); the
@@ -81,7 +63,7 @@ def require_json(request: web.BaseRequest) -> None:
 
 
 async def checked_request(
-    request: web.BaseRequest,
+    request: Request,
     endpoint: Endpoint,
     budget: TokenPolicy,
     *,

@@ -13,9 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import structlog
-from aiohttp import StreamReader, web
-from aiohttp.abc import AbstractStreamWriter
-from aiohttp.http import RawRequestMessage
 from multidict import CIMultiDict
 
 from sidecar.core.errors import (
@@ -35,7 +32,10 @@ from sidecar.edge.intake import checked_request, read_body
 from sidecar.edge.limits import Gate
 from sidecar.edge.prompt_count import EnginePromptCounter
 from sidecar.edge.relay import RelayResult, relay_stream
+from sidecar.edge.request import Request
+from sidecar.edge.response import Answer, Response
 from sidecar.edge.routes import DEFAULT_FREE_PATHS, Target, route
+from sidecar.edge.server import Handler
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.limiter.permit import Permit
 from sidecar.telemetry.metrics import RequestMetrics
@@ -90,35 +90,13 @@ class Job:
     headers: CIMultiDict[str] | None = None  # what goes to the engine, where already built
 
 
-def build_proxy_server(proxy: Proxy) -> web.Server:
-    """aiohttp's low-level server, every request to :func:`handle`; call inside the loop.
-
-    Not a ``web.Application``: routing is ours, on the normalised path, and the application's
-    router, match info and handler chain cost ~15-20 us a request (docs/performance.md). The body
-    limit is the request's ``client_max_size``, enforced by read_body.
-    """
-    loop = asyncio.get_running_loop()
-    limit = proxy.config.max_body_bytes
-
-    def request_of(
-        message: RawRequestMessage,
-        payload: StreamReader,
-        protocol: web.RequestHandler,
-        writer: AbstractStreamWriter,
-        task: asyncio.Task[None],
-    ) -> web.BaseRequest:
-        return web.BaseRequest(
-            message, payload, protocol, writer, task, loop, client_max_size=limit
-        )
-
-    # handler_cancellation: a client that hangs up cancels its handler at once, so a queued
-    # waiter leaves the queue and a stream's upstream connection is closed.
-    return web.Server(
-        functools.partial(handle, proxy), request_factory=request_of, handler_cancellation=True
-    )
+def proxy_handler(proxy: Proxy) -> Handler:
+    """Every request on the proxy port goes to :func:`handle` (routing is ours, on the
+    normalised path)."""
+    return functools.partial(handle, proxy)
 
 
-async def handle(proxy: Proxy, request: web.BaseRequest) -> web.StreamResponse:
+async def handle(proxy: Proxy, request: Request) -> Answer:
     """Route, read and check (inside the gate), admit, forward, relay."""
     # 32 hex digits like uuid4().hex, for a fifth of its cost (no UUID object).
     request_id = request.headers.get("X-Request-Id") or os.urandom(16).hex()
@@ -139,7 +117,7 @@ async def handle(proxy: Proxy, request: web.BaseRequest) -> web.StreamResponse:
         structlog.contextvars.reset_contextvars(**tokens)
 
 
-def _refused(proxy: Proxy, exc: RequestError | EdgeRefusedError, started: float) -> web.Response:
+def _refused(proxy: Proxy, exc: RequestError | EdgeRefusedError, started: float) -> Response:
     outcome = exc.fault if isinstance(exc, EdgeRefusedError) else "invalid"
     proxy.metrics.finished(outcome, proxy.clock() - started)
     status = exc.refusal.status if isinstance(exc, EdgeRefusedError) else exc.status
@@ -148,7 +126,7 @@ def _refused(proxy: Proxy, exc: RequestError | EdgeRefusedError, started: float)
     return error_response(exc)
 
 
-async def _intake(request: web.BaseRequest, proxy: Proxy, target: Target, request_id: str) -> Job:
+async def _intake(request: Request, proxy: Proxy, target: Target, request_id: str) -> Job:
     """Everything before admission, bounded by the gate: body, checks, engine prompt count."""
     config = proxy.config
     with proxy.gate:
@@ -172,8 +150,8 @@ async def _intake(request: web.BaseRequest, proxy: Proxy, target: Target, reques
 
 
 async def _admit_and_forward(
-    request: web.BaseRequest, proxy: Proxy, job: Job, request_id: str, started: float
-) -> web.StreamResponse:
+    request: Request, proxy: Proxy, job: Job, request_id: str, started: float
+) -> Answer:
     config = proxy.config
     compartment = config.compartment_of(request.headers)
     usage = config.usage_of(job.checked, compartment) if job.checked is not None else None
@@ -227,8 +205,8 @@ def _log_grant(permit: Permit, job: Job) -> None:
 
 
 async def _forward(
-    request: web.BaseRequest, proxy: Proxy, job: Job, permit: Permit, request_id: str, *, stop: Stop
-) -> tuple[web.StreamResponse, str]:
+    request: Request, proxy: Proxy, job: Job, permit: Permit, request_id: str, *, stop: Stop
+) -> tuple[Answer, str]:
     headers = job.headers if job.headers is not None else _upstream_headers(request, request_id)
     try:
         upstream = await proxy.upstream.send(request.method, job.target.path_qs, headers, job.body)
@@ -250,21 +228,19 @@ async def _forward(
         finish(upstream)
 
 
-def _upstream_failed(
-    permit: Permit, exc: UpstreamError, phase: str
-) -> tuple[web.StreamResponse, str]:
+def _upstream_failed(permit: Permit, exc: UpstreamError, phase: str) -> tuple[Answer, str]:
     """The engine failed before an answer started: the permit ends failed, the client gets a 5xx."""
     permit.outcome = "failed"
     log.warning(exc.refusal.log_event, error=str(exc), phase=phase)
     return error_response(exc), exc.refusal.code
 
 
-def _stopped_response(permit: Permit) -> tuple[web.StreamResponse, str]:
+def _stopped_response(permit: Permit) -> tuple[Answer, str]:
     permit.outcome = "cancelled"
     return error_response(AdmissionRejectedError("draining", 1.0)), "draining"
 
 
-def result_response(result: RelayResult, permit: Permit) -> tuple[web.StreamResponse, str]:
+def result_response(result: RelayResult, permit: Permit) -> tuple[Answer, str]:
     """Turn a finished relay into the outcome the permit and the metrics report."""
     if result.end in ("client_gone", "client_stalled", "stopped"):
         permit.outcome = "cancelled"
@@ -283,7 +259,7 @@ def result_response(result: RelayResult, permit: Permit) -> tuple[web.StreamResp
 
 async def _relay_whole(
     upstream: EngineResponse, permit: Permit, request_id: str, stop: Stop
-) -> tuple[web.StreamResponse, str]:
+) -> tuple[Answer, str]:
     try:
         body = await read_all(upstream)
     except UpstreamError as exc:
@@ -292,7 +268,7 @@ async def _relay_whole(
         if not stop.claim():
             raise
         return _stopped_response(permit)
-    response = web.Response(status=upstream.status, body=body, headers=end_to_end(upstream.headers))
+    response = Response(upstream.status, body, end_to_end(upstream.headers))
     response.headers["X-Request-Id"] = request_id
     if upstream.status >= 500:
         permit.outcome = "failed"
@@ -316,9 +292,7 @@ def _log_usage(body: bytes) -> int | None:
     return counts.get("completion_tokens")
 
 
-async def passthrough(
-    request: web.BaseRequest, proxy: Proxy, target: Target, request_id: str
-) -> web.StreamResponse:
+async def passthrough(request: Request, proxy: Proxy, target: Target, request_id: str) -> Answer:
     """A free path (GET, HEAD, OPTIONS, or a configured cheap POST): forwarded without a permit."""
     try:
         with proxy.gate:
@@ -338,7 +312,7 @@ async def passthrough(
     return result.response
 
 
-def _upstream_headers(request: web.BaseRequest, request_id: str) -> CIMultiDict[str]:
+def _upstream_headers(request: Request, request_id: str) -> CIMultiDict[str]:
     # Built once per request; the engine client writes the fields as they are, in this order.
     headers = end_to_end(request.headers)
     headers["X-Request-Id"] = request_id

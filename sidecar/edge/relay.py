@@ -18,8 +18,6 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from aiohttp import web
-
 from sidecar.core.errors import UpstreamError
 from sidecar.core.ledger import StreamUsage
 from sidecar.core.outcomes import REJECTIONS, Refusal
@@ -27,6 +25,8 @@ from sidecar.edge.engine_client import end_to_end, read_chunk
 from sidecar.edge.engine_http import EngineResponse
 from sidecar.edge.http_errors import refusal_body
 from sidecar.edge.in_flight import Stop
+from sidecar.edge.request import Request
+from sidecar.edge.response import StreamResponse
 from sidecar.edge.sse_framing import EventFramer
 
 RelayEnd = Literal["completed", "client_gone", "client_stalled", "upstream_failed", "stopped"]
@@ -43,7 +43,7 @@ class RelayResult:
     """How a relay ended."""
 
     end: RelayEnd
-    response: web.StreamResponse
+    response: StreamResponse
     error: UpstreamError | None = None
 
 
@@ -57,20 +57,11 @@ def in_band_error(exc: UpstreamError) -> bytes:
     return in_band(exc.refusal, str(exc))
 
 
-class _HeadWithBody(web.StreamResponse):
-    """A response whose status line and fields leave with its first body bytes, in one write.
-
-    Used only where those bytes came in the same read as the engine's head: where the engine
-    sent its head alone (vLLM before its first token), the client gets the head at once too.
-    aiohttp's own ``web.Response`` sets the same flag; an aiohttp without it sends two writes.
-    """
-
-    _send_headers_immediately = False
-
-
-def response_for(upstream: EngineResponse, request_id: str) -> web.StreamResponse:
-    kind = _HeadWithBody if upstream.ready() else web.StreamResponse
-    response = kind(status=upstream.status, reason=upstream.reason)
+def response_for(upstream: EngineResponse, request_id: str) -> StreamResponse:
+    """The client's answer. Where body bytes came in the same read as the engine's head, the
+    client's head leaves with them, in one write; where the engine sent its head alone (vLLM
+    before its first token), the client gets the head at once too."""
+    response = StreamResponse(upstream.status, upstream.reason, head_with_body=upstream.ready())
     response.headers.update(end_to_end(upstream.headers))
     response.headers["X-Request-Id"] = request_id
     return response
@@ -78,25 +69,20 @@ def response_for(upstream: EngineResponse, request_id: str) -> web.StreamRespons
 
 @dataclass(slots=True)
 class _Relay:
-    request: web.BaseRequest
-    response: web.StreamResponse
+    request: Request
+    response: StreamResponse
     write_timeout_s: float
     sse: bool
-    high_water: int = 0  # the client socket's; 0: unknown, every write takes the deadline
+    high_water: int = 0  # the client socket's
 
     def __post_init__(self) -> None:
-        transport = self.request.transport
-        if transport is not None:
-            self.high_water = transport.get_write_buffer_limits()[1]
+        self.high_water = self.request.transport.get_write_buffer_limits()[1]
 
     def _cannot_wait(self, size: int) -> bool:
-        """Whether writing ``size`` bytes stays below the high-water mark, so aiohttp never
-        pauses on a drain: then the write needs no deadline (and no timer, ~1.5 us per event)."""
-        transport = self.request.transport
-        return (
-            transport is not None
-            and transport.get_write_buffer_size() + size + HEADROOM <= self.high_water
-        )
+        """Whether writing ``size`` bytes stays below the high-water mark, so the connection is
+        never paused on a drain: then the write needs no deadline (and no timer, ~1.5 us)."""
+        buffered = self.request.transport.get_write_buffer_size()
+        return buffered + size + HEADROOM <= self.high_water
 
     async def write(self, data: bytes, timeout_s: float | None = None) -> RelayEnd | None:
         """Write with a deadline; the relay's end if the client is gone or stalled."""
@@ -129,13 +115,11 @@ class _Relay:
 
     def abort(self) -> None:
         """Drop the client's connection at once, without a terminating chunk."""
-        transport = self.request.transport
-        if transport is not None:
-            transport.abort()
+        self.request.transport.abort()
 
 
 async def relay_stream(
-    request: web.BaseRequest,
+    request: Request,
     upstream: EngineResponse,
     request_id: str,
     *,

@@ -23,9 +23,10 @@ from sidecar.edge.engine_client import Upstream
 from sidecar.edge.in_flight import InFlight
 from sidecar.edge.limits import ConnectionCount, EdgeLimits, Gate
 from sidecar.edge.prompt_count import EnginePromptCounter
-from sidecar.edge.proxy import Proxy, ProxyConfig, build_proxy_server
+from sidecar.edge.proxy import Proxy, ProxyConfig, proxy_handler
 from sidecar.edge.routes import parse_free_paths
-from sidecar.entry.listen import bind, reserve_descriptors, serve
+from sidecar.edge.server import ProxyServer
+from sidecar.entry.listen import SHUTDOWN_TIMEOUT_S, bind, reserve_descriptors, serve, serve_proxy
 from sidecar.entry.settings import Settings
 from sidecar.entry.wiring import (
     adaptive_resize,
@@ -80,6 +81,7 @@ class SidecarServer:
         self.gate = Gate(settings.max_pre_admission)
         self.proxy_connections: ConnectionCount | None = None
         self._runners: list[web.BaseRunner] = []
+        self.proxy_server: ProxyServer | None = None
         self.proxy_port = self.admin_port = 0
         register_capacity_metrics(self.registry, self.controller, clock)
         self.registry.register(BulkheadCollector(self.bulkhead.snapshot, self._plan_permits))
@@ -211,10 +213,19 @@ class SidecarServer:
         log.info("capacity_initial", source=state.source, limit=state.limit, mode=state.mode)
         self.controller.start()
         s = self.settings
-        self.admin_port = await self._listen(build_admin_app(self._admin()), admin_sock, 64)
-        self.proxy_port = await self._listen(
-            build_proxy_server(self._proxy()), proxy_sock, s.max_connections
+        admin_runner, _count = await serve(
+            build_admin_app(self._admin()), admin_sock, self._edge_limits(64)
         )
+        self._runners.append(admin_runner)
+        self.admin_port = int(admin_sock.getsockname()[1])  # the real port, also when 0 asked
+        self.proxy_server = await serve_proxy(
+            proxy_handler(self._proxy()),
+            proxy_sock,
+            self._edge_limits(s.max_connections),
+            max_body_bytes=int(s.max_body_bytes),
+        )
+        self.proxy_connections = self.proxy_server.count
+        self.proxy_port = int(proxy_sock.getsockname()[1])
         log.info(
             "sidecar_listening",
             proxy_port=self.proxy_port,
@@ -223,13 +234,6 @@ class SidecarServer:
             admission=s.admission,
             shadow=s.shadow,
         )
-
-    async def _listen(
-        self, app: web.Application | web.Server, sock: socket.socket, cap: int
-    ) -> int:
-        runner, self.proxy_connections = await serve(app, sock, self._edge_limits(cap))
-        self._runners.append(runner)
-        return int(sock.getsockname()[1])  # the real port, also when 0 asked for any
 
     async def drain(self, grace_s: float) -> bool:
         """Fail readiness, refuse new work, let running streams finish; True if all finished.
@@ -254,6 +258,9 @@ class SidecarServer:
 
     async def stop(self) -> None:
         """Close the ports (proxy first), stop the loop, close the upstream client."""
+        if self.proxy_server is not None:
+            await self.proxy_server.close(SHUTDOWN_TIMEOUT_S)
+            self.proxy_server = None
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()

@@ -1,5 +1,6 @@
 """Opening a port: bind up front (so a clash or a bad host is one clear ConfigError), check that the
-connection cap leaves descriptors for the admin port and the engine, and serve an app on it."""
+connection cap leaves descriptors for the admin port and the engine, and serve on it: the admin
+application on aiohttp, the proxy port on the edge's own server (sidecar.edge.server)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from aiohttp import web
 
 from sidecar.core.errors import ConfigError
 from sidecar.edge.limits import ConnectionCount, EdgeLimits, GuardedSite
+from sidecar.edge.server import Handler, ProxyServer
 
 # Descriptors kept back from the proxy port's cap: the admin port, engine connections, logs.
 FD_MARGIN = 128
-# aiohttp waits this long for handlers at shutdown (its default is 60 s); the drain has already
-# ended or stopped every stream by then.
+# Handlers get this long at shutdown (aiohttp's default is 60 s); the drain has already ended or
+# stopped every stream by then.
 SHUTDOWN_TIMEOUT_S = 0.5
 
 
@@ -50,19 +52,24 @@ def reserve_descriptors(max_connections: int) -> int:
     return soft
 
 
+async def serve_proxy(
+    handler: Handler, sock: socket.socket, limits: EdgeLimits, *, max_body_bytes: int
+) -> ProxyServer:
+    """Serve the proxy port's ``handler`` on ``sock`` behind the edge's limits."""
+    server = ProxyServer(handler, limits, max_body_bytes=max_body_bytes)
+    await server.start(sock)
+    return server
+
+
 async def serve(
-    app: web.Application | web.Server, sock: socket.socket, limits: EdgeLimits
+    app: web.Application, sock: socket.socket, limits: EdgeLimits
 ) -> tuple[web.BaseRunner, ConnectionCount]:
-    """Serve ``app`` (the admin application, or the proxy's low-level server) on ``sock`` behind
-    the edge's limits; the runner and its connection count."""
-    runner: web.BaseRunner
-    if isinstance(app, web.Server):  # it was built with handler_cancellation, as below
-        runner = web.ServerRunner(app, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
-    else:
-        # handler_cancellation: a client that hangs up cancels its handler at once.
-        runner = web.AppRunner(
-            app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S
-        )
+    """Serve ``app`` (the admin application) on ``sock`` behind the edge's limits; the runner and
+    its connection count."""
+    # handler_cancellation: a client that hangs up cancels its handler at once.
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+    )
     await runner.setup()
     count = ConnectionCount(limits)
     site = GuardedSite(

@@ -1,0 +1,154 @@
+"""A client's request on the proxy port, as the handler sees it: its head, parsed once by the
+connection (:mod:`sidecar.edge.server`), and its body, buffered as it arrives up to the body limit.
+
+The handler starts as soon as the head is complete, so routing, the gate and a refusal never wait
+for a body; :meth:`Request.read` waits for the rest of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Literal, Protocol
+
+from multidict import CIMultiDict
+
+from sidecar.core.errors import RequestError
+
+BodyFault = Literal["too_large", "bad_framing", "cut_off"]
+
+
+class Wire(Protocol):
+    """The connection a request came on, as its answer needs it."""
+
+    paused: bool  # the client's socket buffer is full: writers wait in drain()
+    lost: bool
+
+    async def drain(self) -> None: ...
+
+    def keeps(self, request: Request) -> bool:
+        """Whether the connection may carry another request after this one's answer."""
+        ...
+
+
+class Request:
+    """One request: method, target, version, fields, and a body that may still be arriving."""
+
+    __slots__ = (
+        "_chunks",
+        "_fault",
+        "_size",
+        "_waiter",
+        "body_exists",
+        "client_max_size",
+        "complete",
+        "continued",
+        "headers",
+        "keep_alive",
+        "method",
+        "raw_path",
+        "started",
+        "task",
+        "transport",
+        "version",
+        "wire",
+    )
+
+    def __init__(
+        self,
+        method: str,
+        raw_path: str,
+        version: tuple[int, int],
+        headers: CIMultiDict[str],
+        *,
+        transport: asyncio.Transport,
+        wire: Wire,
+        client_max_size: int,
+        keep_alive: bool,
+        body_exists: bool,
+    ) -> None:
+        self.method, self.raw_path, self.version, self.headers = method, raw_path, version, headers
+        self.transport, self.wire = transport, wire
+        self.client_max_size = client_max_size
+        self.keep_alive = keep_alive  # the client's wish, by its version and Connection field
+        self.body_exists = body_exists
+        self.complete = not body_exists  # the whole message was read off the connection
+        self.continued = False  # a 100 Continue went out
+        self.started = False  # a streamed answer was begun
+        self.task: asyncio.Task[None] | None = None  # the handler's, once it runs
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._fault: BodyFault | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    @property
+    def charset(self) -> str | None:
+        """The ``charset`` parameter of Content-Type, if it names one."""
+        content_type = self.headers.get("Content-Type")
+        if content_type is None or ";" not in content_type:
+            return None
+        for param in content_type.split(";")[1:]:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "charset":
+                return value.strip().strip('"') or None
+        return None
+
+    @property
+    def fault(self) -> BodyFault | None:
+        return self._fault
+
+    # The connection's side: body bytes as they are parsed, then the end, or what broke it.
+
+    def feed(self, data: bytes) -> None:
+        if self._fault is not None:
+            return
+        self._size += len(data)
+        if self._size > self.client_max_size:
+            self._chunks.clear()
+            self.fail("too_large")
+            return
+        self._chunks.append(data)
+
+    def finish(self) -> None:
+        self.complete = True
+        self._wake()
+
+    def fail(self, fault: BodyFault) -> None:
+        if self._fault is None:
+            self._fault = fault
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    # The handler's side.
+
+    async def read(self) -> bytes:
+        """The whole body; RequestError if it is over the limit, badly framed or cut off."""
+        while not self.complete and self._fault is None:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        if self._fault is not None:
+            raise _body_error(self._fault, self.client_max_size)
+        return self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
+
+    def send_continue(self) -> None:
+        """Tell a client that waits (curl does, for bodies over 1 KiB) to send its body."""
+        if not self.continued and not self.transport.is_closing():
+            self.continued = True
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+
+def _body_error(fault: BodyFault, limit: int) -> RequestError:
+    if fault == "too_large":
+        return RequestError(
+            f"request body is larger than this server's limit of {limit} bytes",
+            status=413,
+            code="body_too_large",
+        )
+    if fault == "bad_framing":  # a bad chunk size, a broken encoding: never echoed
+        return RequestError("request body is not valid HTTP/1.1 framing", code="bad_body")
+    return RequestError("request body ended early", code="incomplete_body")

@@ -1,0 +1,188 @@
+"""The proxy port's answers: a whole :class:`Response`, or a :class:`StreamResponse` written as it
+goes, each framed on the wire per RFC 9112 §6 for the request it answers.
+
+A streamed body is chunked for HTTP/1.1, delimited by the connection's close for HTTP/1.0, and
+sent as it is where the engine gave a Content-Length. HEAD, 1xx, 204 and 304 answers carry no
+body. The status line is always HTTP/1.1 (RFC 9110 §6.2: a server sends its own version).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from email.utils import formatdate
+from http import HTTPStatus
+
+from multidict import CIMultiDict
+
+from sidecar.edge.request import Request
+
+REASONS = {status.value: status.phrase for status in HTTPStatus}
+NO_BODY_STATUSES = frozenset({204, 304})
+# Set by the framing below, whatever a handler or the engine put in the fields.
+FRAMING_FIELDS = frozenset({"transfer-encoding", "connection", "keep-alive"})
+LAST_CHUNK = b"0\r\n\r\n"
+
+
+class UnsendableHeadError(ValueError):
+    """A status reason or field that HTTP/1.1 cannot carry (a line break)."""
+
+
+class _Date:
+    """The Date field's value, formatted once a second."""
+
+    second = -1
+    value = ""
+
+
+def http_date() -> str:
+    now = int(time.time())
+    if now != _Date.second:
+        _Date.second, _Date.value = now, formatdate(now, usegmt=True)
+    return _Date.value
+
+
+def has_body(request: Request, status: int) -> bool:
+    return request.method != "HEAD" and status >= 200 and status not in NO_BODY_STATUSES
+
+
+def encode_head(
+    status: int, reason: str, fields: Mapping[str, str], extra: list[str], *, close: bool
+) -> bytes:
+    """The status line and fields (those that frame the body left to ``extra``), then the blank
+    line; UnsendableHeadError if any of them holds a line break."""
+    lines = [f"HTTP/1.1 {status} {reason}"]
+    lines += [f"{k}: {v}" for k, v in fields.items() if k.lower() not in FRAMING_FIELDS]
+    lines += extra
+    if "Date" not in fields:
+        lines.append("Date: " + http_date())
+    if close:
+        lines.append("Connection: close")
+    head = "\r\n".join(lines)
+    if head.count("\n") != len(lines) - 1 or head.count("\r") != len(lines) - 1:
+        raise UnsendableHeadError("a response field holds a line break")
+    return (head + "\r\n\r\n").encode("utf-8", "surrogateescape")
+
+
+class Response:
+    """A whole answer: status, fields and body, sent in one write once the handler returns it."""
+
+    __slots__ = ("body", "headers", "reason", "status")
+
+    def __init__(
+        self,
+        status: int = 200,
+        body: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+        content_type: str | None = None,
+    ) -> None:
+        self.status, self.body = status, body
+        self.reason = REASONS.get(status, "Unknown")
+        self.headers: CIMultiDict[str] = CIMultiDict(headers or {})
+        if content_type is not None:
+            self.headers["Content-Type"] = content_type
+
+    def encode(self, request: Request, *, close: bool) -> bytes:
+        """The answer's bytes for ``request``."""
+        sized = has_body(request, self.status) or request.method == "HEAD"
+        extra = [f"Content-Length: {len(self.body)}"] if sized else []
+        fields = {k: v for k, v in self.headers.items() if k.lower() != "content-length"}
+        head = encode_head(self.status, self.reason, fields, extra, close=close)
+        return head + self.body if has_body(request, self.status) else head
+
+
+class StreamResponse:
+    """An answer whose body is written as it arrives: ``prepare``, ``write`` ..., ``write_eof``.
+
+    With ``head_with_body``, the status line and fields wait for the first body bytes and leave
+    with them, in one write (for an engine head that came with body bytes in the same read).
+    """
+
+    __slots__ = (
+        "_body",
+        "_chunked",
+        "_pending",
+        "_request",
+        "closes",
+        "finished",
+        "head_with_body",
+        "headers",
+        "reason",
+        "status",
+    )
+
+    def __init__(self, status: int = 200, reason: str | None = None, *, head_with_body: bool = False
+                 ) -> None:  # fmt: skip
+        self.status = status
+        self.reason = reason or REASONS.get(status, "Unknown")
+        self.headers: CIMultiDict[str] = CIMultiDict()
+        self.head_with_body = head_with_body
+        self.finished = False  # the body's end went out
+        self.closes = False  # the head said Connection: close, or the body ends with the connection
+        self._request: Request | None = None
+        self._pending = b""  # the head, while it waits for the first body bytes
+        self._chunked = self._body = False
+
+    @property
+    def prepared(self) -> bool:
+        return self._request is not None
+
+    async def prepare(self, request: Request) -> None:
+        """Frame the answer for ``request`` and send its head (or hold it, ``head_with_body``)."""
+        if self._request is not None:
+            return
+        self._request = request
+        request.started = True
+        self._body = has_body(request, self.status)
+        close = not request.wire.keeps(request)
+        extra: list[str] = []
+        if self._body and "Content-Length" not in self.headers:
+            if request.version >= (1, 1):
+                self._chunked = True
+                extra.append("Transfer-Encoding: chunked")
+            else:
+                close = True  # HTTP/1.0: the body ends where the connection does
+        self.closes = close
+        head = encode_head(self.status, self.reason, self.headers, extra, close=close)
+        if self.head_with_body and self._body:
+            self._pending = head
+            return
+        await self._send(head)
+
+    async def write(self, data: bytes) -> None:
+        """One piece of the body; ConnectionResetError once the client is gone."""
+        if not data or not self._body:
+            return
+        framed = b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data
+        await self._send(self._pending + framed if self._pending else framed)
+        self._pending = b""
+
+    async def write_eof(self, last: bytes = b"") -> None:
+        """The body's ``last`` bytes and its end, in one write."""
+        if self.finished:
+            return
+        if not self._body:
+            out = self._pending
+        elif self._chunked:
+            out = self._pending + (b"%x\r\n%b\r\n" % (len(last), last) if last else b"")
+            out += LAST_CHUNK
+        else:
+            out = self._pending + last
+        self._pending = b""
+        if out:
+            await self._send(out)
+        self.finished = True
+
+    async def _send(self, data: bytes) -> None:
+        request = self._request
+        assert request is not None, "prepare() first"
+        wire = request.wire
+        if wire.lost or request.transport.is_closing():
+            raise ConnectionResetError("the client's connection is closed")
+        request.transport.write(data)
+        if wire.paused:
+            await wire.drain()
+
+
+# What a handler returns.
+Answer = Response | StreamResponse
