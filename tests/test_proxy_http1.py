@@ -270,3 +270,37 @@ async def test_client_sockets_send_at_once(edge: Start) -> None:
         sockets = [c.transport.get_extra_info("socket") for c in proxy.connections if c.transport]
     assert len(sockets) == 1
     assert sockets[0].getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+
+
+async def test_an_http10_keep_alive_client_keeps_its_connection(edge: Start) -> None:
+    """HTTP/1.0 with `Connection: keep-alive`: a whole completion, sized, that says keep-alive,
+    then a second one on the same connection."""
+    server = await edge()
+    ask = request("POST", "/v1/completions", COMPLETION, "Connection: keep-alive", version="1.0")
+    async with connected(server.proxy_port) as (reader, writer):
+        writer.write(ask)
+        first_head, first = await read_answer(reader)
+        writer.write(ask)
+        second_head, _second = await read_answer(reader)
+    assert fields_of(first_head)["connection"].lower() == "keep-alive"
+    assert "content-length" in fields_of(first_head)
+    assert json.loads(first)["object"] == "text_completion"
+    assert second_head.startswith(b"HTTP/1.1 200")
+
+
+async def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent(
+    edge: Start, double: EngineDouble
+) -> None:
+    """`Expect: 100-continue` with a Content-Length over the limit: a 413 at once, no 100
+    Continue, so the client never uploads the body."""
+    server = await edge(SIDECAR_MAX_BODY_BYTES="1000")
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Expect: 100-continue\r\nContent-Length: 10000000\r\n\r\n"
+    )
+    async with connected(server.proxy_port) as (reader, writer):
+        writer.write(head)
+        answer_head, body = await read_answer(reader)
+    assert answer_head.startswith(b"HTTP/1.1 413")
+    assert error_code(body) == "body_too_large"
+    assert double.seen == []

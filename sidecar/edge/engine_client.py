@@ -17,8 +17,8 @@ from sidecar.core.errors import UpstreamError, UpstreamTimeoutError, UpstreamUna
 from sidecar.edge.engine_http import EnginePool, EngineResponse
 from sidecar.edge.http1 import EngineProtocolError
 
-# RFC 9110 §7.6.1 hop-by-hop fields, plus the framing fields each side writes anew (aiohttp toward
-# the client, http1.encode_request toward the engine).
+# RFC 9110 §7.6.1 hop-by-hop fields, plus the framing fields each side writes anew (the proxy port's
+# server toward the client, http1.encode_request toward the engine).
 HOP_BY_HOP = frozenset(
     {
         "connection",

@@ -8,6 +8,7 @@ the answer in-band (an SSE error event, or a 503) instead of unwinding silently.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 
 class Stop:
@@ -19,13 +20,16 @@ class Stop:
 
     __slots__ = ("_task", "_tasks", "reason")
 
-    def __init__(self, tasks: dict[asyncio.Task[object], Stop]) -> None:
+    def __init__(
+        self, tasks: dict[asyncio.Task[object], Stop], task: asyncio.Task[Any] | None
+    ) -> None:
         self._tasks = tasks
-        self._task: asyncio.Task[object] | None = None
+        self._task: asyncio.Task[object] | None = task
         self.reason: str | None = None
 
     def __enter__(self) -> Stop:
-        self._task = asyncio.current_task()
+        if self._task is None:  # on 3.11, current_task() costs a getpid syscall
+            self._task = asyncio.current_task()
         if self._task is not None:
             self._tasks[self._task] = self
         return self
@@ -51,9 +55,10 @@ class InFlight:
     def __len__(self) -> int:
         return len(self._tasks)
 
-    def track(self) -> Stop:
-        """``with in_flight.track() as stop``: the current task, stoppable, for the block."""
-        return Stop(self._tasks)
+    def track(self, task: asyncio.Task[Any] | None = None) -> Stop:
+        """``with in_flight.track() as stop``: ``task`` (the handler's; by default the current
+        one), stoppable, for the block."""
+        return Stop(self._tasks, task)
 
     def stop_all(self, reason: str) -> int:
         """Cancel every tracked request with ``reason``; how many there were."""

@@ -87,6 +87,8 @@ class Response:
         sized = has_body(request, self.status) or request.method == "HEAD"
         extra = [f"Content-Length: {len(self.body)}"] if sized else []
         fields = {k: v for k, v in self.headers.items() if k.lower() != "content-length"}
+        if not close and request.version < (1, 1):
+            extra.append("Connection: keep-alive")  # an HTTP/1.0 client that asked for it
         head = encode_head(self.status, self.reason, fields, extra, close=close)
         return head + self.body if has_body(request, self.status) else head
 
@@ -142,6 +144,8 @@ class StreamResponse:
                 extra.append("Transfer-Encoding: chunked")
             else:
                 close = True  # HTTP/1.0: the body ends where the connection does
+        elif not close and request.version < (1, 1):
+            extra.append("Connection: keep-alive")  # an HTTP/1.0 client that asked for it
         self.closes = close
         head = encode_head(self.status, self.reason, self.headers, extra, close=close)
         if self.head_with_body and self._body:

@@ -86,7 +86,10 @@ class ProxyServer:
         if tasks:
             await asyncio.wait(tasks, timeout=timeout_s)
         for connection in list(self.connections):
-            connection.abort()
+            if connection.task is None:
+                connection.close_if_idle()
+            else:
+                connection.abort()
         await asyncio.sleep(0)  # their connection_lost callbacks
         if self._server is not None:
             await self._server.wait_closed()
@@ -114,6 +117,7 @@ class Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._due: Due | None = None
         self._deadline = 0.0
+        self._next_waits = False  # the next request waits for the client to read this answer
 
     # asyncio's side.
 
@@ -174,6 +178,9 @@ class Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.paused = False
         self._wake_writer()
+        if self._next_waits:
+            self._next_waits = False
+            self._next()
 
     # llhttp's callbacks (httptools).
 
@@ -207,6 +214,7 @@ class Connection(asyncio.Protocol):
         if body_exists and parser.should_upgrade():
             # llhttp would hand the body over as the new protocol's bytes; there is no new one.
             raise _HeadRefusedError("an Upgrade request with a body")
+        limit = self._server.max_body_bytes
         request = Request(
             parser.get_method().decode("ascii"),
             self._url.decode("utf-8", "surrogateescape"),
@@ -214,11 +222,14 @@ class Connection(asyncio.Protocol):
             headers,
             transport=self._transport(),
             wire=self,
-            client_max_size=self._server.max_body_bytes,
+            client_max_size=limit,
             keep_alive=parser.should_keep_alive(),
             body_exists=body_exists,
         )
         self._parsing = request if body_exists else None
+        declared = headers.get("Content-Length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            request.fail("too_large")  # refused at once: no 100 Continue, no wait for the body
         if self.task is None:
             self._due = None
             self._start(request)
@@ -299,10 +310,15 @@ class Connection(asyncio.Protocol):
         else:
             keep = False
             transport.write(INTERNAL_ERROR.encode(request, close=True))
-        if keep:
-            self._next()
+        if not keep:
+            # Bytes may still be coming (a body, a pipelined request): read them off first.
+            self._end(unread=not request.complete or self._unusable or bool(self._queue)
+                      or self._in_head)  # fmt: skip
+        elif self.paused:  # the client is not reading: its next request waits until it does
+            self._next_waits = True
+            self._arm("idle", self._limits.keepalive_timeout_s)
         else:
-            self._end(unread=not request.complete)
+            self._next()
 
     def _next(self) -> None:
         transport = self._transport()
@@ -362,7 +378,10 @@ class Connection(asyncio.Protocol):
             self._server.count.head_timeouts += 1
             self._unusable = True
             transport.write(raw_answer("header_timeout"))
-        transport.close()
+        if transport.get_write_buffer_size() > 0 and due != "head":
+            transport.abort()  # a client that stopped reading: close() would wait on it
+        else:
+            transport.close()
 
     def _wake_writer(self) -> None:
         if self._drain is not None and not self._drain.done():

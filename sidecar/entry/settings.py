@@ -92,7 +92,9 @@ class Settings(BaseSettings):
         30_000, description="A write to a client that does not drain in this time ends the stream."
     )
     header_timeout_ms: PositiveInt = Field(
-        10_000, description="A connection whose request head is not complete in this time closes."
+        10_000,
+        description="A request head not complete this long after its first byte (the first "
+        "request's: after the connection opened) gets a 408 and the connection closes.",
     )
     keepalive_timeout_ms: PositiveInt = Field(
         15_000, description="An idle keep-alive client connection closes after this time."
