@@ -135,3 +135,26 @@ async def test_logs_carry_decisions_but_never_the_api_key(
     assert finished["request_id"]
     assert finished["tenant"].startswith("key-")
     assert "sk-test-secret" not in written.getvalue()
+
+
+async def test_the_admin_port_answers_only_its_endpoints(start_sidecar: StartSidecar) -> None:
+    """An unknown admin path is a JSON 404, a POST a 405 naming GET and HEAD, a HEAD of /healthz
+    a 200 with no body; nothing of it reaches the proxy's counters."""
+    server = await start_sidecar()
+    base = admin_url(server)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{base}/v1/chat/completions") as response:
+            assert response.status == 404
+            assert (await response.json())["error"]["code"] == "not_found"
+        async with session.post(f"{base}/capacity", json={}) as response:
+            assert response.status == 405
+            assert response.headers["Allow"] == "GET, HEAD"
+            assert (await response.json())["error"]["code"] == "method_not_allowed"
+        async with session.head(f"{base}/healthz") as response:
+            assert response.status == 200
+            assert await response.read() == b""
+        async with session.get(f"{base}/metrics?name[]=x") as response:
+            assert response.status == 200
+            assert response.content_type == "text/plain"
+    metrics = await scrape(f"{base}/metrics")
+    assert metrics["sidecar_requests_total{outcome=completed}"] == 0

@@ -29,7 +29,7 @@ from sidecar.edge.limits import EdgeLimits
 from sidecar.edge.relay import in_band_error
 from sidecar.edge.request import Request
 from sidecar.edge.response import Answer
-from sidecar.edge.server import ProxyServer
+from sidecar.edge.server import HttpServer
 from sidecar.entry.listen import bind
 from sidecar.telemetry.metrics import RequestMetrics
 
@@ -57,14 +57,14 @@ Fetch = Callable[[Handler], Awaitable[tuple[int, dict[str, str], bytes]]]
 async def answer() -> AsyncIterator[Fetch]:
     """Serve one handler on the proxy port's own server, on a real loopback socket, and fetch its
     answer."""
-    servers: list[ProxyServer] = []
+    servers: list[HttpServer] = []
 
     async def fetch(handler: Handler) -> tuple[int, dict[str, str], bytes]:
         async def route(request: Request) -> Answer:
             return handler(request)
 
         sock = bind("127.0.0.1", 0)
-        server = ProxyServer(route, EdgeLimits(), max_body_bytes=1024)
+        server = HttpServer(route, EdgeLimits(), max_body_bytes=1024)
         await server.start(sock)
         servers.append(server)
         url = f"http://127.0.0.1:{sock.getsockname()[1]}/"

@@ -16,7 +16,7 @@ from sidecar.edge.http_errors import error_response
 from sidecar.edge.limits import EdgeLimits
 from sidecar.edge.request import Request
 from sidecar.edge.response import Answer, Response, StreamResponse
-from sidecar.edge.server import Handler, ProxyServer
+from sidecar.edge.server import Handler, HttpServer
 from sidecar.entry.listen import bind
 from tests.servers import until
 
@@ -24,19 +24,19 @@ Client = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 GET = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
 DEFAULT_LIMITS = EdgeLimits()
 # serve(handler, limits=DEFAULT_LIMITS, *, max_body_bytes=1024) -> (server, port)
-Serve = Callable[..., Awaitable[tuple[ProxyServer, int]]]
+Serve = Callable[..., Awaitable[tuple[HttpServer, int]]]
 
 
 @pytest.fixture
 async def serve() -> AsyncIterator[Serve]:
-    """Start a ProxyServer for a handler on a loopback port; every one is closed afterwards."""
-    servers: list[ProxyServer] = []
+    """Start a HttpServer for a handler on a loopback port; every one is closed afterwards."""
+    servers: list[HttpServer] = []
 
     async def start(
         handler: Handler, limits: EdgeLimits = DEFAULT_LIMITS, *, max_body_bytes: int = 1024
-    ) -> tuple[ProxyServer, int]:
+    ) -> tuple[HttpServer, int]:
         sock = bind("127.0.0.1", 0)
-        server = ProxyServer(handler, limits, max_body_bytes=max_body_bytes)
+        server = HttpServer(handler, limits, max_body_bytes=max_body_bytes)
         await server.start(sock)
         servers.append(server)
         return server, sock.getsockname()[1]

@@ -1,14 +1,22 @@
-"""The admin port: /capacity, /metrics, /healthz, /readyz. Never served on the proxy port."""
+"""The admin port: /capacity, /metrics, /healthz, /readyz. Never served on the proxy port.
+
+Served by the same HTTP/1.1 server side as the proxy port (sidecar.edge.server), with its own
+connection cap: GET and HEAD only; any other path is a JSON 404, any other method a 405.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from sidecar.edge.http_errors import json_error
+from sidecar.edge.request import Request
+from sidecar.edge.response import Response
+from sidecar.edge.server import Handler
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.live.adaptive import AdaptiveCapacity
 from sidecar.live.control_loop import CapacityController
@@ -29,17 +37,31 @@ class Admin:
     adaptive: AdaptiveCapacity | None = None
 
 
-ADMIN = web.AppKey("admin", Admin)
+def admin_handler(admin: Admin) -> Handler:
+    """Every request on the admin port, routed on its path (a query string is ignored)."""
+    routes: dict[str, Callable[[Admin], Response]] = {
+        "/capacity": capacity,
+        "/metrics": metrics,
+        "/healthz": healthz,
+        "/readyz": readyz,
+    }
+
+    async def handle(request: Request) -> Response:
+        route = routes.get(request.raw_path.partition("?")[0])
+        if route is None:
+            message = "no such admin endpoint; see /capacity, /metrics, /healthz, /readyz"
+            return json_error(404, message, type_="invalid_request_error", code="not_found")
+        if request.method not in ("GET", "HEAD"):
+            message, allow = "the admin endpoints answer GET and HEAD only", {"Allow": "GET, HEAD"}
+            code = "method_not_allowed"
+            return json_error(405, message, type_="invalid_request_error", code=code, headers=allow)
+        return route(admin)
+
+    return handle
 
 
-def build_admin_app(admin: Admin) -> web.Application:
-    app = web.Application()
-    app[ADMIN] = admin
-    app.router.add_get("/capacity", capacity)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    return app
+def json_response(body: dict[str, Any], status: int = 200) -> Response:
+    return Response(status, json.dumps(body).encode(), content_type="application/json")
 
 
 def capacity_document(admin: Admin) -> dict[str, Any]:
@@ -83,29 +105,27 @@ def capacity_document(admin: Admin) -> dict[str, Any]:
     }
 
 
-async def capacity(request: web.Request) -> web.Response:
-    return web.json_response(capacity_document(request.app[ADMIN]))
+def capacity(admin: Admin) -> Response:
+    return json_response(capacity_document(admin))
 
 
-async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[ADMIN].registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+def metrics(admin: Admin) -> Response:
+    return Response(200, generate_latest(admin.registry), content_type=CONTENT_TYPE_LATEST)
 
 
-async def healthz(request: web.Request) -> web.Response:
+def healthz(admin: Admin) -> Response:
     """Alive while the capacity loop runs; a dead loop means a restart is the fix."""
-    if not request.app[ADMIN].loop_alive():
-        return web.json_response({"status": "capacity loop stopped"}, status=503)
-    return web.json_response({"status": "ok"})
+    if not admin.loop_alive():
+        return json_response({"status": "capacity loop stopped"}, status=503)
+    return json_response({"status": "ok"})
 
 
-async def readyz(request: web.Request) -> web.Response:
+def readyz(admin: Admin) -> Response:
     """Not ready while draining or with no capacity at all (the reason says why); ready but
     saying so while running on a stale plan or the floor."""
-    admin = request.app[ADMIN]
     state = admin.controller.state
     ready = not admin.draining() and state.available
     body: dict[str, Any] = {"ready": ready, "draining": admin.draining(), "capacity": state.mode}
     if not state.available:
         body["reason"] = next(w.message for w in state.warnings if w.code == "no_capacity")
-    return web.json_response(body, status=200 if ready else 503)
+    return json_response(body, status=200 if ready else 503)

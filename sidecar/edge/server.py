@@ -56,7 +56,7 @@ class _HeadRefusedError(Exception):
     """A head past the edge's bounds, or one this server does not take."""
 
 
-class ProxyServer:
+class HttpServer:
     """The listening side: every connection's :class:`Connection`, and the shutdown."""
 
     def __init__(self, handler: Handler, limits: EdgeLimits, *, max_body_bytes: int) -> None:
@@ -98,7 +98,7 @@ class ProxyServer:
 class Connection(asyncio.Protocol):
     """One client connection: parse, bound, hand each request to the handler, write its answer."""
 
-    def __init__(self, server: ProxyServer) -> None:
+    def __init__(self, server: HttpServer) -> None:
         self._server, self._limits = server, server.limits
         self._loop = asyncio.get_running_loop()
         self._parser = httptools.HttpRequestParser(self)
@@ -353,24 +353,30 @@ class Connection(asyncio.Protocol):
             self._transport().write(raw_answer("bad_request"))
             self._end(unread=True)
 
-    # One timer per connection for its deadline: re-armed only when a nearer one is set.
+    # One timer per connection for its deadline, moved only when a nearer one is set. It is set
+    # to fire no later than a head deadline set from now would, so the next request's head
+    # deadline never moves it: no timer made or cancelled per request.
 
     def _arm(self, due: Due, seconds: float) -> None:
         self._due = due
-        self._deadline = deadline = self._loop.time() + seconds
+        now = self._loop.time()
+        self._deadline = deadline = now + seconds
         timer = self._timer
         if timer is None or timer.when() > deadline:
             if timer is not None:
                 timer.cancel()
-            self._timer = self._loop.call_at(deadline, self._expired)
+            wake = now + min(seconds, self._limits.header_timeout_s)
+            self._timer = self._loop.call_at(wake, self._expired)
 
     def _expired(self) -> None:
         self._timer = None
         due = self._due
         if due is None or self.lost:
             return
-        if self._loop.time() + TIMER_SLACK_S < self._deadline:
-            self._timer = self._loop.call_at(self._deadline, self._expired)
+        now = self._loop.time()
+        if now + TIMER_SLACK_S < self._deadline:
+            wake = min(self._deadline, now + self._limits.header_timeout_s)
+            self._timer = self._loop.call_at(wake, self._expired)
             return
         self._due = None
         transport = self._transport()

@@ -11,22 +11,21 @@ from collections.abc import Callable
 from functools import partial
 
 import structlog
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from sidecar.core.compartments import DEFAULT, parse_compartments
 from sidecar.core.ledger import StreamUsage
 from sidecar.core.request_checks import CheckedRequest, TokenPolicy
 from sidecar.core.tenancy import compartment_key, is_sheddable, parse_names, tenant_id
-from sidecar.edge.admin import Admin, build_admin_app
+from sidecar.edge.admin import Admin, admin_handler
 from sidecar.edge.engine_client import Upstream
 from sidecar.edge.in_flight import InFlight
 from sidecar.edge.limits import ConnectionCount, EdgeLimits, Gate
 from sidecar.edge.prompt_count import EnginePromptCounter
 from sidecar.edge.proxy import Proxy, ProxyConfig, proxy_handler
 from sidecar.edge.routes import parse_free_paths
-from sidecar.edge.server import ProxyServer
-from sidecar.entry.listen import SHUTDOWN_TIMEOUT_S, bind, reserve_descriptors, serve, serve_proxy
+from sidecar.edge.server import HttpServer
+from sidecar.entry.listen import SHUTDOWN_TIMEOUT_S, bind, reserve_descriptors, serve
 from sidecar.entry.settings import Settings
 from sidecar.entry.wiring import (
     adaptive_resize,
@@ -80,8 +79,8 @@ class SidecarServer:
         self.in_flight = InFlight()
         self.gate = Gate(settings.max_pre_admission)
         self.proxy_connections: ConnectionCount | None = None
-        self._runners: list[web.BaseRunner] = []
-        self.proxy_server: ProxyServer | None = None
+        self.proxy_server: HttpServer | None = None
+        self.admin_server: HttpServer | None = None
         self.proxy_port = self.admin_port = 0
         register_capacity_metrics(self.registry, self.controller, clock)
         self.registry.register(BulkheadCollector(self.bulkhead.snapshot, self._plan_permits))
@@ -213,12 +212,11 @@ class SidecarServer:
         log.info("capacity_initial", source=state.source, limit=state.limit, mode=state.mode)
         self.controller.start()
         s = self.settings
-        admin_runner, _count = await serve(
-            build_admin_app(self._admin()), admin_sock, self._edge_limits(64)
+        self.admin_server = await serve(
+            admin_handler(self._admin()), admin_sock, self._edge_limits(64), max_body_bytes=1024
         )
-        self._runners.append(admin_runner)
         self.admin_port = int(admin_sock.getsockname()[1])  # the real port, also when 0 asked
-        self.proxy_server = await serve_proxy(
+        self.proxy_server = await serve(
             proxy_handler(self._proxy()),
             proxy_sock,
             self._edge_limits(s.max_connections),
@@ -258,11 +256,9 @@ class SidecarServer:
 
     async def stop(self) -> None:
         """Close the ports (proxy first), stop the loop, close the upstream client."""
-        if self.proxy_server is not None:
-            await self.proxy_server.close(SHUTDOWN_TIMEOUT_S)
-            self.proxy_server = None
-        for runner in reversed(self._runners):
-            await runner.cleanup()
-        self._runners.clear()
+        for server in (self.proxy_server, self.admin_server):
+            if server is not None:
+                await server.close(SHUTDOWN_TIMEOUT_S)
+        self.proxy_server = self.admin_server = None
         await self.controller.stop()
         await self.upstream.close()

@@ -1,22 +1,19 @@
 """Opening a port: bind up front (so a clash or a bad host is one clear ConfigError), check that the
-connection cap leaves descriptors for the admin port and the engine, and serve on it: the admin
-application on aiohttp, the proxy port on the edge's own server (sidecar.edge.server)."""
+connection cap leaves descriptors for the admin port and the engine, and serve on it
+(sidecar.edge.server)."""
 
 from __future__ import annotations
 
 import resource
 import socket
 
-from aiohttp import web
-
 from sidecar.core.errors import ConfigError
-from sidecar.edge.limits import ConnectionCount, EdgeLimits, GuardedSite
-from sidecar.edge.server import Handler, ProxyServer
+from sidecar.edge.limits import EdgeLimits
+from sidecar.edge.server import Handler, HttpServer
 
 # Descriptors kept back from the proxy port's cap: the admin port, engine connections, logs.
 FD_MARGIN = 128
-# Handlers get this long at shutdown (aiohttp's default is 60 s); the drain has already ended or
-# stopped every stream by then.
+# Handlers get this long at shutdown; the drain has already ended or stopped every stream by then.
 SHUTDOWN_TIMEOUT_S = 0.5
 
 
@@ -52,36 +49,10 @@ def reserve_descriptors(max_connections: int) -> int:
     return soft
 
 
-async def serve_proxy(
+async def serve(
     handler: Handler, sock: socket.socket, limits: EdgeLimits, *, max_body_bytes: int
-) -> ProxyServer:
-    """Serve the proxy port's ``handler`` on ``sock`` behind the edge's limits."""
-    server = ProxyServer(handler, limits, max_body_bytes=max_body_bytes)
+) -> HttpServer:
+    """Serve ``handler`` (the proxy port's, or the admin port's) on ``sock`` behind ``limits``."""
+    server = HttpServer(handler, limits, max_body_bytes=max_body_bytes)
     await server.start(sock)
     return server
-
-
-async def serve(
-    app: web.Application, sock: socket.socket, limits: EdgeLimits
-) -> tuple[web.BaseRunner, ConnectionCount]:
-    """Serve ``app`` (the admin application) on ``sock`` behind the edge's limits; the runner and
-    its connection count."""
-    # handler_cancellation: a client that hangs up cancels its handler at once.
-    runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S
-    )
-    await runner.setup()
-    count = ConnectionCount(limits)
-    site = GuardedSite(
-        runner,
-        sock,
-        count,
-        keepalive_timeout=limits.keepalive_timeout_s,
-        max_line_size=limits.max_line_size,
-        max_field_size=limits.max_field_size,
-        max_headers=limits.max_headers,
-        access_log=None,
-        lingering_time=1.0,
-    )
-    await site.start()
-    return runner, count
