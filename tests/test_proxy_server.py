@@ -9,6 +9,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
+from multidict import CIMultiDict
 from structlog.testing import capture_logs
 
 from sidecar.core.errors import RequestError
@@ -311,3 +312,17 @@ async def test_a_client_that_does_not_read_gets_no_more_answers_queued(serve: Se
             assert head.startswith(b"HTTP/1.1 200 "), i
             assert len(body) == len(big), i
     assert served == list(range(20))
+
+
+async def test_a_field_given_twice_is_sent_twice(serve: Serve) -> None:
+    """Two Set-Cookie fields (as an engine may send) both reach the client, in order."""
+
+    async def handler(_request: Request) -> Answer:
+        return Response(200, b"ok", CIMultiDict([("Set-Cookie", "a=1"), ("Set-Cookie", "b=2")]))
+
+    _server, port = await serve(handler)
+    async with connected(port) as (reader, writer):
+        writer.write(GET)
+        head, body = await read_answer(reader)
+    assert re.findall(rb"(?im)^set-cookie: *(\S+)", head) == [b"a=1", b"b=2"]
+    assert body == b"ok"

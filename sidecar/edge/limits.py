@@ -5,7 +5,8 @@ work done before admission."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from http import HTTPStatus
 
 from sidecar.core.errors import EdgeRefusedError
 from sidecar.core.outcomes import EDGE_FAULTS, EdgeFault
@@ -31,7 +32,6 @@ class ConnectionCount:
     open: int = 0
     refused: int = 0
     head_timeouts: int = 0
-    by_fault: dict[str, int] = field(default_factory=dict)
 
 
 def raw_answer(fault: EdgeFault) -> bytes:
@@ -43,7 +43,8 @@ def raw_answer(fault: EdgeFault) -> bytes:
     ).encode()  # fmt: skip
     retry = b"Retry-After: 1\r\n" if refusal.status == 503 else b""
     head = (
-        f"HTTP/1.1 {refusal.status} {refusal.code}\r\nContent-Type: application/json\r\n"
+        f"HTTP/1.1 {refusal.status} {HTTPStatus(refusal.status).phrase}\r\n"
+        "Content-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n"
     ).encode()
     return head + retry + b"\r\n" + body

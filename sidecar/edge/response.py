@@ -21,6 +21,7 @@ REASONS = {status.value: status.phrase for status in HTTPStatus}
 NO_BODY_STATUSES = frozenset({204, 304})
 # Set by the framing below, whatever a handler or the engine put in the fields.
 FRAMING_FIELDS = frozenset({"transfer-encoding", "connection", "keep-alive"})
+SIZED_FIELDS = FRAMING_FIELDS | {"content-length"}  # a whole answer's length is its body's
 LAST_CHUNK = b"0\r\n\r\n"
 
 
@@ -47,12 +48,18 @@ def has_body(request: Request, status: int) -> bool:
 
 
 def encode_head(
-    status: int, reason: str, fields: Mapping[str, str], extra: list[str], *, close: bool
+    status: int,
+    reason: str,
+    fields: CIMultiDict[str],
+    extra: list[str],
+    *,
+    close: bool,
+    skip: frozenset[str] = FRAMING_FIELDS,
 ) -> bytes:
-    """The status line and fields (those that frame the body left to ``extra``), then the blank
-    line; UnsendableHeadError if any of them holds a line break."""
+    """The status line and fields (those in ``skip``, which frame the body, left to ``extra``),
+    then the blank line; UnsendableHeadError if any of them holds a line break."""
     lines = [f"HTTP/1.1 {status} {reason}"]
-    lines += [f"{k}: {v}" for k, v in fields.items() if k.lower() not in FRAMING_FIELDS]
+    lines += [f"{k}: {v}" for k, v in fields.items() if k.lower() not in skip]
     lines += extra
     if "Date" not in fields:
         lines.append("Date: " + http_date())
@@ -86,10 +93,11 @@ class Response:
         """The answer's bytes for ``request``."""
         sized = has_body(request, self.status) or request.method == "HEAD"
         extra = [f"Content-Length: {len(self.body)}"] if sized else []
-        fields = {k: v for k, v in self.headers.items() if k.lower() != "content-length"}
         if not close and request.version < (1, 1):
             extra.append("Connection: keep-alive")  # an HTTP/1.0 client that asked for it
-        head = encode_head(self.status, self.reason, fields, extra, close=close)
+        head = encode_head(
+            self.status, self.reason, self.headers, extra, close=close, skip=SIZED_FIELDS
+        )
         return head + self.body if has_body(request, self.status) else head
 
 
