@@ -429,6 +429,15 @@ MALFORMED = [
     ),
     pytest.param(b"GET /v1/models HTTP/1.1\r\nBad Header\r\n\r\n", id="malformed-header-line"),
     pytest.param(b"GET /v1/models HTTP/1.1\nHost: x\n\n", id="bare-lf"),
+    pytest.param(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n  more\r\n\r\n", id="obs-fold"),
+    pytest.param(b"GET /v1/models HTTP/1.1\r\nHost : x\r\n\r\n", id="space-before-colon"),
+    pytest.param(b"GET /v1/models HTTP/1.1\r\nHost: x\x00y\r\n\r\n", id="nul-in-a-field"),
+    pytest.param(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, gzip\r\n\r\n"
+        b"2\r\n{}\r\n0\r\n\r\n", id="chunked-not-last",
+    ),
+    pytest.param(b"GET /v1/models\r\n\r\n", id="http-0.9"),
+    pytest.param(b"BREW /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n", id="unknown-method"),
     pytest.param(b"GET /v1/models HTTP/2.0\r\nHost: x\r\n\r\n", id="http-2-over-http-1"),
     pytest.param(
         b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + b"X-A: 1\r\n" * 65 + b"\r\n",

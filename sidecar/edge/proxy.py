@@ -50,7 +50,6 @@ class ProxyConfig:
 
     budget: TokenPolicy
     reject_mode: Literal["sse", "http"]
-    max_body_bytes: int
     price: Callable[[CheckedRequest], int]
     compartment_of: Callable[[Mapping[str, str]], str]
     tenant_of: Callable[[Mapping[str, str]], str | None]

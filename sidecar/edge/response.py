@@ -121,8 +121,9 @@ class StreamResponse:
         "status",
     )
 
-    def __init__(self, status: int = 200, reason: str | None = None, *, head_with_body: bool = False
-                 ) -> None:  # fmt: skip
+    def __init__(
+        self, status: int = 200, reason: str | None = None, *, head_with_body: bool = False
+    ) -> None:
         self.status = status
         self.reason = reason or REASONS.get(status, "Unknown")
         self.headers: CIMultiDict[str] = CIMultiDict()

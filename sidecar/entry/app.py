@@ -132,7 +132,6 @@ class SidecarServer:
                 count_from_engine=s.prompt_tokens == "engine",
             ),
             reject_mode=s.reject_mode,
-            max_body_bytes=int(s.max_body_bytes),
             price=self._price,
             flat_price=self._flat_price,
             free_paths=parse_free_paths(s.free_paths),
