@@ -4,9 +4,12 @@ rate-limited JSON event per kind, without tracebacks."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import io
 import json
 import logging
+import re
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -117,3 +120,34 @@ async def test_accept_errors_are_logged_once_per_interval() -> None:
     events = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [e["repeated"] for e in events] == [0, 999]
     assert {e["event"] for e in events} == {"loop_error"}
+
+
+def test_a_line_is_json_with_its_time_and_no_secret_even_in_a_traceback() -> None:
+    """An operator's line: the event, a UTC timestamp to the microsecond, values JSON cannot
+    carry as their repr, and a traceback whose text is scrubbed like any other."""
+    out = io.StringIO()
+    configure_logging("info", stream=out)
+    log = structlog.get_logger("sidecar.test")
+
+    class Opaque:
+        def __repr__(self) -> str:
+            return "Opaque()"
+
+    def fail() -> None:
+        raise ValueError("the engine said Authorization: Bearer sk-secret-secret")
+
+    try:
+        fail()
+    except ValueError:
+        log.exception("proxy_handler_failed", thing=Opaque())
+    event = json.loads(out.getvalue())
+    assert (event["event"], event["level"], event["thing"]) == (
+        "proxy_handler_failed",
+        "error",
+        "Opaque()",
+    )
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", event["timestamp"])
+    stamped = datetime.datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00"))
+    assert abs(stamped.timestamp() - time.time()) < 60
+    assert "ValueError" in event["exception"]
+    assert "sk-secret" not in out.getvalue()
