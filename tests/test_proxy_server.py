@@ -326,3 +326,22 @@ async def test_a_field_given_twice_is_sent_twice(serve: Serve) -> None:
         head, body = await read_answer(reader)
     assert re.findall(rb"(?im)^set-cookie: *(\S+)", head) == [b"a=1", b"b=2"]
     assert body == b"ok"
+
+
+async def test_a_handler_cancelled_from_outside_ends_its_connection(serve: Serve) -> None:
+    """A request stopped without an answer (a drain's stop the handler did not answer) ends its
+    connection: the client reads EOF instead of waiting forever."""
+    tasks: list[asyncio.Task[None]] = []
+    stuck = Stuck()
+
+    async def handler(request: Request) -> Answer:
+        assert request.task is not None
+        tasks.append(request.task)
+        return await stuck(request)
+
+    _server, port = await serve(handler)
+    async with connected(port) as (reader, writer):
+        writer.write(GET)
+        await stuck.started.wait()
+        tasks[0].cancel()
+        assert await to_close(reader) == b""

@@ -284,8 +284,12 @@ class Connection(asyncio.Protocol):
         try:
             response: Answer | None = await self._server.handler(request)
         except asyncio.CancelledError:
+            # The client is gone, or the shutdown ended it, or a stop the handler did not turn
+            # into an answer: no answer will come, so the connection ends (a stream unfinished).
             self.task = None
-            return  # the client is gone, or the shutdown ended it
+            if not self.lost:
+                self._transport().close()
+            return
         except Exception:
             log.exception("proxy_handler_failed")
             response = None
