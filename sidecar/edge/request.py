@@ -1,4 +1,4 @@
-"""A client's request on the proxy port, as the handler sees it: its head, parsed once by the
+"""A client's request on a port of the sidecar, as the handler sees it: its head, parsed once by the
 connection (:mod:`sidecar.edge.server`), and its body, buffered as it arrives up to the body limit.
 
 The handler starts as soon as the head is complete, so routing, the gate and a refusal never wait
