@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,49 @@ async def serve_app(app: web.Application) -> tuple[web.AppRunner, str]:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+@contextlib.contextmanager
+def sidecar_in_a_thread(
+    engine: Callable[[], web.Application], env: dict[str, str], loop: asyncio.AbstractEventLoop
+) -> Iterator[SidecarServer]:
+    """A sidecar with BASE_ENV plus ``env`` in front of ``engine()``, both on ``loop``, run in a
+    background thread, for tests that talk to it with blocking sockets; stopped after."""
+    thread = threading.Thread(target=loop.run_forever, name="sidecar-loop", daemon=True)
+    thread.start()
+
+    async def start() -> tuple[SidecarServer, web.AppRunner]:
+        runner, url = await serve_app(engine())
+        server = SidecarServer(load_settings({**BASE_ENV, **env, "SIDECAR_UPSTREAM_URL": url}))
+        await server.start()
+        return server, runner
+
+    server, runner = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    try:
+        yield server
+    finally:
+
+        async def stop() -> None:
+            await server.stop()
+            await runner.cleanup()
+
+        asyncio.run_coroutine_threadsafe(stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+
+
+@contextlib.asynccontextmanager
+async def connected(
+    port: int, timeout_s: float = 5.0
+) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """A raw client connection to ``port``; everything inside is bounded by ``timeout_s``."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        async with asyncio.timeout(timeout_s):
+            yield reader, writer
+    finally:
+        writer.close()
 
 
 @pytest.fixture

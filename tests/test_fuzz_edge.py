@@ -11,20 +11,17 @@ import asyncio
 import contextlib
 import http.client
 import json
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sidecar.entry.app import SidecarServer
-from sidecar.entry.settings import load_settings
 from sidecar.limiter.events import BulkheadSnapshot
 from tests.engine_double import EngineDouble, build_double
-from tests.servers import BASE_ENV, serve_app
+from tests.servers import sidecar_in_a_thread
 
 
 @dataclass
@@ -51,28 +48,10 @@ class Live:
 def live() -> Iterator[Live]:
     """A sidecar in front of the double, on a loop in a background thread."""
     loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="fuzz-loop", daemon=True)
-    thread.start()
     double = EngineDouble()
-
-    async def start() -> tuple[SidecarServer, Any]:
-        runner, double.url = await serve_app(build_double(double))
-        env = {**BASE_ENV, "SIDECAR_UPSTREAM_URL": double.url, "SIDECAR_MAX_QUEUE": "8"}
-        server = SidecarServer(load_settings(env))
-        await server.start()
-        return server, runner
-
-    server, runner = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
-    yield Live(server, double, loop)
-
-    async def stop() -> None:
-        await server.stop()
-        await runner.cleanup()
-
-    asyncio.run_coroutine_threadsafe(stop(), loop).result(30)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
-    loop.close()
+    env = {"SIDECAR_MAX_QUEUE": "8"}
+    with sidecar_in_a_thread(lambda: build_double(double), env, loop) as server:
+        yield Live(server, double, loop)
 
 
 def check(live: Live, status: int) -> None:

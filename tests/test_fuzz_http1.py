@@ -14,7 +14,6 @@ import itertools
 import json
 import re
 import socket
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,9 +25,8 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from sidecar.entry.app import SidecarServer
-from sidecar.entry.settings import load_settings
 from tests.engine_double import EngineDouble
-from tests.servers import BASE_ENV, serve_app
+from tests.servers import sidecar_in_a_thread
 from tests.test_fuzz_edge import Live
 
 FAST = {"SIDECAR_MAX_QUEUE": "8", "SIDECAR_KEEPALIVE_TIMEOUT_MS": "100",
@@ -66,29 +64,9 @@ def live() -> Iterator[Wired]:
     loop = asyncio.new_event_loop()
     crashes: list[dict[str, Any]] = []
     loop.set_exception_handler(lambda _loop, context: crashes.append(context))
-    thread = threading.Thread(target=loop.run_forever, name="fuzz-http1-loop", daemon=True)
-    thread.start()
     double = EngineDouble()
-
-    async def start() -> tuple[SidecarServer, web.AppRunner]:
-        runner, double.url = await serve_app(build_engine(double))
-        server = SidecarServer(
-            load_settings({**BASE_ENV, **FAST, "SIDECAR_UPSTREAM_URL": double.url})
-        )
-        await server.start()
-        return server, runner
-
-    server, runner = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
-    yield Wired(server, double, loop, crashes)
-
-    async def stop() -> None:
-        await server.stop()
-        await runner.cleanup()
-
-    asyncio.run_coroutine_threadsafe(stop(), loop).result(30)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
-    loop.close()
+    with sidecar_in_a_thread(lambda: build_engine(double), FAST, loop) as server:
+        yield Wired(server, double, loop, crashes)
 
 
 Head = tuple[list[bytes], bytes]  # the request line and field lines, and the framed body

@@ -7,15 +7,13 @@ import asyncio
 import contextlib
 import json
 import socket
-from collections.abc import AsyncIterator
 
 from tests.engine_double import EngineDouble, double
-from tests.servers import until
+from tests.servers import connected, until
 from tests.test_edge_functional import CHAT, Start, _open, edge, exchange
 
 __all__ = ["double", "edge"]
 
-Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 COMPLETION = json.dumps({"model": "m", "prompt": "hi", "max_tokens": 5}).encode()
 
 
@@ -48,17 +46,6 @@ async def read_answer(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
     if "content-length" in fields:
         return head, await reader.readexactly(int(fields["content-length"]))
     return head, await reader.read()
-
-
-@contextlib.asynccontextmanager
-async def connected(port: int, timeout_s: float = 5.0) -> AsyncIterator[Connection]:
-    """A client connection to the proxy port; everything inside is bounded by ``timeout_s``."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        async with asyncio.timeout(timeout_s):
-            yield reader, writer
-    finally:
-        writer.close()
 
 
 async def until_eof(port: int, data: bytes, timeout_s: float = 3.0) -> bytes:

@@ -19,9 +19,8 @@ from sidecar.edge.request import Request
 from sidecar.edge.response import Answer, Response, StreamResponse
 from sidecar.edge.server import Handler, HttpServer
 from sidecar.entry.listen import bind
-from tests.servers import until
+from tests.servers import connected, until
 
-Client = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 GET = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
 DEFAULT_LIMITS = EdgeLimits()
 # serve(handler, limits=DEFAULT_LIMITS, *, max_body_bytes=1024) -> (server, port)
@@ -45,17 +44,6 @@ async def serve() -> AsyncIterator[Serve]:
     yield start
     for server in servers:
         await server.close(0.5)
-
-
-@contextlib.asynccontextmanager
-async def connected(port: int, timeout_s: float = 3.0) -> AsyncIterator[Client]:
-    """A client connection; everything done inside is bounded by ``timeout_s``."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        async with asyncio.timeout(timeout_s):
-            yield reader, writer
-    finally:
-        writer.close()
 
 
 async def until_close(port: int, data: bytes) -> bytes:
