@@ -1,4 +1,4 @@
-"""The proxy port's HTTP/1.1 server side: one asyncio protocol per client connection.
+"""The sidecar's HTTP/1.1 server side, for both ports: one asyncio protocol per connection.
 
 Heads and bodies are parsed by llhttp, the C parser Node.js uses (through httptools), strictly:
 both Content-Length and Transfer-Encoding, two Content-Lengths, a bad chunk size or a bare LF are
@@ -30,6 +30,8 @@ import httptools
 import structlog
 from multidict import CIMultiDict
 
+from sidecar.core.errors import SidecarError
+from sidecar.edge.http_errors import error_response
 from sidecar.edge.limits import ConnectionCount, EdgeLimits, raw_answer
 from sidecar.edge.request import Request
 from sidecar.edge.response import Answer, Response, StreamResponse, UnsendableHeadError
@@ -44,12 +46,8 @@ VERSIONS = {"1.1": (1, 1), "1.0": (1, 0)}
 LINGER_S = 1.0
 # A deadline's timer fires up to this early and is not re-armed for it.
 TIMER_SLACK_S = 0.001
-INTERNAL_ERROR = Response(
-    500,
-    b'{"error": {"message": "internal sidecar error", "type": "server_error", "param": null, '
-    b'"code": "internal_error"}}',
-    content_type="application/json",
-)
+# A handler that failed, or an answer that cannot be sent: the same 500 as any unknown error.
+INTERNAL_ERROR = error_response(SidecarError())
 
 
 class _HeadRefusedError(Exception):
