@@ -436,6 +436,15 @@ MALFORMED = [
         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, gzip\r\n\r\n"
         b"2\r\n{}\r\n0\r\n\r\n", id="chunked-not-last",
     ),
+    pytest.param(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+        b"e\r\n{\"prompt\":\"a\"}\r\n0\r\n\r\n", id="a-coding-before-chunked",
+    ),
+    pytest.param(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\ne\r\n{\"prompt\":\"a\"}\r\n0\r\n\r\n",
+        id="codings-in-two-fields",
+    ),
     pytest.param(b"GET /v1/models\r\n\r\n", id="http-0.9"),
     pytest.param(b"BREW /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n", id="unknown-method"),
     pytest.param(b"GET /v1/models HTTP/2.0\r\nHost: x\r\n\r\n", id="http-2-over-http-1"),

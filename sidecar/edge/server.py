@@ -54,6 +54,10 @@ class _HeadRefusedError(Exception):
     """A head past the edge's bounds, or one this server does not take."""
 
 
+def _codings(headers: CIMultiDict[str]) -> list[str]:
+    return [c.strip().lower() for v in headers.getall("Transfer-Encoding") for c in v.split(",")]
+
+
 class HttpServer:
     """The listening side: every connection's :class:`Connection`, and the shutdown."""
 
@@ -208,7 +212,12 @@ class Connection(asyncio.Protocol):
         if version is None:
             raise _HeadRefusedError("only HTTP/1.0 and HTTP/1.1 are served")
         headers = CIMultiDict(self._fields)
-        body_exists = "Transfer-Encoding" in headers or headers.get("Content-Length", "0") != "0"
+        chunked = "Transfer-Encoding" in headers
+        if chunked and _codings(headers) != ["chunked"]:
+            # llhttp takes `gzip, chunked` and undoes only the chunking: the body would go on
+            # still coded, with nothing saying so (RFC 9112 6.1: a coding not understood).
+            raise _HeadRefusedError("a transfer coding other than chunked")
+        body_exists = chunked or headers.get("Content-Length", "0") != "0"
         if body_exists and parser.should_upgrade():
             # llhttp would hand the body over as the new protocol's bytes; there is no new one.
             raise _HeadRefusedError("an Upgrade request with a body")
