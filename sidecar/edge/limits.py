@@ -28,7 +28,6 @@ class EdgeLimits:
 class ConnectionCount:
     """Open client connections of one listening port."""
 
-    limits: EdgeLimits
     open: int = 0
     refused: int = 0
     head_timeouts: int = 0

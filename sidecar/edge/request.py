@@ -35,13 +35,13 @@ class Request:
 
     __slots__ = (
         "_chunks",
+        "_continued",
         "_fault",
         "_size",
         "_waiter",
         "body_exists",
         "client_max_size",
         "complete",
-        "continued",
         "headers",
         "keep_alive",
         "method",
@@ -72,7 +72,7 @@ class Request:
         self.keep_alive = keep_alive  # the client's wish, by its version and Connection field
         self.body_exists = body_exists
         self.complete = not body_exists  # the whole message was read off the connection
-        self.continued = False  # a 100 Continue went out
+        self._continued = False  # a 100 Continue went out
         self.started = False  # a streamed answer was begun
         self.task: asyncio.Task[None] | None = None  # the handler's, once it runs
         self._chunks: list[bytes] = []
@@ -137,8 +137,8 @@ class Request:
 
     def send_continue(self) -> None:
         """Tell a client that waits (curl does, for bodies over 1 KiB) to send its body."""
-        if not self.continued and not self.transport.is_closing():
-            self.continued = True
+        if not self._continued and not self.transport.is_closing():
+            self._continued = True
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
 

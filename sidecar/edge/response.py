@@ -91,14 +91,14 @@ class Response:
 
     def encode(self, request: Request, *, close: bool) -> bytes:
         """The answer's bytes for ``request``."""
-        sized = has_body(request, self.status) or request.method == "HEAD"
-        extra = [f"Content-Length: {len(self.body)}"] if sized else []
+        body = has_body(request, self.status)
+        extra = [f"Content-Length: {len(self.body)}"] if body or request.method == "HEAD" else []
         if not close and request.version < (1, 1):
             extra.append("Connection: keep-alive")  # an HTTP/1.0 client that asked for it
         head = encode_head(
             self.status, self.reason, self.headers, extra, close=close, skip=SIZED_FIELDS
         )
-        return head + self.body if has_body(request, self.status) else head
+        return head + self.body if body else head
 
 
 class StreamResponse:

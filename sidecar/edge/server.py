@@ -63,7 +63,7 @@ class HttpServer:
 
     def __init__(self, handler: Handler, limits: EdgeLimits, *, max_body_bytes: int) -> None:
         self.handler, self.limits, self.max_body_bytes = handler, limits, max_body_bytes
-        self.count = ConnectionCount(limits)
+        self.count = ConnectionCount()
         self.connections: set[Connection] = set()
         self.closing = False
         # Head bytes past which a head that is still not complete is refused.
