@@ -14,9 +14,10 @@ BENCH_RELAY_PACED_SECONDS (6); BENCH_RELAY_PACE_MS=0 leaves them out.
 
 Sizes: BENCH_RELAY_LEVELS (1,64,256), BENCH_RELAY_SECONDS per measurement (3), BENCH_RELAY_ROUNDS
 (2, best round kept), BENCH_RELAY_EVENTS token events per stream (64), BENCH_RELAY_TARGETS
-(direct,sidecar,nginx), BENCH_RELAY_JSON (.bench/relay.json). SIDECAR_* variables in the
-environment reach the sidecar (e.g. SIDECAR_EVENT_LOOP=asyncio); BENCH_SIDECAR_PROFILE=FILE runs
-it under cProfile and writes its stats to FILE.
+(direct,sidecar,nginx; add ``pump`` for ``benchmarks.byte_pump``, the floor of a Python relay:
+bytes copied in protocol callbacks, nothing parsed), BENCH_RELAY_JSON (.bench/relay.json).
+SIDECAR_* variables in the environment reach the sidecar (e.g. SIDECAR_LOG_LEVEL=info);
+BENCH_SIDECAR_PROFILE=FILE runs it under cProfile and writes its stats to FILE.
 """
 
 from __future__ import annotations
@@ -208,9 +209,11 @@ def _p(values: list[float], q: int) -> float:
 
 
 async def _start_targets(
-    engine_port: int, tmp: Path, cores: set[int]
-) -> tuple[list[_Target], list[subprocess.Popen[bytes]]]:
-    targets, started = [], []
+    engine_port: int, tmp: Path, cores: set[int], started: list[subprocess.Popen[bytes]]
+) -> list[_Target]:
+    """Start the proxies; each joins ``started`` before its readiness wait, so that one that
+    never gets ready is stopped with the rest."""
+    targets = []
     if "direct" in TARGETS:
         targets.append(_Target("direct", engine_port, None, []))
     if "sidecar" in TARGETS:
@@ -230,7 +233,15 @@ async def _start_targets(
         started.append(nginx)
         await _ready(port, "/health", nginx)
         targets.append(_Target("nginx", port, nginx, [nginx.pid, *worker_pids(nginx.pid)]))
-    return targets, started
+    if "pump" in TARGETS:
+        port = _free_port()
+        pump_args = ["--port", str(port), "--upstream-port", str(engine_port)]
+        with _pinned(cores):
+            pump = _start([sys.executable, "-m", "benchmarks.byte_pump", *pump_args])
+        started.append(pump)
+        await _ready(port, "/health", pump)  # the engine's answer, through the pump
+        targets.append(_Target("pump", port, pump, [pump.pid]))
+    return targets
 
 
 async def bench() -> list[Row]:
@@ -253,8 +264,7 @@ async def bench() -> list[Row]:
     with _pinned(client_cores), tempfile.TemporaryDirectory(prefix="relay-bench-") as tmp:
         try:
             await _ready(engine_port, "/health", engine)
-            targets, proxies = await _start_targets(engine_port, Path(tmp), proxy_cores)
-            started += proxies
+            targets = await _start_targets(engine_port, Path(tmp), proxy_cores, started)
             for target in targets:  # warm every path up once
                 await load(
                     target.port, concurrency=8, seconds=0.5, max_streams=400, max_tokens=TOKENS

@@ -516,3 +516,61 @@ def test_any_chunked_body_split_anywhere_reads_back_whole(
         loop.close()
     assert b"".join(connection._pieces) == b"".join(payloads)
     assert connection.eof
+
+
+@settings(max_examples=200, deadline=None)
+@given(PAYLOADS, st.data())
+def test_a_sink_gets_the_body_in_order_and_never_its_last_bytes(
+    payloads: list[bytes], data: st.DataObject
+) -> None:
+    """The relay's push path: pieces go to the sink as they arrive; one it declines, and all
+    after it, wait for the next read, in order; the bytes that end the body are always the
+    read's, so they can leave with the terminating chunk."""
+    body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in payloads)
+    raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body + b"0\r\n\r\n"
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=10)))
+    out: list[bytes] = []
+
+    def sink(piece: bytes) -> bool:
+        assert not connection.eof, "the body's last bytes reached the sink"
+        if data.draw(st.booleans(), label="take"):
+            out.append(piece)
+            return True
+        return False
+
+    loop = asyncio.new_event_loop()
+    try:
+        connection = EngineConnection(loop, read_timeout_s=5.0)
+        connection.push_to(sink)
+        for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True):
+            if raw[a:b]:
+                connection.data_received(raw[a:b])
+            if connection._sink is None and connection.has_pieces:  # declined: the task reads
+                out += connection._pieces
+                connection._pieces = []
+                connection.push_to(sink)
+    finally:
+        loop.close()
+    assert b"".join(out + connection._pieces) == b"".join(payloads)
+    assert connection.eof
+
+
+def test_a_sink_waits_behind_pieces_not_yet_read() -> None:
+    """Attaching a sink while body bytes wait for a read leaves it detached: the next read gets
+    them first, so nothing overtakes them."""
+    loop = asyncio.new_event_loop()
+    try:
+        connection = EngineConnection(loop, read_timeout_s=5.0)
+        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        connection.data_received(head + b"3\r\nabc\r\n")
+        taken: list[bytes] = []
+
+        def sink(piece: bytes) -> bool:
+            taken.append(piece)
+            return True
+
+        connection.push_to(sink)
+        connection.data_received(b"3\r\ndef\r\n")
+    finally:
+        loop.close()
+    assert (taken, connection._pieces) == ([], [b"abc", b"def"])

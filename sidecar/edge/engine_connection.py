@@ -1,8 +1,11 @@
 """One kept-alive connection to the engine: an asyncio protocol that parses each answer.
 
 Body bytes are parsed as they arrive and handed to the reader in the largest pieces a read gives;
-at most ``HIGH_WATER`` of them wait for a slow reader before the socket stops being read. One
-read-timeout timer per connection is re-armed lazily, so a relayed chunk costs no timer handle.
+at most ``HIGH_WATER`` of them wait for a slow reader before the socket stops being read. A reader
+may instead attach a :data:`Sink`: each piece then goes to it from ``data_received``, with no task
+woken, until the sink declines one (it keeps its place as the next read's) or the body ends (its
+last bytes are the next read's). One read-timeout timer per connection is re-armed lazily, so a
+relayed chunk costs no timer handle.
 
 Failures are raised as the errors ``engine_client.translated`` maps: ``OSError`` (reset, an
 answer cut short: ``ConnectionResetError``), ``TimeoutError`` (no byte for ``read_timeout_s``)
@@ -12,6 +15,7 @@ and :class:`EngineProtocolError` (an answer that is not HTTP/1.x).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from multidict import CIMultiDict
 
@@ -20,6 +24,9 @@ from sidecar.edge.http1 import MAX_HEAD_BYTES, EngineProtocolError, Framing, fra
 
 # Body bytes held for a reader that is slower than the engine before the socket stops reading.
 HIGH_WATER = 256 * 1024
+# Takes one piece of the body as it arrives and says whether it did; one it declines is left,
+# untouched, for the next read (and the sink is detached).
+Sink = Callable[[bytes], bool]
 
 
 class StaleConnectionError(ConnectionResetError):
@@ -42,10 +49,12 @@ class EngineConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._last_data = 0.0
         self._paused = False
+        self._sink: Sink | None = None
         self.idle = False  # in the pool, between requests: any byte now is the engine's error
         self._reset_message()
 
     def _reset_message(self) -> None:
+        self._sink = None
         self.head: tuple[int, str, CIMultiDict[str]] | None = None
         self.framing: Framing = "none"
         self.keep_alive = True
@@ -77,6 +86,22 @@ class EngineConnection(asyncio.Protocol):
                 self._body_bytes(data)
         except EngineProtocolError as exc:
             self._fail(exc)
+        if self._sink is not None and self._pieces and not self.eof and self._error is None:
+            self._push()
+        else:
+            self._wake()
+
+    def _push(self) -> None:
+        """Hand the pieces to the sink; the reader is woken only if it declines them."""
+        assert self._sink is not None
+        pieces = self._pieces
+        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        if self._sink(data):
+            self._pieces, self._held = [], 0
+            self._resume()
+            return
+        self._sink = None
+        self._pieces, self._held = [data], len(data)
         self._wake()
 
     def eof_received(self) -> bool:
@@ -195,6 +220,11 @@ class EngineConnection(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(request)
 
+    def push_to(self, sink: Sink | None) -> None:
+        """Body pieces go to ``sink`` as they arrive (None: to the next read). Not while pieces
+        wait: those are the next read's, and order is kept."""
+        self._sink = sink if not self._pieces else None
+
     async def read_head(self) -> tuple[int, str, CIMultiDict[str]]:
         while self.head is None:
             await self._wait()
@@ -207,10 +237,13 @@ class EngineConnection(asyncio.Protocol):
                 return b""
             await self._wait()
         pieces, self._pieces, self._held = self._pieces, [], 0
+        self._resume()
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _resume(self) -> None:
         if self._paused and self.transport is not None:
             self._paused = False
             self.transport.resume_reading()
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     async def _wait(self) -> None:
         if self._error is not None:

@@ -19,7 +19,7 @@ import ssl
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from sidecar.edge.engine_connection import EngineConnection, StaleConnectionError
+from sidecar.edge.engine_connection import EngineConnection, Sink, StaleConnectionError
 from sidecar.edge.http1 import encode_request
 
 # Idle kept-alive connections kept; more than the engine's concurrency gains nothing.
@@ -54,6 +54,12 @@ class EngineResponse:
         while chunk := await self.read_chunk():
             pieces.append(chunk)
         return b"".join(pieces)
+
+    def push_to(self, sink: Sink | None) -> None:
+        """Body pieces go to ``sink`` from the socket's callback until it declines one, the
+        body ends or an error comes; then the next read has them (see EngineConnection)."""
+        if self._connection is not None:
+            self._connection.push_to(sink)
 
     def is_eof(self) -> bool:
         """The body was read to its end (after a read: the next read returns b"")."""

@@ -72,17 +72,40 @@ class _Relay:
     request: Request
     response: StreamResponse
     write_timeout_s: float
-    sse: bool
+    framer: EventFramer | None  # an SSE stream's: passes on whole events only
+    tally: StreamUsage | None = None  # adaptive admission: the token events relayed
     high_water: int = 0  # the client socket's
 
     def __post_init__(self) -> None:
         self.high_water = self.request.transport.get_write_buffer_limits()[1]
+
+    @property
+    def sse(self) -> bool:
+        return self.framer is not None
 
     def _cannot_wait(self, size: int) -> bool:
         """Whether writing ``size`` bytes stays below the high-water mark, so the connection is
         never paused on a drain: then the write needs no deadline (and no timer, ~1.5 us)."""
         buffered = self.request.transport.get_write_buffer_size()
         return buffered + size + HEADROOM <= self.high_water
+
+    def ready(self, chunk: bytes) -> bytes:
+        """What of the engine's ``chunk`` goes out now (whole events), counted."""
+        if self.framer is not None:
+            chunk = self.framer.feed(chunk)
+        if self.tally is not None and chunk:
+            self.tally.relayed += chunk.count(TOKEN_MARK)
+        return chunk
+
+    def push(self, chunk: bytes) -> bool:
+        """The engine connection's sink: relay ``chunk`` from the socket's callback, where that
+        needs no wait. It declines (False, nothing consumed) when the client is gone or the write
+        could fill its buffer; the relay task then writes it, under the write deadline."""
+        request = self.request
+        if request.wire.lost or request.transport.is_closing() or not self._cannot_wait(len(chunk)):
+            return False
+        self.response.write_now(self.ready(chunk))
+        return True
 
     async def write(self, data: bytes, timeout_s: float | None = None) -> RelayEnd | None:
         """Write with a deadline; the relay's end if the client is gone or stalled."""
@@ -129,54 +152,52 @@ async def relay_stream(
 ) -> RelayResult:
     """Copy the engine's body to the client as it arrives.
 
-    The loop is the hot path: one read, one framing scan for SSE, one write; no parsing. With a
-    ``tally`` (adaptive admission), one ``bytes.count`` per chunk adds the token events relayed.
+    This is the hot path, and it runs in the engine connection's callback (``_Relay.push``): one
+    read, one framing scan for SSE, one write, no task woken; no parsing. The task waits for the
+    end, an error, or a chunk that must wait for the client (it writes that one, under the write
+    deadline). With a ``tally`` (adaptive admission), one ``bytes.count`` per chunk adds the
+    token events relayed.
     """
     response = response_for(upstream, request_id)
     # An encoded (e.g. gzip) stream cannot be framed or ended in-band: its bytes pass as they are.
     encoding = upstream.headers.get("Content-Encoding", "identity").strip().lower()
     sse = upstream.content_type == "text/event-stream" and encoding == "identity"
-    relay = _Relay(request, response, write_timeout_s, sse)
+    relay = _Relay(request, response, write_timeout_s, EventFramer() if sse else None, tally)
     if (end := await relay.prepare()) is not None:
         return RelayResult(end, response)
     try:
-        return await _copy(relay, upstream, EventFramer() if sse else None, tally)
+        return await _copy(relay, upstream)
     except asyncio.CancelledError:
         if stop is None or not stop.claim():
             raise
         return await _stopped(relay)
 
 
-async def _copy(
-    relay: _Relay,
-    upstream: EngineResponse,
-    framer: EventFramer | None,
-    tally: StreamUsage | None,
-) -> RelayResult:
-    response = relay.response
-    while True:
-        try:
-            chunk = await read_chunk(upstream)
-        except UpstreamError as exc:
-            return await _end_broken(relay, exc)
-        if not chunk:
-            last = b""
-            break
-        if framer is not None:
-            chunk = framer.feed(chunk)
-        if upstream.is_eof():  # the body ended in this read: its last bytes go with the end
-            last = chunk
-            break
-        if not chunk:
-            continue
-        if tally is not None:
-            tally.relayed += chunk.count(TOKEN_MARK)
-        if (end := await relay.write(chunk)) is not None:
-            return RelayResult(end, response)
-    if framer is not None:
-        last += framer.flush()
-    if tally is not None and last:
-        tally.relayed += last.count(TOKEN_MARK)
+async def _copy(relay: _Relay, upstream: EngineResponse) -> RelayResult:
+    response, push = relay.response, relay.push
+    try:
+        while True:
+            upstream.push_to(push)
+            try:
+                chunk = await read_chunk(upstream)
+            except UpstreamError as exc:
+                return await _end_broken(relay, exc)
+            if not chunk:
+                last = b""
+                break
+            chunk = relay.ready(chunk)
+            if upstream.is_eof():  # the body ended in this read: its last bytes go with the end
+                last = chunk
+                break
+            if chunk and (end := await relay.write(chunk)) is not None:
+                return RelayResult(end, response)
+    finally:
+        upstream.push_to(None)  # before anything else is written, and before the pool has it
+    if relay.framer is not None:
+        rest = relay.framer.flush()
+        if relay.tally is not None:
+            relay.tally.relayed += rest.count(TOKEN_MARK)
+        last += rest
     return RelayResult(await relay.finish(last) or "completed", response)
 
 

@@ -164,11 +164,21 @@ class StreamResponse:
 
     async def write(self, data: bytes) -> None:
         """One piece of the body; ConnectionResetError once the client is gone."""
-        if not data or not self._body:
-            return
+        if data and self._body:
+            await self._send(self._framed(data))
+
+    def write_now(self, data: bytes) -> None:
+        """``write`` for a caller that knows the client is there and that its socket's buffer
+        has room: nothing to wait for, so no coroutine."""
+        if data and self._body:
+            assert self._request is not None, "prepare() first"
+            self._request.transport.write(self._framed(data))
+
+    def _framed(self, data: bytes) -> bytes:
         framed = b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data
-        await self._send(self._pending + framed if self._pending else framed)
-        self._pending = b""
+        if self._pending:
+            framed, self._pending = self._pending + framed, b""
+        return framed
 
     async def write_eof(self, last: bytes = b"") -> None:
         """The body's ``last`` bytes and its end, in one write."""
