@@ -86,22 +86,19 @@ class EngineConnection(asyncio.Protocol):
                 self._body_bytes(data)
         except EngineProtocolError as exc:
             self._fail(exc)
-        if self._sink is not None and self._pieces and not self.eof and self._error is None:
-            self._push()
+        sink = self._sink
+        if sink is not None and self._pieces and not self.eof and self._error is None:
+            self._push(sink)
         else:
             self._wake()
 
-    def _push(self) -> None:
-        """Hand the pieces to the sink; the reader is woken only if it declines them."""
-        assert self._sink is not None
-        pieces = self._pieces
-        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-        if self._sink(data):
-            self._pieces, self._held = [], 0
-            self._resume()
+    def _push(self, sink: Sink) -> None:
+        """Hand the pieces to ``sink``; the reader is woken only if it declines them."""
+        data = self._take()
+        if sink(data):
             return
         self._sink = None
-        self._pieces, self._held = [data], len(data)
+        self._hold(data)  # the next read's, where it was
         self._wake()
 
     def eof_received(self) -> bool:
@@ -236,14 +233,15 @@ class EngineConnection(asyncio.Protocol):
             if self.eof:
                 return b""
             await self._wait()
-        pieces, self._pieces, self._held = self._pieces, [], 0
-        self._resume()
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        return self._take()
 
-    def _resume(self) -> None:
+    def _take(self) -> bytes:
+        """The pieces waiting, as one; the socket is read again if they had paused it."""
+        pieces, self._pieces, self._held = self._pieces, [], 0
         if self._paused and self.transport is not None:
             self._paused = False
             self.transport.resume_reading()
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     async def _wait(self) -> None:
         if self._error is not None:

@@ -91,8 +91,10 @@ class _Relay:
 
     def ready(self, chunk: bytes) -> bytes:
         """What of the engine's ``chunk`` goes out now (whole events), counted."""
-        if self.framer is not None:
-            chunk = self.framer.feed(chunk)
+        return self.counted(self.framer.feed(chunk) if self.framer is not None else chunk)
+
+    def counted(self, chunk: bytes) -> bytes:
+        """``chunk``, its token events added to the tally (adaptive admission)."""
         if self.tally is not None and chunk:
             self.tally.relayed += chunk.count(TOKEN_MARK)
         return chunk
@@ -194,10 +196,7 @@ async def _copy(relay: _Relay, upstream: EngineResponse) -> RelayResult:
     finally:
         upstream.push_to(None)  # before anything else is written, and before the pool has it
     if relay.framer is not None:
-        rest = relay.framer.flush()
-        if relay.tally is not None:
-            relay.tally.relayed += rest.count(TOKEN_MARK)
-        last += rest
+        last += relay.counted(relay.framer.flush())
     return RelayResult(await relay.finish(last) or "completed", response)
 
 
