@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 INSTALL_HINT = "nginx not found; install the reference proxy with: apt-get install -y nginx-light"
 
 CONFIG = """\
 worker_processes 1;
-daemon off;
+{master}daemon off;
 pid {tmp}/nginx.pid;
 error_log {tmp}/error.log warn;
 events {{ worker_connections 8192; }}
@@ -53,13 +54,26 @@ def nginx_binary() -> str | None:
     return found
 
 
-def start_nginx(binary: str, tmp: Path, port: int, engine_port: int) -> subprocess.Popen[bytes]:
-    """Write the config into ``tmp`` and start nginx on ``port`` in front of ``engine_port``."""
+def start_nginx(
+    binary: str,
+    tmp: Path,
+    port: int,
+    engine_port: int,
+    *,
+    wrapper: Sequence[str] = (),
+    single_process: bool = False,
+) -> subprocess.Popen[bytes]:
+    """Write the config into ``tmp`` and start nginx on ``port`` in front of ``engine_port``.
+
+    ``wrapper``: a command that runs nginx (a profiler); ``single_process``: no master, the one
+    process serves (``master_process off``), so that the wrapper sees all of nginx's work.
+    """
     tmp.chmod(0o755)  # as root, the worker runs as nobody and must reach the temp paths
     config = tmp / "nginx.conf"
-    config.write_text(CONFIG.format(tmp=tmp, port=port, engine_port=engine_port))
+    master = "master_process off;\n" if single_process else ""
+    config.write_text(CONFIG.format(tmp=tmp, port=port, engine_port=engine_port, master=master))
     return subprocess.Popen(
-        [binary, "-p", str(tmp), "-c", str(config)],
+        [*wrapper, binary, "-p", str(tmp), "-c", str(config)],
         stdout=subprocess.DEVNULL,
         stderr=(tmp / "stderr.log").open("wb"),
     )

@@ -1,9 +1,10 @@
 """A stand-in engine that streams vLLM-shaped SSE as fast as one core allows, for the relay bench.
 
 Raw asyncio protocol, no framework: HTTP/1.1 keep-alive, ``GET /health`` answers 200, any POST
-answers one chat stream of ``--events`` token events (bytes built once, by the emulator's own
-chunk builders, so they look like vLLM's) in chunked encoding, one write per event, yielding to
-the loop between events so concurrent streams interleave as an engine's batches do. It exists
+answers one chat stream of ``--events`` token events (or as many as its ``x-bench-events``
+field asks for; bytes built once per length, by the emulator's own chunk builders, so they look
+like vLLM's) in chunked encoding, one write per event, yielding to the loop between events so
+concurrent streams interleave as an engine's batches do. It exists
 because the emulator prices KV blocks and paces tokens per request, and would be the bottleneck.
 
 Run: ``python -m benchmarks.sse_engine --port 8000 --events 64``.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import sys
 from collections.abc import Sequence
 from typing import cast
@@ -31,15 +33,18 @@ END = b"0\r\n\r\n"
 # A request carrying this field is paced: one event every so many ms after the first (lower case:
 # the head is matched lowered). Stands for an engine decoding at a real rate.
 GAP_FIELD = b"x-bench-gap-ms:"
+# And this one asks for so many token events instead of ``--events``.
+EVENTS_FIELD = b"x-bench-events:"
 
 
-def stream_events(count: int) -> list[bytes]:
+@functools.cache
+def stream_events(count: int) -> tuple[bytes, ...]:
     """The role event, ``count`` token events and [DONE], each framed as one HTTP chunk."""
     stream = Stream("chat", "chatcmpl-bench", 1_700_000_000, "bench")
     events = [role_chunk(stream)]
     events += [token_chunk(stream, f" tok{i}") for i in range(count - 1)]
     events += [token_chunk(stream, " end", "length", last=True), DONE]
-    return [b"%x\r\n%s\r\n" % (len(event), event) for event in events]
+    return tuple(b"%x\r\n%s\r\n" % (len(event), event) for event in events)
 
 
 class EngineProtocol(asyncio.Protocol):
@@ -86,19 +91,20 @@ class EngineProtocol(asyncio.Protocol):
             self._write(HEALTH if head.startswith(b"get") else HEALTH_HEAD)
             self._next()
             return
-        gap_s = 0.0
-        if (at := head.find(GAP_FIELD)) >= 0:
-            gap_s = float(head[at + len(GAP_FIELD) :].split(b"\r\n", 1)[0]) / 1e3
+        gap_s = _field(head, GAP_FIELD, 0.0) / 1e3
+        events = self._events
+        if (count := int(_field(head, EVENTS_FIELD, 0))) > 0:
+            events = stream_events(count)
         self._busy = True
-        asyncio.get_running_loop().create_task(self._stream(gap_s))
+        asyncio.get_running_loop().create_task(self._stream(events, gap_s))
 
     def _write(self, data: bytes) -> None:
         if self._transport is not None:
             self._transport.write(data)
 
-    async def _stream(self, gap_s: float) -> None:
+    async def _stream(self, events: Sequence[bytes], gap_s: float) -> None:
         self._write(HEADERS)
-        for i, event in enumerate(self._events):
+        for i, event in enumerate(events):
             await asyncio.sleep(gap_s if i else 0)
             if not self._writable.is_set():
                 await self._writable.wait()
@@ -108,6 +114,12 @@ class EngineProtocol(asyncio.Protocol):
         self._write(END)
         self._busy = False
         self._next()
+
+
+def _field(head: bytes, name: bytes, default: float) -> float:
+    """The number in the field ``name`` (lower case) of a lowered request head, else ``default``."""
+    at = head.find(name)
+    return float(head[at + len(name) :].split(b"\r\n", 1)[0]) if at >= 0 else default
 
 
 async def serve(port: int, events: int) -> None:

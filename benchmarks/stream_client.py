@@ -17,8 +17,11 @@ TERMINATOR = b"0\r\n\r\n"
 HOST = "127.0.0.1"
 
 
-def chat_request(host: str, port: int, max_tokens: int, gap_ms: float = 0.0) -> bytes:
-    """A streaming chat request; ``gap_ms`` asks the bench engine to pace its events."""
+def chat_request(
+    host: str, port: int, max_tokens: int, gap_ms: float = 0.0, events: int = 0
+) -> bytes:
+    """A streaming chat request; ``gap_ms`` asks the bench engine to pace its events, ``events``
+    (where not 0) for that many token events."""
     body = json.dumps(
         {
             "model": "bench",
@@ -28,6 +31,7 @@ def chat_request(host: str, port: int, max_tokens: int, gap_ms: float = 0.0) -> 
         }
     ).encode()
     pace = f"x-bench-gap-ms: {gap_ms:g}\r\n" if gap_ms else ""
+    pace += f"x-bench-events: {events}\r\n" if events else ""
     head = (
         f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\n{pace}"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -49,7 +53,7 @@ class BrokenStreamError(Exception):
     """The response was not a complete 200 stream."""
 
 
-async def _one_stream(
+async def one_stream(
     reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes
 ) -> float:
     """Send one request, read its stream to the end; the TTFT in seconds."""
@@ -88,7 +92,7 @@ async def _worker(plan: _Plan, delay_s: float) -> None:
         while time.perf_counter() < plan.deadline and plan.left > 0:
             plan.left -= 1
             try:
-                plan.result.ttfts_s.append(await _one_stream(reader, writer, plan.request))
+                plan.result.ttfts_s.append(await one_stream(reader, writer, plan.request))
             except (BrokenStreamError, asyncio.IncompleteReadError, OSError):
                 plan.result.failures += 1
                 writer.close()

@@ -1,5 +1,5 @@
 """An engine double for the edge's functional tests: it records every request it receives and
-answers as the ``x-double`` header asks (endless SSE, a broken body, CRLF framing)."""
+answers as the ``x-double`` header asks (endless SSE, a broken body, CRLF framing, paced events)."""
 
 from __future__ import annotations
 
@@ -30,10 +30,14 @@ class EngineDouble:
         return sum(1 for method, path in self.seen if method != "GET" and path not in free)
 
 
-async def _events(request: web.Request, events: list[bytes]) -> web.StreamResponse:
+async def _events(
+    request: web.Request, events: list[bytes], gap_s: float = 0.0
+) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": SSE})
     await response.prepare(request)
     for event in events:
+        if gap_s:
+            await asyncio.sleep(gap_s)
         await response.write(event)
     await response.write_eof()
     return response
@@ -99,6 +103,9 @@ MODES: dict[str, Mode] = {
     "broken": lambda request, _double: _broken(request),
     # many numbered events, written as fast as the socket takes them
     "numbered": lambda request, _double: _events(request, numbered_events()),
+    # a few, 5 ms apart, as a decoding engine sends them: each reaches the sidecar in a read of
+    # its own, one whole chunk (the relay's shortcut)
+    "paced": lambda request, _double: _events(request, numbered_events(20), gap_s=0.005),
     "crlf": lambda request, _double: _events(
         request, [b"data: 1\r\n\r\n", b"data: [DONE]\r\n\r\n"]
     ),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -47,6 +49,62 @@ def test_whole_chunks_in_one_read_come_out_as_they_were_sent() -> None:
     assert not decoder.done
     assert decoder.feed(b"0\r\n\r\n") == []
     assert decoder.done
+
+
+@given(
+    payloads=st.lists(st.binary(min_size=1, max_size=300), min_size=1, max_size=6),
+    cut=st.integers(min_value=0, max_value=2_000),
+    last=st.booleans(),
+    upper=st.booleans(),
+)
+def test_a_read_of_whole_chunks_is_taken_whole_and_any_other_read_left_to_feed(
+    payloads: list[bytes], cut: int, last: bool, upper: bool
+) -> None:
+    """``whole`` gives the data of a read that is only complete chunks, not the last one;
+    a read cut short, or one that holds the last chunk, is left untouched for ``feed``, which
+    then decodes it as if ``whole`` had never seen it."""
+    framed = [(b"%X" if upper else b"%x") % len(p) + b"\r\n" + p + b"\r\n" for p in payloads]
+    data = b"".join(framed) + (b"0\r\n\r\n" if last else b"")
+    read = data[:cut] if 0 < cut < len(data) else data
+    decoder = ChunkedBody()
+    taken = decoder.whole(read)
+    whole_reads = list(itertools.accumulate(framed))  # the reads that end at a chunk's end
+    if read in whole_reads:
+        assert taken == b"".join(payloads[: whole_reads.index(read) + 1])
+    else:
+        assert taken is None
+        expected, fresh = feed_all(read, [])
+        assert b"".join(decoder.feed(read)) == expected
+        assert decoder.done == fresh.done
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        pytest.param(b"5;ext=1\r\nhello\r\n", id="an-extension"),
+        pytest.param(b"0\r\n\r\n", id="the-last-chunk"),
+        pytest.param(b" 5\r\nhello\r\n", id="a-space-before-the-size"),
+        pytest.param(b"0x5\r\nhello\r\n", id="a-0x-prefix"),
+        pytest.param(b"5\r\nhel", id="a-chunk-cut-short"),
+    ],
+)
+def test_whole_leaves_every_other_read_to_the_general_path(read: bytes) -> None:
+    assert ChunkedBody().whole(read) is None
+
+
+def test_whole_reads_only_between_chunks() -> None:
+    """Mid-chunk, or with half a size line kept, the general path has the state: not ``whole``."""
+    decoder = ChunkedBody()
+    assert decoder.feed(b"5\r\nhel") == [b"hel"]
+    assert decoder.whole(b"3\r\nabc\r\n") is None
+    decoder = ChunkedBody()
+    assert decoder.feed(b"5") == []
+    assert decoder.whole(b"\r\nhello\r\n") is None
+
+
+def test_a_whole_chunk_that_overruns_its_size_is_an_error() -> None:
+    with pytest.raises(EngineProtocolError):
+        ChunkedBody().whole(b"3\r\nhelloXX")
 
 
 @pytest.mark.parametrize(

@@ -227,6 +227,28 @@ async def test_a_slow_reader_gets_every_event_in_order(edge: Start) -> None:
     assert await until(lambda: _in_use(server, 0))
 
 
+async def test_a_paced_stream_reaches_the_client_event_by_event(edge: Start) -> None:
+    """Events that each come in a read of their own (the relay passes the engine's chunk on as
+    it came): the client's body is a valid chunked one of exactly the engine's events."""
+    server = await edge()
+    body = json.dumps({**CHAT, "stream": True}).encode()
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-double: paced\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close"
+        "\r\n\r\n"
+    ).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.proxy_port)
+    writer.write(head + body)
+    async with asyncio.timeout(30):
+        received = await reader.read(-1)
+    writer.close()
+    answer_head, _, chunked = received.partition(b"\r\n\r\n")
+    assert answer_head.startswith(b"HTTP/1.1 200")
+    assert chunked.endswith(b"0\r\n\r\n")
+    assert _dechunk(chunked) == b"".join(numbered_events(20))
+    assert await until(lambda: _in_use(server, 0))
+
+
 def _dechunk(data: bytes) -> bytes:
     out, at = bytearray(), 0
     while True:
@@ -236,6 +258,7 @@ def _dechunk(data: bytes) -> bytes:
             return bytes(out)
         out += data[end + 2 : end + 2 + size]
         at = end + 2 + size + 2
+        assert data[at - 2 : at] == b"\r\n", "a chunk did not end where its size said"
 
 
 async def test_a_broken_plain_body_is_cut_off_not_a_clean_200(edge: Start) -> None:

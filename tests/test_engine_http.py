@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.core.errors import UpstreamTimeoutError, UpstreamUnavailableError
+from sidecar.edge.chunked import ChunkedBody
 from sidecar.edge.engine_client import Upstream, finish, read_all, read_chunk
 from sidecar.edge.engine_connection import HIGH_WATER, EngineConnection
 from sidecar.edge.engine_http import EngineResponse
@@ -525,14 +526,20 @@ def test_a_sink_gets_the_body_in_order_and_never_its_last_bytes(
 ) -> None:
     """The relay's push path: pieces go to the sink as they arrive; one it declines, and all
     after it, wait for the next read, in order; the bytes that end the body are always the
-    read's, so they can leave with the terminating chunk."""
+    read's, so they can leave with the terminating chunk. Where the sink is given the read's own
+    bytes too, they are whole chunks of exactly that piece."""
     body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in payloads)
     raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body + b"0\r\n\r\n"
     cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=10)))
     out: list[bytes] = []
 
-    def sink(piece: bytes) -> bool:
+    def sink(piece: bytes, framed: bytes | None) -> bool:
         assert not connection.eof, "the body's last bytes reached the sink"
+        if framed is not None:
+            decoder = ChunkedBody()
+            assert b"".join(decoder.feed(framed)) == piece
+            assert not decoder.done
+            assert decoder.whole(b"1\r\nx\r\n") == b"x"  # it ends between two chunks
         if data.draw(st.booleans(), label="take"):
             out.append(piece)
             return True
@@ -565,7 +572,7 @@ def test_a_sink_waits_behind_pieces_not_yet_read() -> None:
         connection.data_received(head + b"3\r\nabc\r\n")
         taken: list[bytes] = []
 
-        def sink(piece: bytes) -> bool:
+        def sink(piece: bytes, framed: bytes | None) -> bool:
             taken.append(piece)
             return True
 

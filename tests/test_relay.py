@@ -1,13 +1,18 @@
-"""SSE framing and the in-band error that ends a broken stream."""
+"""SSE framing, the push path's writes, and the in-band error that ends a broken stream."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from typing import cast
 
 import pytest
+from multidict import CIMultiDict
 
 from sidecar.core.errors import UpstreamTimeoutError, UpstreamUnavailableError
-from sidecar.edge.relay import in_band_error
+from sidecar.edge.relay import _Relay, in_band_error
+from sidecar.edge.request import Request, Wire
+from sidecar.edge.response import StreamResponse
 from sidecar.edge.sse_framing import EventFramer
 
 
@@ -54,3 +59,55 @@ def test_in_band_error_is_an_openai_error_then_done(exc: Exception, code: str) -
     assert error["code"] == code
     assert error["message"]
     assert (second, rest) == (b"data: [DONE]", b"")
+
+
+class _Socket(asyncio.Transport):
+    """The client's side as the relay sees it: a buffer with room, and what was written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return (16_384, 65_536)
+
+
+class _Wire:
+    lost = paused = False
+
+    def keeps(self, request: Request) -> bool:
+        return True
+
+
+async def test_push_passes_the_engines_framing_on_only_for_bytes_it_passes_as_they_came() -> None:
+    """The engine's own chunk goes to the client as it came only where the framer passed its
+    data unchanged; an event cut across reads is framed anew, once it is whole."""
+    socket = _Socket()
+    request = Request(
+        "POST", "/v1/chat/completions", (1, 1), CIMultiDict(), transport=socket,
+        wire=cast(Wire, _Wire()), client_max_size=1 << 20, keep_alive=True, body_exists=False,
+    )  # fmt: skip
+    response = StreamResponse(200)
+    await response.prepare(request)
+    relay = _Relay(request, response, 10.0, EventFramer())
+    socket.written.clear()
+    # Whole events, in the engine's own framing (upper-case hex: valid, and not what we write).
+    assert relay.push(b"data: 1\n\n", b"9\r\ndata: 1\n\n\r\n")
+    assert relay.push(b"data: 2\n\ndata: 3", b"10\r\ndata: 2\n\ndata: 3\r\n")
+    assert relay.push(b"\n\n", b"2\r\n\n\n\r\n")
+    assert relay.push(b"data: 44444\n\n", b"D\r\ndata: 44444\n\n\r\n")
+    assert socket.written == [
+        b"9\r\ndata: 1\n\n\r\n",
+        b"9\r\ndata: 2\n\n\r\n",  # what was whole of that read, framed anew
+        b"9\r\ndata: 3\n\n\r\n",  # its tail, once the blank line came
+        b"D\r\ndata: 44444\n\n\r\n",  # the engine's own bytes again
+    ]

@@ -4,6 +4,8 @@
 pieces it can: a read holding whole chunks with bare hex sizes (vLLM's, one event per chunk) is
 taken in one tight loop; extensions, trailers and chunks split across reads go through the
 general state machine. A partial chunk line is kept for the next read, up to ``MAX_CHUNK_LINE``.
+``whole`` is the relay's shortcut for the common read: only whole chunks, their data in one piece,
+so that the caller may pass the read's own framing on unchanged.
 """
 
 from __future__ import annotations
@@ -60,6 +62,29 @@ class ChunkedBody:
                 break
             at = self._line_done(data[at:end], end + 2, size)
         return pieces
+
+    def whole(self, data: bytes) -> bytes | None:
+        """The data ``data`` carries when it is complete chunks with bare hex sizes and nothing
+        else, none of them the last, read between chunks: an event stream's usual read (vLLM's
+        is one event per chunk). None otherwise, with nothing consumed: ``feed`` then takes it.
+        EngineProtocolError where a chunk does not end where its size says."""
+        if self._state != "size" or self._line:
+            return None
+        end = data.find(b"\r\n", 0, MAX_SIZE_DIGITS + 2)
+        if end <= 0 or data[:end].strip(HEX_DIGITS):
+            return None
+        start = end + 2
+        stop = start + int(data[:end], 16)
+        if stop == start:
+            return None  # the last chunk: the general path ends the body
+        if stop + 2 == len(data):  # one chunk, the common case
+            if not data.endswith(b"\r\n"):
+                raise EngineProtocolError("the engine's chunk did not end where it said")
+            return data[start:stop]
+        pieces: list[bytes] = []
+        if self._whole_chunks(data, pieces) != len(data):
+            return None
+        return b"".join(pieces)
 
     def _line_done(self, line: bytes, at: int, size: int) -> int:
         """Act on one complete line (a size, a chunk's end, a trailer); where to go on."""

@@ -4,8 +4,9 @@ Body bytes are parsed as they arrive and handed to the reader in the largest pie
 at most ``HIGH_WATER`` of them wait for a slow reader before the socket stops being read. A reader
 may instead attach a :data:`Sink`: each piece then goes to it from ``data_received``, with no task
 woken, until the sink declines one (it keeps its place as the next read's) or the body ends (its
-last bytes are the next read's). One read-timeout timer per connection is re-armed lazily, so a
-relayed chunk costs no timer handle.
+last bytes are the next read's). A read that is nothing but whole chunks reaches the sink with
+the read itself, so that the relay can pass the engine's own chunk framing on. One read-timeout
+timer per connection is re-armed lazily, so a relayed chunk costs no timer handle.
 
 Failures are raised as the errors ``engine_client.translated`` maps: ``OSError`` (reset, an
 answer cut short: ``ConnectionResetError``), ``TimeoutError`` (no byte for ``read_timeout_s``)
@@ -25,8 +26,9 @@ from sidecar.edge.http1 import MAX_HEAD_BYTES, EngineProtocolError, Framing, fra
 # Body bytes held for a reader that is slower than the engine before the socket stops reading.
 HIGH_WATER = 256 * 1024
 # Takes one piece of the body as it arrives and says whether it did; one it declines is left,
-# untouched, for the next read (and the sink is detached).
-Sink = Callable[[bytes], bool]
+# untouched, for the next read (and the sink is detached). The second argument, where not None,
+# is the socket read that carried the piece: nothing but whole chunks whose data is the piece.
+Sink = Callable[[bytes, bytes | None], bool]
 
 
 class StaleConnectionError(ConnectionResetError):
@@ -76,6 +78,18 @@ class EngineConnection(asyncio.Protocol):
             return
         self._received = True
         self._last_data = self._loop.time()
+        sink, chunks = self._sink, self._chunks
+        if sink is not None and chunks is not None and not self._pieces and self._error is None:
+            try:  # the hot path: one read of whole chunks (an event), straight to the sink
+                piece = chunks.whole(data)
+            except EngineProtocolError as exc:
+                self._fail(exc)
+                self._wake()
+                return
+            if piece is not None:
+                if not sink(piece, data):
+                    self._decline(piece)
+                return
         try:
             if self.head is None:
                 self._buffer += data
@@ -95,10 +109,13 @@ class EngineConnection(asyncio.Protocol):
     def _push(self, sink: Sink) -> None:
         """Hand the pieces to ``sink``; the reader is woken only if it declines them."""
         data = self._take()
-        if sink(data):
-            return
+        if not sink(data, None):
+            self._decline(data)
+
+    def _decline(self, data: bytes) -> None:
+        """The sink declined ``data``: detached, and ``data`` is the next read's, where it was."""
         self._sink = None
-        self._hold(data)  # the next read's, where it was
+        self._hold(data)
         self._wake()
 
     def eof_received(self) -> bool:
@@ -179,7 +196,8 @@ class EngineConnection(asyncio.Protocol):
         assert self._chunks is not None
         if pieces := self._chunks.feed(data):
             self._pieces += pieces
-            self._held += sum(map(len, pieces))
+            for piece in pieces:  # a loop, not sum(map(len, ...)): usually one piece
+                self._held += len(piece)
             self._check_high_water()
         if self._chunks.done:
             self.eof = True

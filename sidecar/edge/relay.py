@@ -99,14 +99,28 @@ class _Relay:
             self.tally.relayed += chunk.count(TOKEN_MARK)
         return chunk
 
-    def push(self, chunk: bytes) -> bool:
+    def push(self, chunk: bytes, framed: bytes | None) -> bool:
         """The engine connection's sink: relay ``chunk`` from the socket's callback, where that
         needs no wait. It declines (False, nothing consumed) when the client is gone or the write
-        could fill its buffer; the relay task then writes it, under the write deadline."""
+        could fill its buffer; the relay task then writes it, under the write deadline.
+
+        ``framed``: the engine's read that carried ``chunk`` as whole chunks. Where the framer
+        passes ``chunk`` on unchanged, those bytes go to the client as they came: the same
+        chunked encoding of the same data, not built again. This runs once per relayed event,
+        so ``_cannot_wait``, ``ready`` and ``counted`` are written out here.
+        """
         request = self.request
-        if request.wire.lost or request.transport.is_closing() or not self._cannot_wait(len(chunk)):
+        transport = request.transport
+        if (
+            request.wire.lost
+            or transport.is_closing()
+            or transport.get_write_buffer_size() + len(chunk) + HEADROOM > self.high_water
+        ):
             return False
-        self.response.write_now(self.ready(chunk))
+        out = self.framer.feed(chunk) if self.framer is not None else chunk
+        if self.tally is not None and out:
+            self.tally.relayed += out.count(TOKEN_MARK)
+        self.response.write_now(out, framed if out is chunk else None)
         return True
 
     async def write(self, data: bytes, timeout_s: float | None = None) -> RelayEnd | None:

@@ -167,12 +167,17 @@ class StreamResponse:
         if data and self._body:
             await self._send(self._framed(data))
 
-    def write_now(self, data: bytes) -> None:
+    def write_now(self, data: bytes, framed: bytes | None = None) -> None:
         """``write`` for a caller that knows the client is there and that its socket's buffer
-        has room: nothing to wait for, so no coroutine."""
+        has room: nothing to wait for, so no coroutine. ``framed``: ``data`` already in chunked
+        framing (whole chunks), written as it is where this answer is chunked and nothing is
+        held before it."""
         if data and self._body:
             assert self._request is not None, "prepare() first"
-            self._request.transport.write(self._framed(data))
+            if framed is not None and self._chunked and not self._pending:
+                self._request.transport.write(framed)
+            else:
+                self._request.transport.write(self._framed(data))
 
     def _framed(self, data: bytes) -> bytes:
         framed = b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data

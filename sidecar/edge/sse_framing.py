@@ -30,7 +30,14 @@ class EventFramer:
         self.max_held = max_held
 
     def feed(self, chunk: bytes) -> bytes:
-        """The bytes now ready to send: everything up to the last complete event."""
+        """The bytes now ready to send: everything up to the last complete event. A chunk of
+        whole LF-ended events with nothing held before it is given back as it is (the same
+        object), so a caller can tell that it passed unchanged."""
+        # ``find``, not ``b"\r" in``: bytes.__contains__ tries the operand as an int first.
+        clean = not self._held and not self._after_cr
+        if clean and chunk.endswith(b"\n\n") and chunk.find(b"\r") < 0:
+            self._line_empty = True
+            return chunk
         cut = self._last_event_end(chunk)
         if cut < 0:
             self._held += chunk
@@ -48,7 +55,7 @@ class EventFramer:
 
     def _last_event_end(self, chunk: bytes) -> int:
         """Index just past the last blank line in ``chunk`` (-1 if none); updates line state."""
-        if not self._after_cr and b"\r" not in chunk:
+        if not self._after_cr and chunk.find(b"\r") < 0:
             return self._last_lf_event_end(chunk)
         return self._last_any_event_end(chunk)
 

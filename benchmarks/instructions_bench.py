@@ -1,0 +1,274 @@
+"""Instructions per request and per relayed event, sidecar beside nginx and the pump: counted, not
+timed, so that one run can tell a 2% change apart on a machine whose CPU times move by 10-30%.
+
+Each proxy runs under valgrind's callgrind, which counts every instruction the process executes
+in user space (the interpreter and our code, or nginx's C). Instrumentation stays off until the
+proxy is warm; then, for two stream lengths, BENCH_INSTR_STREAMS streams go through it one at a
+time, counted between a zero and a dump (``callgrind_control``). A stream's count is
+``a + b x events``: the two lengths give ``a``, the fixed cost of a request, and ``b``, the cost of
+each relayed event. The engine paces its events (BENCH_INSTR_GAP_MS apart) so that each arrives
+in a read of its own, as from a decoding engine, although the proxy runs ~50x slower under
+valgrind.
+
+What the kernel does (the syscalls, about the same for any relay) is not counted, so the ratios
+are those of the work each proxy adds in user space, not of CPU time. The counts repeat to within
+about 1% between runs; a change's effect is the difference of two runs.
+
+Needs valgrind (``apt-get install -y valgrind``); without it this says so and skips. Sizes:
+BENCH_INSTR_STREAMS (30 per length), BENCH_INSTR_EVENTS (the two lengths in token events: 8,64),
+BENCH_INSTR_GAP_MS (5), BENCH_INSTR_TARGETS (sidecar,nginx,pump), BENCH_INSTR_JSON
+(.bench/instructions.json). SIDECAR_* variables reach the sidecar, as in relay_bench.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from benchmarks.loops import run
+from benchmarks.nginx_proxy import INSTALL_HINT, nginx_binary, start_nginx
+from benchmarks.relay_bench import _cores, _free_port, _pinned, _sidecar_env, _start
+from benchmarks.stream_client import HOST, chat_request, one_stream
+
+STREAMS = int(os.environ.get("BENCH_INSTR_STREAMS", "30"))
+SHORT, LONG = (int(n) for n in os.environ.get("BENCH_INSTR_EVENTS", "8,64").split(","))
+GAP_MS = float(os.environ.get("BENCH_INSTR_GAP_MS", "5"))
+TARGETS = os.environ.get("BENCH_INSTR_TARGETS", "sidecar,nginx,pump").split(",")
+JSON_PATH = Path(os.environ.get("BENCH_INSTR_JSON", ".bench/instructions.json"))
+VALGRIND_HINT = "valgrind not found; install it with: apt-get install -y valgrind"
+WARM_STREAMS = 10  # per length, before counting: first-request paths, caches, lazy imports
+READY_S = 180.0  # startup under valgrind, instrumentation off: ~10-30 s on this machine
+# What a relayed event is, the way relay_bench and the client count them: the role event, the
+# token events, [DONE].
+EXTRA_EVENTS = 2
+
+
+@dataclass(frozen=True)
+class Row:
+    """One proxy: instructions over each length's streams, and what they split into."""
+
+    target: str
+    streams: int
+    events: tuple[int, int]  # relayed events per stream, short and long
+    instructions: tuple[int, int]  # counted over ``streams`` streams of each length
+    per_request: float  # a
+    per_event: float  # b
+
+
+def _split(short: int, long: int, streams: int) -> tuple[float, float]:
+    """``a`` and ``b`` from the counts of ``streams`` streams at each length."""
+    n_short, n_long = SHORT + EXTRA_EVENTS, LONG + EXTRA_EVENTS
+    per_event = (long - short) / streams / (n_long - n_short)
+    return short / streams - per_event * n_short, per_event
+
+
+class Counted:
+    """A process under callgrind, instrumentation off until ``start``; counts read by ``count``."""
+
+    def __init__(self, name: str, out: Path) -> None:
+        self.name = name
+        self._out = out
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def wrapper(self) -> list[str]:
+        return [
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            f"--callgrind-out-file={self._out}/{self.name}.%p",
+            "--log-file=" + str(self._out / f"{self.name}.valgrind.log"),
+        ]
+
+    def _control(self, *args: str) -> None:
+        assert self.process is not None
+        subprocess.run(
+            ["callgrind_control", *args, str(self.process.pid)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=120,
+        )
+
+    def start(self) -> None:
+        self._control("--instr=on")
+
+    def zero(self) -> None:
+        self._control("--zero")
+
+    def count(self) -> int:
+        """Instructions since the last zero: the newest dump's ``summary`` line."""
+        before = set(self._out.glob(f"{self.name}.*.*"))
+        self._control("--dump")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for dump in set(self._out.glob(f"{self.name}.*.*")) - before:
+                for line in dump.read_text().splitlines():
+                    if line.startswith("summary:"):
+                        return int(line.split()[1])
+            time.sleep(0.1)
+        raise RuntimeError(f"no callgrind dump from {self.name}")
+
+
+async def _ready(port: int, path: str, process: subprocess.Popen[bytes]) -> None:
+    """Poll until GET ``path`` answers 200, for as long as a start under valgrind takes."""
+    request = f"GET {path} HTTP/1.1\r\nHost: {HOST}\r\nConnection: close\r\n\r\n".encode()
+    deadline = time.monotonic() + READY_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
+        try:
+            reader, writer = await asyncio.open_connection(HOST, port)
+            writer.write(request)
+            status = await reader.readline()
+            writer.close()
+            if b" 200 " in status:
+                return
+        except OSError:
+            pass
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"{HOST}:{port}{path} not ready after {READY_S:g} s")
+
+
+async def _streams(port: int, events: int, count: int) -> None:
+    """``count`` paced streams of ``events`` token events, one after another, one connection."""
+    request = chat_request(HOST, port, events, GAP_MS, events=events)
+    reader, writer = await asyncio.open_connection(HOST, port)
+    try:
+        for _ in range(count):
+            await one_stream(reader, writer, request)
+    finally:
+        writer.close()
+
+
+async def _measure(counted: Counted, port: int) -> Row:
+    for events in (SHORT, LONG):
+        await _streams(port, events, WARM_STREAMS)
+    counted.start()
+    totals = []
+    for events in (SHORT, LONG):
+        counted.zero()
+        await _streams(port, events, STREAMS)
+        totals.append(counted.count())
+    short, long = totals
+    per_request, per_event = _split(short, long, STREAMS)
+    return Row(
+        counted.name,
+        STREAMS,
+        (SHORT + EXTRA_EVENTS, LONG + EXTRA_EVENTS),
+        (short, long),
+        per_request,
+        per_event,
+    )
+
+
+def _launch(
+    name: str, counted: Counted, engine_port: int, tmp: Path
+) -> tuple[subprocess.Popen[bytes], int, str]:
+    """Start ``name`` under callgrind; its process, the port to stream through and to poll."""
+    port = _free_port()
+    if name == "sidecar":
+        admin = _free_port()
+        env = _sidecar_env(engine_port, port, admin) | {"PYTHONHASHSEED": "0"}
+        args = [sys.executable, "-m", "sidecar", "serve"]
+        return _start([*counted.wrapper(), *args], env), port, f"{admin}/readyz"
+    if name == "pump":
+        args = [sys.executable, "-m", "benchmarks.byte_pump", "--port", str(port)]
+        args += ["--upstream-port", str(engine_port)]
+        return _start([*counted.wrapper(), *args], {"PYTHONHASHSEED": "0"}), port, f"{port}/health"
+    binary = nginx_binary()
+    assert binary is not None
+    nginx = start_nginx(
+        binary, tmp, port, engine_port, wrapper=counted.wrapper(), single_process=True
+    )
+    return nginx, port, f"{port}/health"
+
+
+async def bench(names: list[str]) -> list[Row]:
+    proxy_cores, engine_cores, client_cores = _cores()
+    engine_port = _free_port()
+    with _pinned(engine_cores):
+        engine = _start([sys.executable, "-m", "benchmarks.sse_engine", "--port", str(engine_port)])
+    rows = []
+    with _pinned(client_cores), tempfile.TemporaryDirectory(prefix="instr-bench-") as tmp:
+        try:
+            await _ready(engine_port, "/health", engine)
+            for name in names:
+                counted = Counted(name, Path(tmp))
+                with _pinned(proxy_cores):
+                    process, port, ready = _launch(name, counted, engine_port, Path(tmp))
+                counted.process = process
+                try:
+                    ready_port, _, path = ready.partition("/")
+                    await _ready(int(ready_port), "/" + path, process)
+                    rows.append(await _measure(counted, port))
+                finally:
+                    process.terminate()
+                    process.wait(timeout=60)
+        finally:
+            engine.terminate()
+            engine.wait(timeout=30)
+    return rows
+
+
+def _report(rows: list[Row]) -> None:
+    print(
+        f"user-space instructions (callgrind), {STREAMS} streams per length, one at a time, "
+        f"events {GAP_MS:g} ms apart; stream = a + b x events"
+    )
+    by = {row.target: row for row in rows}
+    refs = [name for name in ("nginx", "pump") if name in by]
+    head = "".join(f"  a vs {r:<5}  b vs {r:<5}" for r in refs)
+    print(f"  {'target':<8} {'a: per request':>15} {'b: per event':>13}{head}")
+    for row in rows:
+        line = f"  {row.target:<8} {row.per_request:>15,.0f} {row.per_event:>13,.0f}"
+        for ref in refs:
+            a, b = row.per_request / by[ref].per_request, row.per_event / by[ref].per_event
+            line += f"  {a:9.2f}x  {b:9.2f}x"
+        print(line)
+    if "sidecar" in by and "nginx" in by:
+        sidecar, nginx = by["sidecar"], by["nginx"]
+        for events in (8 + EXTRA_EVENTS, 64 + EXTRA_EVENTS, 256 + EXTRA_EVENTS):
+            ratio = (sidecar.per_request / events + sidecar.per_event) / (
+                nginx.per_request / events + nginx.per_event
+            )
+            print(f"  per event over a {events}-event stream, sidecar / nginx: {ratio:.2f}x")
+
+
+def _write_json(rows: list[Row]) -> None:
+    JSON_PATH.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
+        "streams": STREAMS,
+        "token_events": [SHORT, LONG],
+        "gap_ms": GAP_MS,
+        "sidecar_env": {k: v for k, v in os.environ.items() if k.startswith("SIDECAR_")},
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    JSON_PATH.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2))
+    print(f"  written to {JSON_PATH}")
+
+
+def main() -> None:
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print(f"  {VALGRIND_HINT}")
+        return
+    names = [name for name in TARGETS if name != "nginx" or nginx_binary() is not None]
+    if "nginx" in TARGETS and "nginx" not in names:
+        print(f"  {INSTALL_HINT}")
+    rows = run(bench(names))
+    _report(rows)
+    _write_json(rows)
+
+
+if __name__ == "__main__":
+    main()
