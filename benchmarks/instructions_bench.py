@@ -10,9 +10,12 @@ each relayed event. The engine paces its events (BENCH_INSTR_GAP_MS apart) so th
 in a read of its own, as from a decoding engine, although the proxy runs ~50x slower under
 valgrind.
 
-What the kernel does (the syscalls, about the same for any relay) is not counted, so the ratios
-are those of the work each proxy adds in user space, not of CPU time. The counts repeat to within
-about 1% between runs; a change's effect is the difference of two runs.
+What a proxy does while idle (the sidecar's control loop and timers) is counted first, over
+IDLE_S with no traffic, and that rate times each window's length is taken off its count, so that
+``a`` and ``b`` are what traffic costs. What the kernel does (the syscalls, about the same for
+any relay) is not counted, so the ratios are those of the work each proxy adds in user space, not
+of CPU time. The counts repeat to within about 2% between runs; a change's effect is the
+difference of two runs.
 
 Needs valgrind (``apt-get install -y valgrind``); without it this says so and skips. Sizes:
 BENCH_INSTR_STREAMS (30 per length), BENCH_INSTR_EVENTS (the two lengths in token events: 8,64),
@@ -46,6 +49,7 @@ TARGETS = os.environ.get("BENCH_INSTR_TARGETS", "sidecar,nginx,pump").split(",")
 JSON_PATH = Path(os.environ.get("BENCH_INSTR_JSON", ".bench/instructions.json"))
 VALGRIND_HINT = "valgrind not found; install it with: apt-get install -y valgrind"
 WARM_STREAMS = 10  # per length, before counting: first-request paths, caches, lazy imports
+IDLE_S = 4.0  # how long the idle rate is counted
 READY_S = 180.0  # startup under valgrind, instrumentation off: ~10-30 s on this machine
 # What a relayed event is, the way relay_bench and the client count them: the role event, the
 # token events, [DONE].
@@ -59,9 +63,10 @@ class Row:
     target: str
     streams: int
     events: tuple[int, int]  # relayed events per stream, short and long
-    instructions: tuple[int, int]  # counted over ``streams`` streams of each length
+    instructions: tuple[int, int]  # counted over ``streams`` streams of each length, idle less
     per_request: float  # a
     per_event: float  # b
+    idle_per_s: float  # instructions per second with no traffic
 
 
 def _split(short: int, long: int, streams: int) -> tuple[float, float]:
@@ -153,11 +158,17 @@ async def _measure(counted: Counted, port: int) -> Row:
     for events in (SHORT, LONG):
         await _streams(port, events, WARM_STREAMS)
     counted.start()
+    counted.zero()
+    began = time.monotonic()
+    await asyncio.sleep(IDLE_S)
+    idle_per_s = counted.count() / (time.monotonic() - began)
     totals = []
     for events in (SHORT, LONG):
         counted.zero()
+        began = time.monotonic()
         await _streams(port, events, STREAMS)
-        totals.append(counted.count())
+        counted_now = counted.count()
+        totals.append(round(counted_now - idle_per_s * (time.monotonic() - began)))
     short, long = totals
     per_request, per_event = _split(short, long, STREAMS)
     return Row(
@@ -167,6 +178,7 @@ async def _measure(counted: Counted, port: int) -> Row:
         (short, long),
         per_request,
         per_event,
+        idle_per_s,
     )
 
 
@@ -227,9 +239,10 @@ def _report(rows: list[Row]) -> None:
     by = {row.target: row for row in rows}
     refs = [name for name in ("nginx", "pump") if name in by]
     head = "".join(f"  a vs {r:<5}  b vs {r:<5}" for r in refs)
-    print(f"  {'target':<8} {'a: per request':>15} {'b: per event':>13}{head}")
+    print(f"  {'target':<8} {'idle, per s':>12} {'a: per request':>15} {'b: per event':>13}{head}")
     for row in rows:
-        line = f"  {row.target:<8} {row.per_request:>15,.0f} {row.per_event:>13,.0f}"
+        line = f"  {row.target:<8} {row.idle_per_s:>12,.0f} {row.per_request:>15,.0f}"
+        line += f" {row.per_event:>13,.0f}"
         for ref in refs:
             a, b = row.per_request / by[ref].per_request, row.per_event / by[ref].per_event
             line += f"  {a:9.2f}x  {b:9.2f}x"
