@@ -64,7 +64,9 @@ def parse_head(head: bytes) -> tuple[int, str, CIMultiDict[str], bool]:
     fields: CIMultiDict[str] = CIMultiDict()
     for line in lines[1:]:
         name, colon, value = line.partition(b":")
-        if not colon or not name or b" " in name or b"\t" in name:
+        # ``find``, not ``in``: bytes.__contains__ tries its operand as an int first, and the
+        # TypeError it raises and clears costs more than the search (two per field, per answer).
+        if not colon or not name or name.find(b" ") >= 0 or name.find(b"\t") >= 0:
             raise EngineProtocolError(f"the engine sent a malformed header line: {line[:80]!r}")
         # As aiohttp's parser does: UTF-8, with any other byte kept as it came.
         fields.add(

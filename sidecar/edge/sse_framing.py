@@ -33,7 +33,7 @@ class EventFramer:
         """The bytes now ready to send: everything up to the last complete event. A chunk of
         whole LF-ended events with nothing held before it is given back as it is (the same
         object), so a caller can tell that it passed unchanged."""
-        # ``find``, not ``b"\r" in``: bytes.__contains__ tries the operand as an int first.
+        # ``find``, not ``b"\r" in``: bytes.__contains__ tries its operand as an int first.
         clean = not self._held and not self._after_cr
         if clean and chunk.endswith(b"\n\n") and chunk.find(b"\r") < 0:
             self._line_empty = True
