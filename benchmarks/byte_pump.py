@@ -3,8 +3,9 @@
 One engine connection per client connection; whatever either side sends is written to the other
 from the protocol callback that read it: no HTTP parsed, no task woken, no admission, no log.
 ``relay_bench`` runs it as the ``pump`` target (``BENCH_RELAY_TARGETS=...,pump``), on the event
-loop the sidecar runs on (``asyncio``), so that what a run shows between ``pump`` and ``nginx``
-is what the loop and the interpreter cost before the sidecar does any work of its own.
+loop the sidecar runs on (``SIDECAR_EVENT_LOOP``, read the same way: auto is uvloop where
+installed), so that what a run shows between ``pump`` and ``nginx`` is what the loop and the
+interpreter cost before the sidecar does any work of its own.
 
 Run: ``python -m benchmarks.byte_pump --port 8081 --upstream-port 8000``.
 """
@@ -13,9 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import socket
 from collections.abc import Sequence
 from typing import cast
+
+from sidecar.entry.event_loop import loop_factory
+from sidecar.entry.settings import load_settings
 
 
 class _Side(asyncio.Protocol):
@@ -84,7 +89,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream-port", type=int, required=True)
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.port, args.upstream_port))
+    choice = load_settings({"SIDECAR_EVENT_LOOP": os.environ.get("SIDECAR_EVENT_LOOP", "auto")})
+    with asyncio.Runner(loop_factory=loop_factory(choice.event_loop)) as runner:
+        runner.run(serve(args.port, args.upstream_port))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ client and engine misbehaviour, while capacity shrinks, grows, fails and hangs u
 At the end: permits in use 0, queue 0, granted == released, descriptors and RSS flat across
 rounds, and every well-behaved client got exactly one of a complete stream, a busy answer or a
 clean error. Prints the figures; exits 1 if any check fails. SOAK_REQUESTS sets the size
-(default 10000), SOAK_CONCURRENCY the number of clients at once (default 48).
+(default 10000), SOAK_CONCURRENCY the number of clients at once (default 48); it runs on the loop
+`sidecar serve` would (SIDECAR_EVENT_LOOP, default auto: uvloop where installed).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from emulator.config import EmulatorConfig
 from sidecar.core.errors import ProbeTemporaryError
 from sidecar.core.outcomes import REQUEST_OUTCOMES
 from sidecar.entry.app import SidecarServer
+from sidecar.entry.event_loop import loop_factory, running_loop_name
 from sidecar.entry.logs import configure_logging
 from sidecar.entry.settings import load_settings
 from sidecar.limiter.events import BulkheadSnapshot
@@ -224,6 +226,7 @@ async def soak(total: int, concurrency: int) -> int:
     configure_logging("error")
     server = SidecarServer(load_settings(env), gpu_probe=gpu)
     await server.start()
+    print(f"  event loop: {running_loop_name()}")
     started, totals = time.monotonic(), Counter[str]()
     figures: list[tuple[int, int, float, int]] = []
     limits: set[int] = set()
@@ -296,7 +299,11 @@ def report(
 def main() -> int:
     total = int(os.environ.get("SOAK_REQUESTS", "10000"))
     concurrency = int(os.environ.get("SOAK_CONCURRENCY", "48"))
-    return asyncio.run(soak(total, concurrency))
+    # The loop `sidecar serve` would pick (SIDECAR_EVENT_LOOP, auto: uvloop where installed).
+    loop = os.environ.get("SIDECAR_EVENT_LOOP", "auto")
+    choice = load_settings({"SIDECAR_EVENT_LOOP": loop}).event_loop
+    with asyncio.Runner(loop_factory=loop_factory(choice)) as runner:
+        return runner.run(soak(total, concurrency))
 
 
 if __name__ == "__main__":

@@ -5,13 +5,37 @@ Tests marked ``gpu`` run only where a real NVIDIA driver is present, and then fo
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
+import uvloop
 
 pytest_plugins = ["tests.servers"]
 
 NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")
+
+# `sidecar serve` runs on uvloop where it is installed (SIDECAR_EVENT_LOOP=auto): the edge's own
+# server, relay and engine client are tested on both loops; everything else on asyncio's.
+BOTH_LOOPS = frozenset(
+    {
+        "tests.test_edge_functional",
+        "tests.test_engine_client",
+        "tests.test_engine_http",
+        "tests.test_proxy_functional",
+        "tests.test_proxy_http1",
+        "tests.test_proxy_server",
+    }
+)
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    if getattr(item, "module", None) is not None and item.module.__name__ in BOTH_LOOPS:  # type: ignore[attr-defined]
+        return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+    return {"asyncio": asyncio.new_event_loop}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -308,7 +308,8 @@ def test_dockerfile_is_multi_stage_pinned_and_non_root() -> None:
 
 def lock_pins(path: Path) -> dict[str, str]:
     text = path.read_text()
-    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+) \\$", text, re.MULTILINE))
+    # name==version, then an environment marker where the requirement has one, then " \"
+    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==([^\s;]+)(?: ;[^\\\n]*)? \\$", text, re.MULTILINE))
     blocks = re.split(r"\n(?=[A-Za-z])", text.split("\n\n", 1)[-1])
     assert all("--hash=sha256:" in block for block in blocks if "==" in block), path
     return {canonicalize_name(name): version for name, version in pins.items()}

@@ -47,6 +47,7 @@ def serve(env: dict[str, str]) -> subprocess.Popen[str]:
         pytest.param("SIDECAR_REJECT_MODE", "smoke", id="unknown-mode"),
         pytest.param("SIDECAR_MAX_WAIT_MS", "-1", id="negative-wait"),
         pytest.param("SIDECAR_PROT", "8080", id="typo-in-name"),
+        pytest.param("SIDECAR_EVENT_LOOP", "tokio", id="unknown-event-loop"),
     ],
 )
 def test_bad_setting_fails_fast_naming_it(setting: str, value: str) -> None:
@@ -69,8 +70,12 @@ async def slow_engine() -> AsyncIterator[str]:
     await runner.cleanup()
 
 
-async def test_sigterm_drains_in_flight_streams_then_exits_zero(slow_engine: str) -> None:
-    """On SIGTERM readiness fails at once, new requests get 503, the running stream finishes."""
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+async def test_sigterm_drains_in_flight_streams_then_exits_zero(
+    slow_engine: str, loop: str
+) -> None:
+    """On SIGTERM readiness fails at once, new requests get 503, the running stream finishes;
+    on either event loop, which the start-up line names."""
     proxy, admin = free_port(), free_port()
     env = {
         **BASE_ENV,
@@ -78,6 +83,7 @@ async def test_sigterm_drains_in_flight_streams_then_exits_zero(slow_engine: str
         "SIDECAR_PORT": str(proxy),
         "SIDECAR_ADMIN_PORT": str(admin),
         "SIDECAR_DRAIN_GRACE_S": "20",
+        "SIDECAR_EVENT_LOOP": loop,
     }
     process = serve(env)
     try:
@@ -105,7 +111,10 @@ async def test_sigterm_drains_in_flight_streams_then_exits_zero(slow_engine: str
     finally:
         if process.poll() is None:
             process.kill()
-        process.communicate()
+        out, err = process.communicate()
+    lines = (out + err).splitlines()
+    listening = [json.loads(line) for line in lines if "sidecar_listening" in line]
+    assert [line["event_loop"] for line in listening] == [loop]
 
 
 async def _status(session: aiohttp.ClientSession, url: str, expected: int) -> bool:

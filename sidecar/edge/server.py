@@ -24,7 +24,7 @@ import asyncio
 import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Literal
+from typing import Literal, cast
 
 import httptools
 import structlog
@@ -124,13 +124,13 @@ class Connection(asyncio.Protocol):
     # asyncio's side.
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport; not isinstance-checked: uvloop's do not subclass asyncio's.
+        self.transport = cast(asyncio.Transport, transport)
         count = self._server.count
         if count.open >= self._limits.max_connections:
             count.refused += 1
-            transport.write(raw_answer("too_many_connections"))
-            transport.close()
+            self.transport.write(raw_answer("too_many_connections"))
+            self.transport.close()
             return
         self._counted = True
         count.open += 1

@@ -11,6 +11,7 @@ import signal
 import structlog
 
 from sidecar.entry.app import SidecarServer
+from sidecar.entry.event_loop import loop_factory
 from sidecar.entry.logs import configure_logging, loop_exception_handler
 from sidecar.entry.settings import Settings, load_settings
 from sidecar.entry.settings_reference import help_text, setting_rows
@@ -28,8 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(_args: argparse.Namespace) -> int:
     settings = load_settings(os.environ)
+    factory = loop_factory(settings.event_loop)
     configure_logging(settings.log_level, cache=True)
-    return asyncio.run(serve(settings))
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(serve(settings))
 
 
 # Container objects allocated (net of those freed) between young collections; CPython's 700

@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from sidecar.core.errors import ConfigError
 from sidecar.core.sizes import parse_size
+from sidecar.entry.event_loop import EventLoop
 
 ENV_PREFIX = "SIDECAR_"
 
@@ -81,6 +82,10 @@ class Settings(BaseSettings):
     drain_grace_s: Annotated[float, Field(ge=0)] = Field(
         30.0,
         description="after SIGTERM, how long running streams may finish before the sidecar stops",
+    )
+    event_loop: EventLoop = Field(
+        "auto",
+        description="event loop: auto (uvloop where installed, else asyncio's), uvloop, asyncio",
     )
 
     # --- the bounded edge ----------------------------------------------------------------------
@@ -262,7 +267,9 @@ class Settings(BaseSettings):
         "info", description="debug, info, warning or error"
     )
 
-    @field_validator("log_level", "kv_dtype", "capacity_source", "admission", mode="before")
+    @field_validator(
+        "log_level", "kv_dtype", "capacity_source", "admission", "event_loop", mode="before"
+    )
     @classmethod
     def _lower(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
