@@ -70,11 +70,11 @@ class ChunkedBody:
         EngineProtocolError where a chunk does not end where its size says."""
         if self._state != "size" or self._line:
             return None
-        end = data.find(b"\r\n", 0, MAX_SIZE_DIGITS + 2)
-        if end <= 0 or data[:end].strip(HEX_DIGITS):
+        end = data.find(b"\r\n")  # unbounded: find's start and end arguments cost ~0.1 us
+        if not 0 < end <= MAX_SIZE_DIGITS or (size := data[:end]).strip(HEX_DIGITS):
             return None
         start = end + 2
-        stop = start + int(data[:end], 16)
+        stop = start + int(size, 16)
         if stop == start:
             return None  # the last chunk: the general path ends the body
         if stop + 2 == len(data):  # one chunk, the common case

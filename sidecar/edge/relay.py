@@ -75,9 +75,11 @@ class _Relay:
     framer: EventFramer | None  # an SSE stream's: passes on whole events only
     tally: StreamUsage | None = None  # adaptive admission: the token events relayed
     high_water: int = 0  # the client socket's
+    room: int = 0  # what its buffer may hold, a new write included, with no wait: less HEADROOM
 
     def __post_init__(self) -> None:
         self.high_water = self.request.transport.get_write_buffer_limits()[1]
+        self.room = self.high_water - HEADROOM
 
     @property
     def sse(self) -> bool:
@@ -86,8 +88,7 @@ class _Relay:
     def _cannot_wait(self, size: int) -> bool:
         """Whether writing ``size`` bytes stays below the high-water mark, so the connection is
         never paused on a drain: then the write needs no deadline (and no timer, ~1.5 us)."""
-        buffered = self.request.transport.get_write_buffer_size()
-        return buffered + size + HEADROOM <= self.high_water
+        return self.request.transport.get_write_buffer_size() + size <= self.room
 
     def ready(self, chunk: bytes) -> bytes:
         """What of the engine's ``chunk`` goes out now (whole events), counted."""
@@ -114,7 +115,7 @@ class _Relay:
         if (
             request.wire.lost
             or transport.is_closing()
-            or transport.get_write_buffer_size() + len(chunk) + HEADROOM > self.high_water
+            or transport.get_write_buffer_size() + len(chunk) > self.room
         ):
             return False
         out = self.framer.feed(chunk) if self.framer is not None else chunk
