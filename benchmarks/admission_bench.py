@@ -5,7 +5,8 @@ p50/p99 per operation (uncontended: each op timed alone; contended: the gap betw
 releases, all tasks together, loop turns included), and the memory one queued waiter holds, with
 BENCH_WAITERS (10,000) really queued in a Bulkhead, against bare tasks awaiting a future. Targets,
 as PASS/MISS (best of 3 runs): uncontended <= 3 us, contended p99 <= 20 us, <= 8 KiB per
-queued waiter.
+queued waiter. It runs on the loop ``sidecar serve`` would (SIDECAR_EVENT_LOOP; auto: uvloop where
+installed).
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ import tracemalloc
 from collections.abc import Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sidecar.core.admission import Admission
 from sidecar.core.decisions import Granted
 from sidecar.core.errors import AdmissionRejectedError
 from sidecar.entry.app import SidecarServer
+from sidecar.entry.event_loop import loop_factory, running_loop_name
 from sidecar.entry.settings import load_settings
 from sidecar.limiter.bulkhead import Bulkhead
 
@@ -35,6 +37,10 @@ TASKS = 4 * PERMITS
 OPS_PER_TASK = 1_500
 REPEATS = 3
 WAITERS = int(os.environ.get("BENCH_WAITERS", "10000"))
+LOOP_CHOICE = load_settings(
+    {"SIDECAR_EVENT_LOOP": os.environ.get("SIDECAR_EVENT_LOOP", "") or "auto"}
+).event_loop
+T = TypeVar("T")
 WIRED_ENV = {
     "SIDECAR_UPSTREAM_URL": "http://127.0.0.1:9",
     "SIDECAR_CAPACITY_SOURCE": "static",
@@ -174,9 +180,19 @@ def _rss() -> int:
 def _traced(main: Coroutine[Any, Any, float]) -> float:
     tracemalloc.start()
     try:
-        return asyncio.run(main)
+        return _run(main)
     finally:
         tracemalloc.stop()
+
+
+def _run(main: Coroutine[Any, Any, T]) -> T:
+    """``main`` on the loop ``sidecar serve`` would run (SIDECAR_EVENT_LOOP; auto: uvloop)."""
+    with asyncio.Runner(loop_factory=loop_factory(LOOP_CHOICE)) as runner:
+        return runner.run(main)
+
+
+async def _loop_name() -> str:
+    return running_loop_name()
 
 
 def _p(values: list[int], q: int) -> float:
@@ -190,16 +206,17 @@ def _verdict(target: str, met: bool, measured: str) -> None:
 def main() -> None:
     # Best of REPEATS, as timeit does: on a shared machine, the slower runs measure the neighbours.
     core_ns = min(core_only() for _ in range(REPEATS))
-    plain_ns, each = min((asyncio.run(uncontended()) for _ in range(REPEATS)), key=lambda r: r[0])
-    wired_ns = min(asyncio.run(uncontended(wired_bulkhead()))[0] for _ in range(REPEATS))
+    plain_ns, each = min((_run(uncontended()) for _ in range(REPEATS)), key=lambda r: r[0])
+    wired_ns = min(_run(uncontended(wired_bulkhead()))[0] for _ in range(REPEATS))
     busy_ns, waited, gaps = min(
-        (asyncio.run(contended()) for _ in range(REPEATS)), key=lambda r: _p(r[2], 99)
+        (_run(contended()) for _ in range(REPEATS)), key=lambda r: _p(r[2], 99)
     )
-    loop_ns = min(asyncio.run(sleep_baseline()) for _ in range(REPEATS))
+    loop_ns = min(_run(sleep_baseline()) for _ in range(REPEATS))
     semaphore_gaps = min(
-        (asyncio.run(contended_semaphore()) for _ in range(REPEATS)), key=lambda g: _p(g, 99)
+        (_run(contended_semaphore()) for _ in range(REPEATS)), key=lambda g: _p(g, 99)
     )
     ops = TASKS * OPS_PER_TASK
+    print(f"event loop: {_run(_loop_name())} (as serve runs it)")
     print(f"core request+release (sync)      {core_ns:9.0f} ns/op  ({UNCONTENDED_OPS} ops)")
     print(
         f"uncontended admit+release        {plain_ns:9.0f} ns/op  ({plain_ns / core_ns:.1f}x core)"
@@ -224,7 +241,7 @@ def main() -> None:
     )
     queued = _traced(waiter_bytes(queued=True, traced=True))
     bare = _traced(waiter_bytes(queued=False, traced=True))
-    rss = asyncio.run(waiter_bytes(queued=True, traced=False))
+    rss = _run(waiter_bytes(queued=True, traced=False))
     print(
         f"one queued waiter ({WAITERS} queued)  {queued:9.0f} B (tracemalloc)  "
         f"{rss:.0f} B (RSS growth); a bare task on a future: {bare:.0f} B"
