@@ -5,7 +5,8 @@ uvloop runs the loop, its timers and the socket transports in C (libuv). Counted
 ``benchmarks/instructions_bench.py`` (callgrind), a relayed event costs the sidecar about 18k
 user-space instructions on uvloop against 43k on asyncio's selector loop, whose own Python is
 about 23k of them; a request's fixed cost falls by about a tenth (docs/performance.md). Nothing
-else depends on the choice: the protocols take any transport, and the tests run on asyncio.
+else depends on the choice: the protocols take any transport, and the edge's server, relay and
+engine-client tests run on both loops (tests/conftest.py).
 """
 
 from __future__ import annotations
