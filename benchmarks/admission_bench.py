@@ -21,13 +21,14 @@ import tracemalloc
 from collections.abc import Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+from benchmarks.loops import run_as_serve
 from sidecar.core.admission import Admission
 from sidecar.core.decisions import Granted
 from sidecar.core.errors import AdmissionRejectedError
 from sidecar.entry.app import SidecarServer
-from sidecar.entry.event_loop import loop_factory, running_loop_name
+from sidecar.entry.event_loop import running_loop_name
 from sidecar.entry.settings import load_settings
 from sidecar.limiter.bulkhead import Bulkhead
 
@@ -37,10 +38,6 @@ TASKS = 4 * PERMITS
 OPS_PER_TASK = 1_500
 REPEATS = 3
 WAITERS = int(os.environ.get("BENCH_WAITERS", "10000"))
-LOOP_CHOICE = load_settings(
-    {"SIDECAR_EVENT_LOOP": os.environ.get("SIDECAR_EVENT_LOOP", "") or "auto"}
-).event_loop
-T = TypeVar("T")
 WIRED_ENV = {
     "SIDECAR_UPSTREAM_URL": "http://127.0.0.1:9",
     "SIDECAR_CAPACITY_SOURCE": "static",
@@ -180,15 +177,9 @@ def _rss() -> int:
 def _traced(main: Coroutine[Any, Any, float]) -> float:
     tracemalloc.start()
     try:
-        return _run(main)
+        return run_as_serve(main)
     finally:
         tracemalloc.stop()
-
-
-def _run(main: Coroutine[Any, Any, T]) -> T:
-    """``main`` on the loop ``sidecar serve`` would run (SIDECAR_EVENT_LOOP; auto: uvloop)."""
-    with asyncio.Runner(loop_factory=loop_factory(LOOP_CHOICE)) as runner:
-        return runner.run(main)
 
 
 async def _loop_name() -> str:
@@ -206,17 +197,17 @@ def _verdict(target: str, met: bool, measured: str) -> None:
 def main() -> None:
     # Best of REPEATS, as timeit does: on a shared machine, the slower runs measure the neighbours.
     core_ns = min(core_only() for _ in range(REPEATS))
-    plain_ns, each = min((_run(uncontended()) for _ in range(REPEATS)), key=lambda r: r[0])
-    wired_ns = min(_run(uncontended(wired_bulkhead()))[0] for _ in range(REPEATS))
+    plain_ns, each = min((run_as_serve(uncontended()) for _ in range(REPEATS)), key=lambda r: r[0])
+    wired_ns = min(run_as_serve(uncontended(wired_bulkhead()))[0] for _ in range(REPEATS))
     busy_ns, waited, gaps = min(
-        (_run(contended()) for _ in range(REPEATS)), key=lambda r: _p(r[2], 99)
+        (run_as_serve(contended()) for _ in range(REPEATS)), key=lambda r: _p(r[2], 99)
     )
-    loop_ns = min(_run(sleep_baseline()) for _ in range(REPEATS))
+    loop_ns = min(run_as_serve(sleep_baseline()) for _ in range(REPEATS))
     semaphore_gaps = min(
-        (_run(contended_semaphore()) for _ in range(REPEATS)), key=lambda g: _p(g, 99)
+        (run_as_serve(contended_semaphore()) for _ in range(REPEATS)), key=lambda g: _p(g, 99)
     )
     ops = TASKS * OPS_PER_TASK
-    print(f"event loop: {_run(_loop_name())} (as serve runs it)")
+    print(f"event loop: {run_as_serve(_loop_name())} (as serve runs it)")
     print(f"core request+release (sync)      {core_ns:9.0f} ns/op  ({UNCONTENDED_OPS} ops)")
     print(
         f"uncontended admit+release        {plain_ns:9.0f} ns/op  ({plain_ns / core_ns:.1f}x core)"
@@ -241,7 +232,7 @@ def main() -> None:
     )
     queued = _traced(waiter_bytes(queued=True, traced=True))
     bare = _traced(waiter_bytes(queued=False, traced=True))
-    rss = _run(waiter_bytes(queued=True, traced=False))
+    rss = run_as_serve(waiter_bytes(queued=True, traced=False))
     print(
         f"one queued waiter ({WAITERS} queued)  {queued:9.0f} B (tracemalloc)  "
         f"{rss:.0f} B (RSS growth); a bare task on a future: {bare:.0f} B"

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import socket
 from collections.abc import Sequence
 from typing import cast
 
-from sidecar.entry.event_loop import loop_factory
-from sidecar.entry.settings import load_settings
+from benchmarks.loops import run_as_serve
 
 
 class _Side(asyncio.Protocol):
@@ -89,9 +87,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream-port", type=int, required=True)
     args = parser.parse_args(argv)
-    choice = load_settings({"SIDECAR_EVENT_LOOP": os.environ.get("SIDECAR_EVENT_LOOP", "auto")})
-    with asyncio.Runner(loop_factory=loop_factory(choice.event_loop)) as runner:
-        runner.run(serve(args.port, args.upstream_port))
+    run_as_serve(serve(args.port, args.upstream_port))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks.loops import run
+from benchmarks.loops import run, serve_loop
 from benchmarks.nginx_proxy import INSTALL_HINT, nginx_binary, start_nginx
 from benchmarks.relay_bench import _cores, _free_port, _pinned, _sidecar_env, _start
 from benchmarks.stream_client import HOST, chat_request, one_stream
@@ -235,7 +235,8 @@ async def bench(names: list[str]) -> list[Row]:
 def _report(rows: list[Row]) -> None:
     print(
         f"user-space instructions (callgrind), {STREAMS} streams per length, one at a time, "
-        f"events {GAP_MS:g} ms apart; stream = a + b x events"
+        f"events {GAP_MS:g} ms apart; stream = a + b x events; the sidecar and the pump on "
+        f"{'asyncio' if serve_loop() is None else 'uvloop'}"
     )
     by = {row.target: row for row in rows}
     refs = [name for name in ("nginx", "pump") if name in by]
@@ -262,6 +263,7 @@ def _write_json(rows: list[Row]) -> None:
     meta = {
         "python": platform.python_version(),
         "python_executable": sys.executable,
+        "sidecar_loop": "asyncio" if serve_loop() is None else "uvloop",
         "streams": STREAMS,
         "token_events": [SHORT, LONG],
         "gap_ms": GAP_MS,

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar, cast
+
+from sidecar.entry import event_loop
+from sidecar.entry.settings import load_settings
 
 T = TypeVar("T")
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
@@ -26,4 +30,17 @@ def loop_factory() -> LoopFactory | None:
 
 def run(main: Coroutine[Any, Any, T]) -> T:
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        return runner.run(main)
+
+
+def serve_loop() -> LoopFactory | None:
+    """The loop ``sidecar serve`` would run on here: SIDECAR_EVENT_LOOP from the environment,
+    read as serve reads it (unset or auto: uvloop where installed); for what stands in for it."""
+    value = os.environ.get("SIDECAR_EVENT_LOOP", "") or "auto"
+    return event_loop.loop_factory(load_settings({"SIDECAR_EVENT_LOOP": value}).event_loop)
+
+
+def run_as_serve(main: Coroutine[Any, Any, T]) -> T:
+    """``main`` on :func:`serve_loop`'s loop."""
+    with asyncio.Runner(loop_factory=serve_loop()) as runner:
         return runner.run(main)

@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks.loops import loop_factory, run
+from benchmarks.loops import loop_factory, run, serve_loop
 from benchmarks.nginx_proxy import INSTALL_HINT, nginx_binary, start_nginx, worker_pids
 from benchmarks.stream_client import LoadResult, load
 
@@ -319,7 +319,8 @@ def _fmt(value: float | None, spec: str) -> str:
 def _report(rows: list[Row]) -> None:
     print(
         f"{TOKENS + 2} events per stream, {SECONDS:g} s per measurement, best of {ROUNDS}; "
-        f"{os.cpu_count()} CPUs; proxy pinned to its own core"
+        f"{os.cpu_count()} CPUs; proxy pinned to its own core; the sidecar and the pump on "
+        f"{'asyncio' if serve_loop() is None else 'uvloop'}"
     )
     _table([r for r in rows if not r.paced_ms])
     if paced := [r for r in rows if r.paced_ms]:
@@ -390,6 +391,7 @@ def _write_json(rows: list[Row]) -> None:
         "paced_ms": PACE_MS,
         "paced_seconds": PACED_SECONDS,
         "client_loop": "uvloop" if loop_factory() else "asyncio",
+        "sidecar_loop": "asyncio" if serve_loop() is None else "uvloop",
         "sidecar_env": {k: v for k, v in os.environ.items() if k.startswith("SIDECAR_")},
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

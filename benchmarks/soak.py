@@ -23,12 +23,13 @@ from pathlib import Path
 
 import aiohttp
 
+from benchmarks.loops import run_as_serve
 from emulator.app import build_app
 from emulator.config import EmulatorConfig
 from sidecar.core.errors import ProbeTemporaryError
 from sidecar.core.outcomes import REQUEST_OUTCOMES
 from sidecar.entry.app import SidecarServer
-from sidecar.entry.event_loop import loop_factory, running_loop_name
+from sidecar.entry.event_loop import running_loop_name
 from sidecar.entry.logs import configure_logging
 from sidecar.entry.settings import load_settings
 from sidecar.limiter.events import BulkheadSnapshot
@@ -299,11 +300,7 @@ def report(
 def main() -> int:
     total = int(os.environ.get("SOAK_REQUESTS", "10000"))
     concurrency = int(os.environ.get("SOAK_CONCURRENCY", "48"))
-    # The loop `sidecar serve` would pick (SIDECAR_EVENT_LOOP, auto: uvloop where installed).
-    loop = os.environ.get("SIDECAR_EVENT_LOOP", "auto")
-    choice = load_settings({"SIDECAR_EVENT_LOOP": loop}).event_loop
-    with asyncio.Runner(loop_factory=loop_factory(choice)) as runner:
-        return runner.run(soak(total, concurrency))
+    return run_as_serve(soak(total, concurrency))
 
 
 if __name__ == "__main__":
