@@ -199,22 +199,27 @@ async def _in_use(server: SidecarServer, n: int) -> bool:
     return server.bulkhead.snapshot().in_use == n
 
 
+def _streamed_chat(mode: str) -> bytes:
+    """A streaming chat request that asks the engine double for ``mode``, then closes."""
+    body = json.dumps({**CHAT, "stream": True}).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-double: {mode}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close"
+        "\r\n\r\n"
+    ).encode()
+    return head + body
+
+
 async def test_a_slow_reader_gets_every_event_in_order(edge: Start) -> None:
     """A client slower than the engine (a 4 KiB receive buffer, read a little at a time): the
     relay's socket fills again and again, and every byte still arrives, in order, once."""
     server = await edge()
-    body = json.dumps({**CHAT, "stream": True}).encode()
-    head = (
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-double: numbered\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close"
-        "\r\n\r\n"
-    ).encode()
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.setblocking(False)
     await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", server.proxy_port))
     reader, writer = await asyncio.open_connection(sock=sock, limit=4096)
-    writer.write(head + body)
+    writer.write(_streamed_chat("numbered"))
     received = bytearray()
     async with asyncio.timeout(30):
         while piece := await reader.read(1024):
@@ -231,14 +236,8 @@ async def test_a_paced_stream_reaches_the_client_event_by_event(edge: Start) -> 
     """Events that each come in a read of their own (the relay passes the engine's chunk on as
     it came): the client's body is a valid chunked one of exactly the engine's events."""
     server = await edge()
-    body = json.dumps({**CHAT, "stream": True}).encode()
-    head = (
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-double: paced\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close"
-        "\r\n\r\n"
-    ).encode()
     reader, writer = await asyncio.open_connection("127.0.0.1", server.proxy_port)
-    writer.write(head + body)
+    writer.write(_streamed_chat("paced"))
     async with asyncio.timeout(30):
         received = await reader.read(-1)
     writer.close()
