@@ -40,7 +40,7 @@ from pathlib import Path
 
 from benchmarks.loops import run, serve_loop
 from benchmarks.nginx_proxy import INSTALL_HINT, nginx_binary, start_nginx
-from benchmarks.relay_bench import _cores, _free_port, _pinned, _sidecar_env, _start
+from benchmarks.relay_bench import _cores, _free_port, _pinned, _ready, _sidecar_env, _start
 from benchmarks.stream_client import HOST, chat_request, one_stream
 
 STREAMS = int(os.environ.get("BENCH_INSTR_STREAMS", "30"))
@@ -124,26 +124,6 @@ class Counted:
         raise RuntimeError(f"no callgrind dump from {self.name}")
 
 
-async def _ready(port: int, path: str, process: subprocess.Popen[bytes]) -> None:
-    """Poll until GET ``path`` answers 200, for as long as a start under valgrind takes."""
-    request = f"GET {path} HTTP/1.1\r\nHost: {HOST}\r\nConnection: close\r\n\r\n".encode()
-    deadline = time.monotonic() + READY_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
-        try:
-            reader, writer = await asyncio.open_connection(HOST, port)
-            writer.write(request)
-            status = await reader.readline()
-            writer.close()
-            if b" 200 " in status:
-                return
-        except OSError:
-            pass
-        await asyncio.sleep(0.2)
-    raise RuntimeError(f"{HOST}:{port}{path} not ready after {READY_S:g} s")
-
-
 async def _streams(port: int, events: int, count: int) -> None:
     """``count`` paced streams of ``events`` token events, one after another, one connection."""
     request = chat_request(HOST, port, events, GAP_MS, events=events)
@@ -185,24 +165,26 @@ async def _measure(counted: Counted, port: int) -> Row:
 
 def _launch(
     name: str, counted: Counted, engine_port: int, tmp: Path
-) -> tuple[subprocess.Popen[bytes], int, str]:
-    """Start ``name`` under callgrind; its process, the port to stream through and to poll."""
+) -> tuple[subprocess.Popen[bytes], int, int, str]:
+    """Start ``name`` under callgrind: its process, the port to stream through, and the port and
+    path that answer 200 once it is ready."""
     port = _free_port()
     if name == "sidecar":
         admin = _free_port()
         env = _sidecar_env(engine_port, port, admin) | {"PYTHONHASHSEED": "0"}
         args = [sys.executable, "-m", "sidecar", "serve"]
-        return _start([*counted.wrapper(), *args], env), port, f"{admin}/readyz"
+        return _start([*counted.wrapper(), *args], env), port, admin, "/readyz"
     if name == "pump":
         args = [sys.executable, "-m", "benchmarks.byte_pump", "--port", str(port)]
         args += ["--upstream-port", str(engine_port)]
-        return _start([*counted.wrapper(), *args], {"PYTHONHASHSEED": "0"}), port, f"{port}/health"
+        pump = _start([*counted.wrapper(), *args], {"PYTHONHASHSEED": "0"})
+        return pump, port, port, "/health"
     binary = nginx_binary()
     assert binary is not None
     nginx = start_nginx(
         binary, tmp, port, engine_port, wrapper=counted.wrapper(), single_process=True
     )
-    return nginx, port, f"{port}/health"
+    return nginx, port, port, "/health"
 
 
 async def bench(names: list[str]) -> list[Row]:
@@ -217,11 +199,10 @@ async def bench(names: list[str]) -> list[Row]:
             for name in names:
                 counted = Counted(name, Path(tmp))
                 with _pinned(proxy_cores):
-                    process, port, ready = _launch(name, counted, engine_port, Path(tmp))
+                    process, port, ready_port, path = _launch(name, counted, engine_port, Path(tmp))
                 counted.process = process
                 try:
-                    ready_port, _, path = ready.partition("/")
-                    await _ready(int(ready_port), "/" + path, process)
+                    await _ready(ready_port, path, process, READY_S)
                     rows.append(await _measure(counted, port))
                 finally:
                     process.terminate()

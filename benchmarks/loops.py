@@ -8,24 +8,20 @@ sidecar/entry/event_loop.py); the load tools use it whatever the sidecar is told
 from __future__ import annotations
 
 import asyncio
-import importlib
 import os
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar, cast
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from sidecar.entry import event_loop
 from sidecar.entry.settings import load_settings
 
 T = TypeVar("T")
-LoopFactory = Callable[[], asyncio.AbstractEventLoop]
+LoopFactory = event_loop.LoopFactory
 
 
 def loop_factory() -> LoopFactory | None:
-    try:
-        uvloop = importlib.import_module("uvloop")
-    except ImportError:
-        return None
-    return cast(LoopFactory, uvloop.new_event_loop)
+    """uvloop's where it is installed (the load tools' loop, whatever the sidecar runs on)."""
+    return event_loop.loop_factory("auto")
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:

@@ -120,10 +120,12 @@ def _start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Pop
     )
 
 
-async def _ready(port: int, path: str, process: subprocess.Popen[bytes]) -> None:
+async def _ready(
+    port: int, path: str, process: subprocess.Popen[bytes], timeout_s: float = 20.0
+) -> None:
     """Poll until GET ``path`` answers 200; bounded, and fails fast if the process died."""
     request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode()
-    for _ in range(400):
+    for _ in range(int(timeout_s / 0.05)):
         if process.poll() is not None:
             raise RuntimeError(f"{process.args!r} exited with {process.returncode}")
         with contextlib.suppress(OSError):

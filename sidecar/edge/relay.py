@@ -108,7 +108,8 @@ class _Relay:
         ``framed``: the engine's read that carried ``chunk`` as whole chunks. Where the framer
         passes ``chunk`` on unchanged, those bytes go to the client as they came: the same
         chunked encoding of the same data, not built again. This runs once per relayed event,
-        so ``_cannot_wait``, ``ready`` and ``counted`` are written out here.
+        so ``_cannot_wait``, ``ready`` and ``counted`` are written out here (calling them cost
+        1.2k instructions more per event, of ~15k, counted under callgrind).
         """
         request = self.request
         transport = request.transport
