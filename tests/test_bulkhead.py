@@ -415,3 +415,33 @@ async def test_shrink_refuses_a_queued_request_that_can_never_fit_and_lets_the_n
     assert await holder == 900
     assert await small == 200
     assert bulkhead.snapshot().in_use == 0
+
+
+async def test_every_way_out_of_the_queue_forgets_the_waiters_deadline() -> None:
+    """Granted, timed out, cancelled or drained: no deadline of a waiter outlives its wait, so
+    a busy sidecar's timers do not grow with the requests it has served."""
+    fake, log = FakeTime(), new_log()
+    bulkhead = make(fake, limit=1, max_queue=100)
+    gates = [asyncio.Event() for _ in range(6)]
+    tasks = [asyncio.create_task(hold(bulkhead, gate, log, str(i))) for i, gate in enumerate(gates)]
+    await settle()
+    assert bulkhead.snapshot().queued == 5
+    for i in range(3):  # three waiters granted in turn, each after the one before it ended
+        gates[i].set()
+        await settle()
+    assert log == ["0", "1", "2", "3"]
+    tasks[4].cancel()  # one cancelled while queued
+    await settle()
+    expiry = bulkhead._expiry  # the deadlines, kept behind one timer
+    assert expiry is not None
+    assert len(expiry) == 1, "only the one still queued has a deadline"
+    fake.advance(3.0)  # and it times out
+    await settle()
+    bulkhead.drain()
+    gates[3].set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert isinstance(results[5], AdmissionRejectedError)
+    assert results[5].reason == "timeout"
+    assert isinstance(results[4], asyncio.CancelledError)
+    assert len(expiry) == 0
+    assert fake.armed == 0

@@ -105,19 +105,21 @@ class Admission:
                 return self._reject(refusal, name, cost)
         self._next_ticket += 1
         waiter = _Waiter(self._next_ticket, name, cost)
-        if not self._queued_tickets and self._fits(waiter):
+        alone = not self._queued_tickets
+        if alone and self._fits(waiter):
             # Fast path, same answer as the pump: with nobody waiting, nobody is older.
             self._grant(waiter)
             return Granted(waiter.ticket, name, cost)
         queue = self._queues[name]
         queue.append(waiter)
         self._queued_tickets[waiter.ticket] = waiter
-        # Every other head was pumped already: only the newcomer can be granted, and only as a head.
-        if len(queue) == 1:
+        # Every other head was pumped already: only the newcomer can be granted, and only as a
+        # head. Alone, it was just found not to fit, and the pump would find the same.
+        if len(queue) == 1 and not alone:
             self._pump()
             if waiter.ticket in self._granted:
                 return Granted(waiter.ticket, name, cost)
-        if self.queued > self._max_queue or not may_wait:
+        if len(self._queued_tickets) > self._max_queue or not may_wait:
             self._remove_queued(waiter)
             return self._reject("queue_full" if may_wait else "shed", name, cost)
         self._queued_total += 1
@@ -327,6 +329,8 @@ class Admission:
         """Grant every queue head that fits, oldest first (see the docstring on starvation)."""
         if not self._queued_tickets:
             return ()  # the common release: nobody waits
+        if len(self._queues) == 1:
+            return self._pump_fifo()
         granted: list[Granted] = []
         while self._queued_tickets and not self._draining:
             waiter = self._next_grantable()
@@ -337,10 +341,18 @@ class Admission:
             granted.append(Granted(waiter.ticket, waiter.compartment, waiter.cost))
         return tuple(granted)
 
+    def _pump_fifo(self) -> tuple[Granted, ...]:
+        """``_pump`` without compartments: one queue, granted from its head while it fits. Once a
+        release under load, so the head leaves by ``popleft``, not a search."""
+        queue, granted = self._queues[DEFAULT], []
+        while queue and not self._draining and self._fits(head := queue[0]):
+            queue.popleft()
+            del self._queued_tickets[head.ticket]
+            self._grant(head)
+            granted.append(Granted(head.ticket, head.compartment, head.cost))
+        return tuple(granted)
+
     def _next_grantable(self) -> _Waiter | None:
-        if len(self._queues) == 1:  # no compartments: plain FIFO
-            head = self._queues[DEFAULT][0]
-            return head if self._fits(head) else None
         heads = sorted((q[0] for q in self._queues.values() if q), key=lambda w: w.ticket)
         owners = {h.compartment for h in heads if self._within_guarantee(h)}
         blocked = False

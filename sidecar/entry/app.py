@@ -94,12 +94,14 @@ class SidecarServer:
 
     def _on_event(self, event: AdmissionEvent) -> None:
         """Bulkhead decisions -> metrics; the proxy logs them, in each request's own context."""
-        if event.kind == "granted":
+        kind = event.kind
+        if kind == "granted":  # once a request: the rest is for refusals
             self.metrics.waited(event.wait_s)
-        elif event.kind == "rejected" and event.reason == "timeout":
-            self.metrics.waited(event.wait_s)  # what it really waited, timer slack included
-        if event.kind == "rejected" and event.shadow and event.reason is not None:
-            self.metrics.shadow_rejected(event.reason)
+        elif kind == "rejected":
+            if event.reason == "timeout":
+                self.metrics.waited(event.wait_s)  # what it really waited, timer slack included
+            if event.shadow and event.reason is not None:
+                self.metrics.shadow_rejected(event.reason)
 
     def _price(self, request: CheckedRequest) -> int:
         """Token mode: every sequence's own worst case in KV bytes. Count mode: one permit per

@@ -11,7 +11,6 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any
 
 import structlog
 
@@ -145,8 +144,9 @@ class Bulkhead:
 
     # --- acquiring (the permit's Holder side) ------------------------------------------------
 
-    def take_now(self, permit: Permit) -> Queued | None:
-        """Decide ``permit``: held now (None), refused (raises), or queued (its place)."""
+    def take_now(self, permit: Permit) -> asyncio.Future[float] | None:
+        """Decide ``permit``: held now (None), refused (raises), or queued (the future its grant
+        sets to when it was granted, or its refusal fails with AdmissionRejectedError)."""
         if permit.cost < 0:
             raise ValueError("cost must be >= 0")
         if self._ledger.streams:
@@ -167,19 +167,16 @@ class Bulkhead:
             return None
         return self._enqueue(permit, decision)
 
-    async def take_queued(self, permit: Permit, queued: Queued) -> None:
-        """Wait for the grant of a request ``take_now`` queued."""
-        ticket = queued.ticket
-        wait = self._waiters[ticket]
-        assert wait.future is not None
-        try:
-            granted_at = await wait.future
-        except asyncio.CancelledError:
-            self._abandon(queued)
-            raise
-        finally:
-            self._forget(ticket)
-        self._hold(permit, ticket, queued.cost, queued.compartment, granted_at - wait.started)
+    def took(self, permit: Permit, wait_s: float) -> None:
+        """The queued ``permit``'s future was set (to how long it waited): it holds the grant."""
+        self._hold(permit, permit._ticket, permit.cost, permit.compartment, wait_s)
+
+    def abandoned(self, permit: Permit) -> None:
+        """A queued ``permit``'s waiter was cancelled: no trace if still queued, else the grant
+        it won in the same tick is given back."""
+        assert permit._ticket is not None
+        self._forget(permit._ticket)
+        self._abandon(permit._ticket, permit.cost)
 
     def _rejected(self, permit: Permit, decision: Rejected) -> None:
         error = self._error(decision.reason, decision.compartment)
@@ -192,18 +189,22 @@ class Bulkhead:
         self._hold(permit, None, decision.cost, decision.compartment, 0.0)
         permit.shadow_rejected = decision.reason
 
-    def _enqueue(self, permit: Permit, queued: Queued) -> Queued | None:
+    def _enqueue(self, permit: Permit, queued: Queued) -> asyncio.Future[float] | None:
         self._emit("queued", queued.compartment, queued.cost)
         ticket = queued.ticket
+        # What it waits for is what it will hold: the core's ticket, its cost and compartment.
+        permit._ticket, permit.cost, permit.compartment = ticket, queued.cost, queued.compartment
         loop = asyncio.get_running_loop()  # once: on Python 3.11 each call is a getpid()
         if self._shadow:
             # Shadow: run now, but leave the ticket queued so every later decision is the same.
             self._hold(permit, ticket, queued.cost, queued.compartment, 0.0)
+            future = None
             self._waiters[ticket] = _Wait(queued, self._clock(), None, permit)
         else:
-            self._waiters[ticket] = _Wait(queued, self._clock(), loop.create_future())
+            future = loop.create_future()
+            self._waiters[ticket] = _Wait(queued, self._clock(), future)
         self._deadlines(loop).add(ticket, self._max_wait_s)
-        return None if self._shadow else queued
+        return future
 
     def _deadlines(self, loop: asyncio.AbstractEventLoop) -> Expiry:
         """The waiters' deadlines: on the injected timer, else on ``loop`` (the running one).
@@ -231,17 +232,19 @@ class Bulkhead:
 
     # --- settling waiters ------------------------------------------------------------------------
 
-    def _wake(self, grants: tuple[Granted, ...]) -> None:
+    def _wake(self, grants: tuple[Granted, ...], now: float | None = None) -> None:
         if not grants:
             return  # most releases: no clock read
-        now = self._clock()
+        if now is None:
+            now = self._clock()
         for grant in grants:
             wait = self._waiters.pop(grant.ticket)
-            self._emit("granted", grant.compartment, grant.cost, wait_s=now - wait.started)
+            wait_s = now - wait.started
+            self._emit("granted", grant.compartment, grant.cost, wait_s=wait_s)
             self._forget(grant.ticket)
             # A waiter cancelled in this same tick has a cancelled future: it releases on unwind.
             if wait.future is not None and not wait.future.done():
-                wait.future.set_result(now)
+                wait.future.set_result(wait_s)
 
     def _expire(self, ticket: int) -> None:
         withdrawal = self._core.withdraw(ticket, "timeout")
@@ -266,12 +269,12 @@ class Bulkhead:
         if self._expiry is not None:
             self._expiry.discard(ticket)
 
-    def _abandon(self, queued: Queued) -> None:
+    def _abandon(self, ticket: int, cost: int) -> None:
         """A waiter was cancelled: leave no trace if still queued, else give its grant back."""
-        self._waiters.pop(queued.ticket, None)
-        withdrawal = self._core.withdraw(queued.ticket, "cancelled")
+        self._waiters.pop(ticket, None)
+        withdrawal = self._core.withdraw(ticket, "cancelled")
         if not withdrawal.removed:
-            self._return_grant(queued.ticket, queued.cost, "cancelled")
+            self._return_grant(ticket, cost, "cancelled")
         self._wake(withdrawal.granted)
 
     def give_back(self, permit: Permit, outcome: Outcome) -> None:
@@ -292,9 +295,10 @@ class Bulkhead:
                 if usage is not None:
                     amount = max(cost, usage.charge())
             grants = self._core.release(ticket, outcome)
-            self._hint.observe(self._clock(), amount)
+            now = self._clock()
+            self._hint.observe(now, amount)
             if grants:
-                self._wake(grants)
+                self._wake(grants, now)
         elif (wait := self._waiters.pop(ticket, None)) is not None:
             # Shadow: the request ran at once and ended before its would-be grant came.
             self._forget(wait.queued.ticket)
@@ -316,12 +320,24 @@ class Bulkhead:
             retry = self._hint.retry_after_s(self._core.queued_ahead(compartment), self._clock())
         return AdmissionRejectedError(reason, retry, waited_s)
 
-    def _emit(self, kind: EventKind, compartment: str, cost: int, **details: Any) -> None:
-        if self.on_event is None:
+    def _emit(
+        self,
+        kind: EventKind,
+        compartment: str,
+        cost: int,
+        *,
+        wait_s: float = 0.0,
+        reason: RejectReason | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        on_event = self.on_event
+        if on_event is None:
             return
-        event = AdmissionEvent(kind, compartment, cost, self._shadow, self._core.queued, **details)
+        event = AdmissionEvent(
+            kind, compartment, cost, self._shadow, self._core.queued, wait_s, reason, retry_after_s
+        )
         try:
-            self.on_event(event)
+            on_event(event)
         except Exception:
             # The observer is metrics/logging: its failure must never corrupt admission state.
             log.exception("admission_observer_failed", kind=kind)
