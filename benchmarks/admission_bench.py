@@ -1,5 +1,9 @@
 """Cost per operation of the bulkhead: uncontended and contended admit+release, core alone.
 
+``python -m benchmarks.admission_bench count KIND N`` only runs N operations of one kind
+(COUNTED), for instructions_bench to count under callgrind: ``uncontended``, ``wired`` (as serve
+wires it), ``contended`` and ``semaphore`` (asyncio's, the same load).
+
 Prints ns/op and the ratio to the bare state machine, so the asyncio layer's share is visible,
 p50/p99 per operation (uncontended: each op timed alone; contended: the gap between successive
 releases, all tasks together, loop turns included), and the memory one queued waiter holds, with
@@ -16,6 +20,7 @@ import gc
 import itertools
 import os
 import statistics
+import sys
 import time
 import tracemalloc
 from collections.abc import Callable, Coroutine
@@ -91,22 +96,22 @@ async def contended() -> tuple[float, int, list[int]]:
     return elapsed / (TASKS * OPS_PER_TASK), bulkhead.snapshot().queued_total, gaps
 
 
-async def contended_semaphore() -> list[int]:
+async def contended_semaphore(ops: int = OPS_PER_TASK) -> list[int]:
     """The same load on asyncio's own Semaphore (unbounded queue, no timeout): for scale."""
     semaphore = asyncio.Semaphore(PERMITS)
-    return (await _contend(lambda: semaphore))[1]
+    return (await _contend(lambda: semaphore, ops))[1]
 
 
 async def _contend(
-    admit: Callable[[], AbstractAsyncContextManager[object]],
+    admit: Callable[[], AbstractAsyncContextManager[object]], ops: int = OPS_PER_TASK
 ) -> tuple[int, list[int]]:
-    """TASKS tasks, each OPS_PER_TASK times: admit, hold across a loop turn, release."""
+    """TASKS tasks, each ``ops`` times: admit, hold across a loop turn, release."""
     releases: list[int] = []
     mark = releases.append
     clock = time.perf_counter_ns
 
     async def worker() -> None:
-        for _ in range(OPS_PER_TASK):
+        for _ in range(ops):
             async with admit():
                 await asyncio.sleep(0)  # hold across a loop turn so the others queue
             mark(clock())
@@ -186,6 +191,30 @@ async def _loop_name() -> str:
     return running_loop_name()
 
 
+COUNTED = ("uncontended", "wired", "contended", "semaphore")
+
+
+async def _uncontended_ops(bulkhead: Bulkhead, n: int) -> None:
+    for _ in range(n):
+        async with bulkhead.admit():
+            pass
+
+
+def count_ops(kind: str, n: int) -> None:
+    """``n`` operations of ``kind`` and nothing else, on serve's loop: what callgrind counts."""
+    per_task = max(1, n // TASKS)
+    if kind == "uncontended":
+        run_as_serve(_uncontended_ops(_bulkhead(PERMITS), n))
+    elif kind == "wired":
+        run_as_serve(_uncontended_ops(wired_bulkhead(), n))
+    elif kind == "contended":
+        run_as_serve(_contend(_bulkhead(PERMITS).admit, per_task))
+    elif kind == "semaphore":
+        run_as_serve(contended_semaphore(per_task))
+    else:
+        raise SystemExit(f"count: KIND is one of {', '.join(COUNTED)}, not {kind!r}")
+
+
 def _p(values: list[int], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
@@ -251,4 +280,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["count"]:
+        count_ops(sys.argv[2], int(sys.argv[3]))
+    else:
+        main()

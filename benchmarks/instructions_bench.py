@@ -17,10 +17,15 @@ any relay) is not counted, so the ratios are those of the work each proxy adds i
 of CPU time. The counts repeat to within about 2% between runs; a change's effect is the
 difference of two runs.
 
+The ``admission`` target counts the bulkhead alone the same way: ``admission_bench count`` runs
+one kind of admit+release (uncontended, as serve wires it, contended, and asyncio's semaphore
+under the same load) under callgrind twice, ADMISSION_OPS apart; the difference over the
+difference in operations is one operation's count, start-up and all else taken off.
+
 Needs valgrind (``apt-get install -y valgrind``); without it this says so and skips. Sizes:
 BENCH_INSTR_STREAMS (30 per length), BENCH_INSTR_EVENTS (the two lengths in token events: 1,64;
 the short one short, so that ``a`` carries little of ``b``'s error),
-BENCH_INSTR_GAP_MS (5), BENCH_INSTR_TARGETS (sidecar,nginx,pump), BENCH_INSTR_JSON
+BENCH_INSTR_GAP_MS (5), BENCH_INSTR_TARGETS (sidecar,nginx,pump,admission), BENCH_INSTR_JSON
 (.bench/instructions.json). SIDECAR_* variables reach the sidecar, as in relay_bench.
 """
 
@@ -35,9 +40,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from benchmarks.admission_bench import COUNTED, PERMITS, TASKS
 from benchmarks.loops import run, serve_loop
 from benchmarks.nginx_proxy import INSTALL_HINT, nginx_binary, start_nginx
 from benchmarks.relay_bench import _cores, _free_port, _pinned, _ready, _sidecar_env, _start
@@ -46,7 +53,9 @@ from benchmarks.stream_client import HOST, chat_request, one_stream
 STREAMS = int(os.environ.get("BENCH_INSTR_STREAMS", "30"))
 SHORT, LONG = (int(n) for n in os.environ.get("BENCH_INSTR_EVENTS", "1,64").split(","))
 GAP_MS = float(os.environ.get("BENCH_INSTR_GAP_MS", "5"))
-TARGETS = os.environ.get("BENCH_INSTR_TARGETS", "sidecar,nginx,pump").split(",")
+TARGETS = os.environ.get("BENCH_INSTR_TARGETS", "sidecar,nginx,pump,admission").split(",")
+RELAYS = ("sidecar", "nginx", "pump")
+ADMISSION_OPS = (1_600, 12_800)  # the two runs' operations: multiples of admission_bench.TASKS
 JSON_PATH = Path(os.environ.get("BENCH_INSTR_JSON", ".bench/instructions.json"))
 VALGRIND_HINT = "valgrind not found; install it with: apt-get install -y valgrind"
 WARM_STREAMS = 10  # per length, before counting: first-request paths, caches, lazy imports
@@ -213,6 +222,72 @@ async def bench(names: list[str]) -> list[Row]:
     return rows
 
 
+def _counted_ops(kind: str, ops: int, out: Path) -> int:
+    """Instructions of a whole ``admission_bench count`` process: start-up, then ``ops``."""
+    dump = out / f"admission.{kind}.{ops}"
+    log = out / f"admission.{kind}.{ops}.valgrind.log"
+    subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={dump}",
+            f"--log-file={log}",
+            sys.executable,
+            "-m",
+            "benchmarks.admission_bench",
+            "count",
+            kind,
+            str(ops),
+        ],
+        check=True,
+        env=os.environ | {"PYTHONHASHSEED": "0"},
+        stdout=subprocess.DEVNULL,
+        timeout=900,
+    )
+    for line in dump.read_text().splitlines():
+        if line.startswith("summary:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no summary in {dump}")
+
+
+def admission_counts() -> dict[str, float]:
+    """Instructions per admit+release, by kind (admission_bench.COUNTED)."""
+    small, large = ADMISSION_OPS
+    # Two at a time (a count does not depend on what else runs): half the wait on two cores.
+    with (
+        tempfile.TemporaryDirectory(prefix="instr-admission-") as tmp,
+        ThreadPoolExecutor(max_workers=2) as pool,
+    ):
+        runs = {
+            (kind, ops): pool.submit(_counted_ops, kind, ops, Path(tmp))
+            for kind in COUNTED
+            for ops in ADMISSION_OPS
+        }
+        return {
+            kind: (runs[kind, large].result() - runs[kind, small].result()) / (large - small)
+            for kind in COUNTED
+        }
+
+
+def _report_admission(per_op: dict[str, float]) -> None:
+    small, large = ADMISSION_OPS
+    print(
+        f"admission: user-space instructions per admit+release (callgrind; runs of {small:,} "
+        f"and {large:,} operations, the difference), on "
+        f"{'asyncio' if serve_loop() is None else 'uvloop'}"
+    )
+    notes = {
+        "uncontended": "a permit always free",
+        "wired": f"the same, as serve wires it: +{per_op['wired'] - per_op['uncontended']:,.0f} "
+        "for its metrics observer",
+        "contended": f"{TASKS} tasks on {PERMITS} permits, each queued first",
+        "semaphore": f"asyncio.Semaphore, the same load: the bulkhead is "
+        f"{per_op['contended'] / per_op['semaphore']:.2f}x",
+    }
+    for kind, count in per_op.items():
+        print(f"  {kind:<12} {count:>9,.0f}  {notes[kind]}")
+
+
 def _report(rows: list[Row]) -> None:
     print(
         f"user-space instructions (callgrind), {STREAMS} streams per length, one at a time, "
@@ -239,7 +314,7 @@ def _report(rows: list[Row]) -> None:
             print(f"  per event over a {events}-event stream, sidecar / nginx: {ratio:.2f}x")
 
 
-def _write_json(rows: list[Row]) -> None:
+def _write_json(rows: list[Row], admission: dict[str, float] | None) -> None:
     JSON_PATH.parent.mkdir(parents=True, exist_ok=True)
     meta = {
         "python": platform.python_version(),
@@ -251,7 +326,8 @@ def _write_json(rows: list[Row]) -> None:
         "sidecar_env": {k: v for k, v in os.environ.items() if k.startswith("SIDECAR_")},
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    JSON_PATH.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2))
+    body = {"meta": meta, "rows": [asdict(r) for r in rows], "admission_per_op": admission}
+    JSON_PATH.write_text(json.dumps(body, indent=2))
     print(f"  written to {JSON_PATH}")
 
 
@@ -259,12 +335,17 @@ def main() -> None:
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print(f"  {VALGRIND_HINT}")
         return
-    names = [name for name in TARGETS if name != "nginx" or nginx_binary() is not None]
-    if "nginx" in TARGETS and "nginx" not in names:
+    relays = [name for name in TARGETS if name in RELAYS]
+    names = [name for name in relays if name != "nginx" or nginx_binary() is not None]
+    if "nginx" in relays and "nginx" not in names:
         print(f"  {INSTALL_HINT}")
-    rows = run(bench(names))
-    _report(rows)
-    _write_json(rows)
+    rows = run(bench(names)) if names else []
+    if rows:
+        _report(rows)
+    admission = admission_counts() if "admission" in TARGETS else None
+    if admission is not None:
+        _report_admission(admission)
+    _write_json(rows, admission)
 
 
 if __name__ == "__main__":
