@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 import structlog
 
@@ -26,14 +26,6 @@ from sidecar.limiter.expiry import CallLater, Expiry
 from sidecar.limiter.permit import Permit
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass(slots=True)
-class _Wait:
-    queued: Queued
-    started: float
-    future: asyncio.Future[float] | None
-    permit: Permit | None = None
 
 
 class Bulkhead:
@@ -70,7 +62,9 @@ class Bulkhead:
         self._call_later = call_later
         self.on_event = on_event
         self._hint = hint or ReleaseRate()
-        self._waiters: dict[int, _Wait] = {}
+        # Queued permits by ticket; each carries its ticket, cost, compartment, when it began to
+        # wait and the future its grant settles (None in shadow mode: it runs meanwhile).
+        self._waiters: dict[int, Permit] = {}
         self._expiry = (
             Expiry(now=clock, call_later=call_later, expire=self._expire) if call_later else None
         )
@@ -199,10 +193,10 @@ class Bulkhead:
             # Shadow: run now, but leave the ticket queued so every later decision is the same.
             self._hold(permit, ticket, queued.cost, queued.compartment, 0.0)
             future = None
-            self._waiters[ticket] = _Wait(queued, self._clock(), None, permit)
         else:
             future = loop.create_future()
-            self._waiters[ticket] = _Wait(queued, self._clock(), future)
+        permit._future, permit._started = future, self._clock()
+        self._waiters[ticket] = permit
         self._deadlines(loop).add(ticket, self._max_wait_s)
         return future
 
@@ -238,13 +232,14 @@ class Bulkhead:
         if now is None:
             now = self._clock()
         for grant in grants:
-            wait = self._waiters.pop(grant.ticket)
-            wait_s = now - wait.started
+            waiter = self._waiters.pop(grant.ticket)
+            wait_s = now - waiter._started
             self._emit("granted", grant.compartment, grant.cost, wait_s=wait_s)
             self._forget(grant.ticket)
             # A waiter cancelled in this same tick has a cancelled future: it releases on unwind.
-            if wait.future is not None and not wait.future.done():
-                wait.future.set_result(wait_s)
+            future = waiter._future
+            if future is not None and not future.done():
+                future.set_result(wait_s)
 
     def _expire(self, ticket: int) -> None:
         withdrawal = self._core.withdraw(ticket, "timeout")
@@ -252,18 +247,20 @@ class Bulkhead:
             self._refuse_waiter(self._waiters.pop(ticket), "timeout")
         self._wake(withdrawal.granted)
 
-    def _refuse_waiter(self, wait: _Wait, reason: RejectReason) -> None:
-        self._forget(wait.queued.ticket)
-        name, cost = wait.queued.compartment, wait.queued.cost
-        error = self._error(reason, name, waited_s=self._clock() - wait.started)
+    def _refuse_waiter(self, waiter: Permit, reason: RejectReason) -> None:
+        assert waiter._ticket is not None
+        self._forget(waiter._ticket)
+        name, cost = waiter.compartment, waiter.cost
+        error = self._error(reason, name, waited_s=self._clock() - waiter._started)
         self._emit(
             "rejected", name, cost, reason=reason, retry_after_s=error.retry_after_s,
             wait_s=error.waited_s,
         )  # fmt: skip
-        if wait.permit is not None:
-            wait.permit.shadow_rejected = reason
-        if wait.future is not None and not wait.future.done():
-            wait.future.set_exception(error)
+        future = waiter._future
+        if future is None:  # shadow: it runs; what enforcement would have said is recorded
+            waiter.shadow_rejected = reason
+        elif not future.done():
+            future.set_exception(error)
 
     def _forget(self, ticket: int) -> None:
         if self._expiry is not None:
@@ -299,9 +296,9 @@ class Bulkhead:
             self._hint.observe(now, amount)
             if grants:
                 self._wake(grants, now)
-        elif (wait := self._waiters.pop(ticket, None)) is not None:
+        elif self._waiters.pop(ticket, None) is not None:
             # Shadow: the request ran at once and ended before its would-be grant came.
-            self._forget(wait.queued.ticket)
+            self._forget(ticket)
             self._wake(self._core.withdraw(ticket, "cancelled").granted)
 
     # --- reporting -------------------------------------------------------------------------------

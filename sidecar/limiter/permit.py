@@ -44,8 +44,10 @@ class Permit:
 
     __slots__ = (
         "_asked",
+        "_future",
         "_holder",
         "_may_wait",
+        "_started",
         "_state",
         "_ticket",
         "compartment",
@@ -55,6 +57,9 @@ class Permit:
         "usage",
         "wait_s",
     )
+
+    _started: float
+    _future: asyncio.Future[float] | None
 
     def __init__(
         self,
@@ -71,6 +76,9 @@ class Permit:
         self._holder, self._may_wait, self._asked = holder, may_wait, usage
         self._ticket: int | None = None
         self._state: State = "asked"
+        # ``_started`` and ``_future`` are set only if it queues (by the holder): when it began
+        # to wait, and the future its grant settles. Most requests never queue, and two more
+        # stores here cost every one of them ~500 instructions (callgrind).
 
     def __repr__(self) -> str:
         return (
