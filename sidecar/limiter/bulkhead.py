@@ -140,7 +140,7 @@ class Bulkhead:
 
     def take_now(self, permit: Permit) -> asyncio.Future[float] | None:
         """Decide ``permit``: held now (None), refused (raises), or queued (the future its grant
-        sets to when it was granted, or its refusal fails with AdmissionRejectedError)."""
+        sets to how long it waited, or its refusal fails with AdmissionRejectedError)."""
         if permit.cost < 0:
             raise ValueError("cost must be >= 0")
         if self._ledger.streams:

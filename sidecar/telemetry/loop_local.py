@@ -4,7 +4,7 @@ prometheus_client's ``Counter`` and ``Histogram`` take a lock on every ``inc`` a
 (a histogram's observation is two), so that any thread may count. The request metrics are only
 ever counted by the proxy on the event loop, and scraped there too (the admin port's
 ``/metrics`` is served by the same loop), so the locks guard nothing: per request they cost
-~3.3 us, against ~0.4 us here (docs/performance.md). What a scrape reads is the same text the
+~3.3 us, against ~0.7 us here (docs/performance.md). What a scrape reads is the same text the
 library writes for its own: the same families, samples, ``le`` labels and ``_created`` series.
 """
 
