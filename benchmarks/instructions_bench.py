@@ -86,6 +86,19 @@ def _split(short: int, long: int, streams: int) -> tuple[float, float]:
     return short / streams - per_event * n_short, per_event
 
 
+def _callgrind(dump: Path | str, log: Path) -> list[str]:
+    """valgrind's callgrind, writing its counts to ``dump`` and its own messages to ``log``."""
+    return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={dump}", f"--log-file={log}"]
+
+
+def _summary(dump: Path) -> int | None:
+    """The instructions a callgrind dump counted (its ``summary`` line), None until written."""
+    for line in dump.read_text().splitlines():
+        if line.startswith("summary:"):
+            return int(line.split()[1])
+    return None
+
+
 class Counted:
     """A process under callgrind, instrumentation off until ``start``; counts read by ``count``."""
 
@@ -96,11 +109,8 @@ class Counted:
 
     def wrapper(self) -> list[str]:
         return [
-            "valgrind",
-            "--tool=callgrind",
+            *_callgrind(self._out / f"{self.name}.%p", self._out / f"{self.name}.valgrind.log"),
             "--instr-atstart=no",
-            f"--callgrind-out-file={self._out}/{self.name}.%p",
-            "--log-file=" + str(self._out / f"{self.name}.valgrind.log"),
         ]
 
     def _control(self, *args: str) -> None:
@@ -126,9 +136,8 @@ class Counted:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             for dump in set(self._out.glob(f"{self.name}.*.*")) - before:
-                for line in dump.read_text().splitlines():
-                    if line.startswith("summary:"):
-                        return int(line.split()[1])
+                if (counted := _summary(dump)) is not None:
+                    return counted
             time.sleep(0.1)
         raise RuntimeError(f"no callgrind dump from {self.name}")
 
@@ -225,29 +234,18 @@ async def bench(names: list[str]) -> list[Row]:
 def _counted_ops(kind: str, ops: int, out: Path) -> int:
     """Instructions of a whole ``admission_bench count`` process: start-up, then ``ops``."""
     dump = out / f"admission.{kind}.{ops}"
-    log = out / f"admission.{kind}.{ops}.valgrind.log"
+    count = [sys.executable, "-m", "benchmarks.admission_bench", "count", kind, str(ops)]
     subprocess.run(
-        [
-            "valgrind",
-            "--tool=callgrind",
-            f"--callgrind-out-file={dump}",
-            f"--log-file={log}",
-            sys.executable,
-            "-m",
-            "benchmarks.admission_bench",
-            "count",
-            kind,
-            str(ops),
-        ],
+        [*_callgrind(dump, out / f"admission.{kind}.{ops}.valgrind.log"), *count],
         check=True,
         env=os.environ | {"PYTHONHASHSEED": "0"},
         stdout=subprocess.DEVNULL,
         timeout=900,
     )
-    for line in dump.read_text().splitlines():
-        if line.startswith("summary:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no summary in {dump}")
+    counted = _summary(dump)
+    if counted is None:
+        raise RuntimeError(f"no summary in {dump}")
+    return counted
 
 
 def admission_counts() -> dict[str, float]:
