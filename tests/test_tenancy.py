@@ -96,7 +96,7 @@ def test_api_key_never_returned_in_clear() -> None:
 )
 def test_compartment_key(headers: dict[str, str], by: str, expected: str) -> None:
     """Compartments follow the configured dimension, falling back to default."""
-    assert compartment_key(headers, by=by) == expected  # type: ignore[arg-type]
+    assert compartment_key(headers, tenant_id(headers), by=by) == expected  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -51,7 +51,7 @@ class ProxyConfig:
     budget: TokenPolicy
     reject_mode: Literal["sse", "http"]
     price: Callable[[CheckedRequest], int]
-    compartment_of: Callable[[Mapping[str, str]], str]
+    compartment_of: Callable[[Mapping[str, str], str | None], str]  # headers, tenant
     tenant_of: Callable[[Mapping[str, str]], str | None]
     flat_price: Callable[[], int] = lambda: 1
     free_paths: frozenset[str] = frozenset(DEFAULT_FREE_PATHS)
@@ -113,7 +113,9 @@ async def handle(proxy: Proxy, request: Request) -> Answer:
             job = await _intake(request, proxy, target, request_id)
         except (RequestError, EdgeRefusedError) as exc:
             return _refused(proxy, exc, started)
-        return await _admit_and_forward(request, proxy, job, request_id, started)
+        return await _admit_and_forward(
+            request, proxy, job, request_id, tenant=tenant, started=started
+        )
     finally:
         structlog.contextvars.reset_contextvars(**tokens)
 
@@ -151,10 +153,11 @@ async def _intake(request: Request, proxy: Proxy, target: Target, request_id: st
 
 
 async def _admit_and_forward(
-    request: Request, proxy: Proxy, job: Job, request_id: str, started: float
-) -> Answer:
+    request: Request, proxy: Proxy, job: Job, request_id: str, *, tenant: str | None,
+    started: float,
+) -> Answer:  # fmt: skip
     config = proxy.config
-    compartment = config.compartment_of(request.headers)
+    compartment = config.compartment_of(request.headers, tenant)
     usage = config.usage_of(job.checked, compartment) if job.checked is not None else None
     cost = usage.charge() if usage is not None else job.cost
     outcome, queue_wait = "error", 0.0

@@ -141,11 +141,7 @@ class SidecarServer:
             body_timeout_s=s.body_timeout_ms / 1000,
             write_timeout_s=s.client_write_timeout_ms / 1000,
             compartment_of=partial(
-                compartment_key,
-                by=s.compartment_by,
-                tenant_header=s.tenant_header,
-                tenant_from_api_key=s.tenant_from_api_key,
-                priority_header=s.priority_header,
+                compartment_key, by=s.compartment_by, priority_header=s.priority_header
             ),
             tenant_of=partial(
                 tenant_id, tenant_header=s.tenant_header, from_api_key=s.tenant_from_api_key
