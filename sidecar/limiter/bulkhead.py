@@ -168,9 +168,14 @@ class Bulkhead:
     def abandoned(self, permit: Permit) -> None:
         """A queued ``permit``'s waiter was cancelled: no trace if still queued, else the grant
         it won in the same tick is given back."""
-        assert permit._ticket is not None
-        self._forget(permit._ticket)
-        self._abandon(permit._ticket, permit.cost)
+        ticket = permit._ticket
+        assert ticket is not None
+        self._forget(ticket)
+        self._waiters.pop(ticket, None)
+        withdrawal = self._core.withdraw(ticket, "cancelled")
+        if not withdrawal.removed:
+            self._return_grant(ticket, permit.cost, "cancelled")
+        self._wake(withdrawal.granted)
 
     def _rejected(self, permit: Permit, decision: Rejected) -> None:
         error = self._error(decision.reason, decision.compartment)
@@ -265,14 +270,6 @@ class Bulkhead:
     def _forget(self, ticket: int) -> None:
         if self._expiry is not None:
             self._expiry.discard(ticket)
-
-    def _abandon(self, ticket: int, cost: int) -> None:
-        """A waiter was cancelled: leave no trace if still queued, else give its grant back."""
-        self._waiters.pop(ticket, None)
-        withdrawal = self._core.withdraw(ticket, "cancelled")
-        if not withdrawal.removed:
-            self._return_grant(ticket, cost, "cancelled")
-        self._wake(withdrawal.granted)
 
     def give_back(self, permit: Permit, outcome: Outcome) -> None:
         """Take back what ``permit`` holds; called once per held permit, by its ``release``."""
