@@ -38,6 +38,7 @@ from sidecar.edge.routes import DEFAULT_FREE_PATHS, Target, route
 from sidecar.edge.server import Handler
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.limiter.permit import Permit
+from sidecar.telemetry.log_context import bind_request, unbind_request
 from sidecar.telemetry.metrics import RequestMetrics
 
 log = structlog.get_logger("sidecar.edge.proxy")
@@ -102,8 +103,7 @@ async def handle(proxy: Proxy, request: Request) -> Answer:
     # unpredictable (a client may send its own).
     request_id = request.headers.get("X-Request-Id") or f"{random_bits(128):032x}"
     tenant = proxy.config.tenant_of(request.headers)
-    # bind/reset rather than bound_contextvars(): that one copies the whole context to restore it.
-    tokens = structlog.contextvars.bind_contextvars(request_id=request_id, tenant=tenant)
+    bound = bind_request(request_id, tenant)
     try:
         started = proxy.clock()
         try:
@@ -117,7 +117,7 @@ async def handle(proxy: Proxy, request: Request) -> Answer:
             request, proxy, job, request_id, tenant=tenant, started=started
         )
     finally:
-        structlog.contextvars.reset_contextvars(**tokens)
+        unbind_request(bound)
 
 
 def _refused(proxy: Proxy, exc: RequestError | EdgeRefusedError, started: float) -> Response:

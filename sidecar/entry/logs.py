@@ -20,6 +20,8 @@ from typing import Any, TextIO
 
 import structlog
 
+from sidecar.telemetry.log_context import merge_request
+
 SECRET_KEYS = ("authorization", "api_key", "api-key", "apikey", "cookie", "password", "secret")
 SECRET_PREFIXES = ("Bearer ", "bearer ", "sk-")
 # Secrets inside free text (an error message quoting a header line, say).
@@ -191,7 +193,7 @@ def configure_logging(level: str, stream: TextIO = sys.stdout, *, cache: bool = 
     """
     structlog.configure(
         processors=[
-            structlog.contextvars.merge_contextvars,
+            merge_request,  # the request's id and tenant
             structlog.processors.format_exc_info,  # a traceback is text to redact too
             redact_secrets,  # before the level and the time, which are ours
             structlog.processors.add_log_level,
