@@ -69,7 +69,7 @@ def test_a_read_of_whole_chunks_is_taken_whole_and_any_other_read_left_to_feed(
     decoder = ChunkedBody()
     taken = decoder.whole(read)
     whole_reads = list(itertools.accumulate(framed))  # the reads that end at a chunk's end
-    if read in whole_reads:
+    if read in whole_reads and not read.endswith(b"\r\n0\r\n\r\n"):
         assert taken == b"".join(payloads[: whole_reads.index(read) + 1])
     else:
         assert taken is None
@@ -90,6 +90,17 @@ def test_a_read_of_whole_chunks_is_taken_whole_and_any_other_read_left_to_feed(
 )
 def test_whole_leaves_every_other_read_to_the_general_path(read: bytes) -> None:
     assert ChunkedBody().whole(read) is None
+
+
+def test_a_read_that_ends_as_a_body_ends_is_left_to_feed() -> None:
+    """``whole`` leaves a read ending in the last chunk's bytes to ``feed`` without scanning it,
+    even where those bytes end a chunk's data instead (as they may); ``feed`` decodes it right."""
+    data = b"\r\n0\r\n"  # framed, its chunk ends in b"\r\n0\r\n\r\n"
+    read = b"3\r\nabc\r\n5\r\n" + data + b"\r\n"
+    decoder = ChunkedBody()
+    assert decoder.whole(read) is None
+    assert decoder.feed(read) == [b"abc", data]
+    assert not decoder.done
 
 
 def test_whole_reads_only_between_chunks() -> None:

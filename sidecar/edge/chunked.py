@@ -22,6 +22,11 @@ from sidecar.edge.http1 import (
 
 State = Literal["size", "data", "data_end", "trailer"]
 
+# How far past a chunk's start its size line's CRLF may be: a bare size of MAX_SIZE_DIGITS.
+_SIZE_REACH = MAX_SIZE_DIGITS + 2
+# How a read ends that also ends the body (the last chunk, no trailer): ``feed``'s, not ``whole``'s.
+_BODY_END = b"\r\n0\r\n\r\n"
+
 
 class ChunkedBody:
     """One chunked body; ``done`` once its last chunk and trailer section were read."""
@@ -82,7 +87,8 @@ class ChunkedBody:
                 raise EngineProtocolError("the engine's chunk did not end where it said")
             return data[start:stop]
         pieces: list[bytes] = []
-        if self._whole_chunks(data, pieces) != len(data):
+        # A read that ends the body is feed's, without a scan here first (feed scans it again).
+        if data.endswith(_BODY_END) or self._whole_chunks(data, pieces) != len(data):
             return None
         return b"".join(pieces)
 
@@ -106,19 +112,19 @@ class ChunkedBody:
     def _whole_chunks(data: bytes, pieces: list[bytes]) -> int:
         """The fast path: complete chunks with a bare hex size, back to back, taken in one
         loop; returns where the general state machine goes on."""
-        at, size = 0, len(data)
+        at, size, find, append = 0, len(data), data.find, pieces.append
         while True:
-            end = data.find(b"\r\n", at, at + MAX_SIZE_DIGITS + 2)
-            if end < 0:
+            end = find(b"\r\n", at, at + _SIZE_REACH)
+            if end <= at:  # no size line here (-1), or an empty one
                 return at
             line = data[at:end]
-            if not line or line.strip(HEX_DIGITS):
+            if line.strip(HEX_DIGITS):
                 return at  # an extension, or not a size at all: the general path says which
             start = end + 2
             stop = start + int(line, 16)
             if stop == start or stop + 2 > size:
                 return at  # the last chunk, or one not all here yet
-            if data[stop : stop + 2] != b"\r\n":
+            if find(b"\r\n", stop, stop + 2) < 0:
                 raise EngineProtocolError("the engine's chunk did not end where it said")
-            pieces.append(data[start:stop])
+            append(data[start:stop])
             at = stop + 2
