@@ -1,5 +1,6 @@
-"""Instructions per request and per relayed event, sidecar beside nginx and the pump: counted, not
-timed, so that one run can tell a 2% change apart on a machine whose CPU times move by 10-30%.
+"""Instructions per request and per relayed event, the sidecar beside nginx and two floors (the pump,
+and the pump that parses each request: ``benchmarks/byte_pump.py``): counted, not timed, so that
+one run can tell a 2% change apart on a machine whose CPU times move by 10-30%.
 
 Each proxy runs under valgrind's callgrind, which counts every instruction the process executes
 in user space (the interpreter and our code, or nginx's C). Instrumentation stays off until the
@@ -25,7 +26,7 @@ difference in operations is one operation's count, start-up and all else taken o
 Needs valgrind (``apt-get install -y valgrind``); without it this says so and skips. Sizes:
 BENCH_INSTR_STREAMS (30 per length), BENCH_INSTR_EVENTS (the two lengths in token events: 1,64;
 the short one short, so that ``a`` carries little of ``b``'s error),
-BENCH_INSTR_GAP_MS (5), BENCH_INSTR_TARGETS (sidecar,nginx,pump,admission), BENCH_INSTR_JSON
+BENCH_INSTR_GAP_MS (5), BENCH_INSTR_TARGETS (sidecar,nginx,pump,parse,admission), BENCH_INSTR_JSON
 (.bench/instructions.json). SIDECAR_* variables reach the sidecar, as in relay_bench.
 """
 
@@ -53,8 +54,8 @@ from benchmarks.stream_client import HOST, chat_request, one_stream
 STREAMS = int(os.environ.get("BENCH_INSTR_STREAMS", "30"))
 SHORT, LONG = (int(n) for n in os.environ.get("BENCH_INSTR_EVENTS", "1,64").split(","))
 GAP_MS = float(os.environ.get("BENCH_INSTR_GAP_MS", "5"))
-TARGETS = os.environ.get("BENCH_INSTR_TARGETS", "sidecar,nginx,pump,admission").split(",")
-RELAYS = ("sidecar", "nginx", "pump")
+TARGETS = os.environ.get("BENCH_INSTR_TARGETS", "sidecar,nginx,pump,parse,admission").split(",")
+RELAYS = ("sidecar", "nginx", "pump", "parse")
 ADMISSION_OPS = (1_600, 12_800)  # the two runs' operations: multiples of admission_bench.TASKS
 JSON_PATH = Path(os.environ.get("BENCH_INSTR_JSON", ".bench/instructions.json"))
 VALGRIND_HINT = "valgrind not found; install it with: apt-get install -y valgrind"
@@ -192,9 +193,9 @@ def _launch(
         env = _sidecar_env(engine_port, port, admin) | {"PYTHONHASHSEED": "0"}
         args = [sys.executable, "-m", "sidecar", "serve"]
         return _start([*counted.wrapper(), *args], env), port, admin, "/readyz"
-    if name == "pump":
+    if name in ("pump", "parse"):
         args = [sys.executable, "-m", "benchmarks.byte_pump", "--port", str(port)]
-        args += ["--upstream-port", str(engine_port)]
+        args += ["--upstream-port", str(engine_port), *(["--parse"] if name == "parse" else [])]
         pump = _start([*counted.wrapper(), *args], {"PYTHONHASHSEED": "0"})
         return pump, port, port, "/health"
     binary = nginx_binary()
@@ -293,7 +294,7 @@ def _report(rows: list[Row]) -> None:
         f"{'asyncio' if serve_loop() is None else 'uvloop'}"
     )
     by = {row.target: row for row in rows}
-    refs = [name for name in ("nginx", "pump") if name in by]
+    refs = [name for name in ("nginx", "pump", "parse") if name in by]
     head = "".join(f"  a vs {r:<5}  b vs {r:<5}" for r in refs)
     print(f"  {'target':<8} {'idle, per s':>12} {'a: per request':>15} {'b: per event':>13}{head}")
     for row in rows:

@@ -15,7 +15,8 @@ BENCH_RELAY_PACED_SECONDS (6); BENCH_RELAY_PACE_MS=0 leaves them out.
 Sizes: BENCH_RELAY_LEVELS (1,64,256), BENCH_RELAY_SECONDS per measurement (3), BENCH_RELAY_ROUNDS
 (2, best round kept), BENCH_RELAY_EVENTS token events per stream (64), BENCH_RELAY_TARGETS
 (direct,sidecar,nginx; add ``pump`` for ``benchmarks.byte_pump``, the floor of a Python relay:
-bytes copied in protocol callbacks, nothing parsed), BENCH_RELAY_JSON (.bench/relay.json).
+bytes copied in protocol callbacks, nothing parsed; ``parse`` for the same with each request
+parsed and its JSON read before it goes on), BENCH_RELAY_JSON (.bench/relay.json).
 SIDECAR_* variables in the environment reach the sidecar (e.g. SIDECAR_LOG_LEVEL=info);
 BENCH_SIDECAR_PROFILE=FILE runs it under cProfile and writes its stats to FILE.
 """
@@ -235,14 +236,16 @@ async def _start_targets(
         started.append(nginx)
         await _ready(port, "/health", nginx)
         targets.append(_Target("nginx", port, nginx, [nginx.pid, *worker_pids(nginx.pid)]))
-    if "pump" in TARGETS:
+    for name, mode in (("pump", []), ("parse", ["--parse"])):
+        if name not in TARGETS:
+            continue
         port = _free_port()
-        pump_args = ["--port", str(port), "--upstream-port", str(engine_port)]
+        pump_args = ["--port", str(port), "--upstream-port", str(engine_port), *mode]
         with _pinned(cores):
             pump = _start([sys.executable, "-m", "benchmarks.byte_pump", *pump_args])
         started.append(pump)
         await _ready(port, "/health", pump)  # the engine's answer, through the pump
-        targets.append(_Target("pump", port, pump, [pump.pid]))
+        targets.append(_Target(name, port, pump, [pump.pid]))
     return targets
 
 

@@ -1,0 +1,146 @@
+"""Where a request's Python goes, function by function: bytecodes executed, counted, not sampled.
+
+callgrind counts instructions but cannot tell one Python function from another (all of them run
+inside the interpreter's eval loop); cProfile times them but its own overhead distorts small
+functions, and counts each resume of a coroutine as a call. This runs ``sidecar serve`` with a
+trace function that counts every bytecode each code object executes (``f_trace_opcodes``), sends
+it two runs of requests one at a time over one kept-alive connection, and takes the first run's
+counts off the second's: what is left is per request, start-up and idle work excluded. Counts are
+exact and repeat between runs (PYTHONHASHSEED=0); the sidecar runs ~50x slower traced, which
+changes nothing counted. Time per bytecode differs (a bytecode that calls into C costs what
+that call costs), so this ranks the Python, and instructions_bench gives the totals.
+
+Run: ``python -m benchmarks.bytecode_census [REQUESTS] [EVENTS]`` (200 requests of 1 token event
+by default; the first run is a quarter as many). Prints bytecodes per request by module and the
+functions above 1% of them; writes JSON to BENCH_CENSUS_JSON (.bench/census.json). SIDECAR_*
+variables reach the sidecar, as in relay_bench.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import runpy
+import sys
+from pathlib import Path
+from types import CodeType, FrameType
+from typing import Any
+
+from benchmarks.loops import run
+from benchmarks.relay_bench import _free_port, _ready, _sidecar_env, _start
+from benchmarks.stream_client import HOST, chat_request, one_stream
+
+JSON_PATH = Path(os.environ.get("BENCH_CENSUS_JSON", ".bench/census.json"))
+ROOT = str(Path(__file__).resolve().parent.parent) + os.sep
+TRACED_READY_S = 120.0  # start-up traced takes ~50x as long
+
+
+def _traced_serve(out: str) -> None:
+    """``sidecar serve`` with every bytecode counted by code object; written to ``out`` at exit."""
+    counts: collections.Counter[CodeType] = collections.Counter()
+
+    def local(frame: FrameType, event: str, _arg: object) -> Any:
+        if event == "opcode":
+            counts[frame.f_code] += 1
+        return local
+
+    def enter(frame: FrameType, _event: str, _arg: object) -> Any:
+        frame.f_trace_opcodes = True
+        return local
+
+    def dump() -> None:
+        sys.settrace(None)
+        named = {
+            f"{code.co_filename.removeprefix(ROOT)}:{code.co_firstlineno}:{code.co_qualname}": n
+            for code, n in counts.items()
+        }
+        Path(out).write_text(json.dumps(named))
+
+    import atexit
+
+    atexit.register(dump)
+    sys.argv = ["sidecar", "serve"]
+    sys.settrace(enter)
+    runpy.run_module("sidecar", run_name="__main__")
+
+
+async def _drive(requests: int, events: int, out: Path) -> None:
+    """Start the engine and the traced sidecar, send ``requests`` one at a time, stop both."""
+    engine_port, port, admin = _free_port(), _free_port(), _free_port()
+    engine = _start(
+        [sys.executable, "-m", "benchmarks.sse_engine", "--port", str(engine_port)],
+    )
+    env = _sidecar_env(engine_port, port, admin) | {"PYTHONHASHSEED": "0"}
+    sidecar = _start([sys.executable, "-m", "benchmarks.bytecode_census", "serve", str(out)], env)
+    try:
+        await _ready(engine_port, "/health", engine)
+        await _ready(admin, "/readyz", sidecar, TRACED_READY_S)
+        reader, writer = await asyncio.open_connection(HOST, port)
+        request = chat_request(HOST, port, events, events=events)
+        for _ in range(requests):
+            await one_stream(reader, writer, request)
+        writer.close()
+    finally:
+        for process in (sidecar, engine):
+            process.terminate()
+            process.wait(timeout=120)
+
+
+def _counts(requests: int, events: int, out: Path) -> dict[str, int]:
+    run(_drive(requests, events, out))
+    counted: dict[str, int] = json.loads(out.read_text())
+    return counted
+
+
+def census(requests: int, events: int) -> dict[str, float]:
+    """Bytecodes per request by function: two runs, the first's counts taken off the second's."""
+    small = max(1, requests // 4)
+    tmp = JSON_PATH.parent
+    tmp.mkdir(parents=True, exist_ok=True)
+    first = _counts(small, events, tmp / "census.small.json")
+    second = _counts(small + requests, events, tmp / "census.large.json")
+    return {
+        name: (count - first.get(name, 0)) / requests
+        for name, count in second.items()
+        if count != first.get(name, 0)
+    }
+
+
+def _report(per_request: dict[str, float], requests: int, events: int) -> None:
+    total = sum(per_request.values())
+    print(
+        f"bytecodes per request: {total:,.0f} ({requests} requests of {events} token event(s), "
+        "one at a time, over one connection)"
+    )
+    modules: dict[str, float] = {}
+    for name, count in per_request.items():
+        module = name.split(":", 1)[0]
+        modules[module] = modules.get(module, 0.0) + count
+    print("  by module:")
+    for module, count in sorted(modules.items(), key=lambda item: -item[1]):
+        if count >= total / 100:
+            print(f"  {count:>8,.0f}  {count / total:>5.1%}  {module}")
+    print("  functions above 1%:")
+    for name, count in sorted(per_request.items(), key=lambda item: -item[1]):
+        if count < total / 100:
+            break
+        print(f"  {count:>8,.0f}  {count / total:>5.1%}  {name}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["serve"]:
+        _traced_serve(args[1])
+        return
+    requests = int(args[0]) if args else 200
+    events = int(args[1]) if len(args) > 1 else 1
+    per_request = census(requests, events)
+    _report(per_request, requests, events)
+    JSON_PATH.write_text(json.dumps(per_request, indent=1, sort_keys=True))
+    print(f"  written to {JSON_PATH}")
+
+
+if __name__ == "__main__":
+    main()
