@@ -5,13 +5,14 @@ inside the interpreter's eval loop); cProfile times them but its own overhead di
 functions, and counts each resume of a coroutine as a call. This runs ``sidecar serve`` with a
 trace function that counts every bytecode each code object executes (``f_trace_opcodes``), sends
 it two runs of requests one at a time over one kept-alive connection, and takes the first run's
-counts off the second's: what is left is per request, start-up and idle work excluded. Counts are
-exact and repeat between runs (PYTHONHASHSEED=0); the sidecar runs ~50x slower traced, which
-changes nothing counted. Time per bytecode differs (a bytecode that calls into C costs what
+counts off the second's: what is left is per request, start-up excluded. Counts are
+exact for what ran, and repeat within ~2% (PYTHONHASHSEED=0; how the engine's writes fall into
+the sidecar's reads varies with timing, and the control loop's ticks fall into the runs); the
+sidecar runs ~50x slower traced. Time per bytecode differs (a bytecode that calls into C costs what
 that call costs), so this ranks the Python, and instructions_bench gives the totals.
 
 Run: ``python -m benchmarks.bytecode_census [REQUESTS] [EVENTS]`` (200 requests of 1 token event
-by default; the first run is a quarter as many). Prints bytecodes per request by module and the
+by default, after a first run a quarter as long). Prints bytecodes per request by module and the
 functions above 1% of them; writes JSON to BENCH_CENSUS_JSON (.bench/census.json). SIDECAR_*
 variables reach the sidecar, as in relay_bench.
 """

@@ -1,6 +1,6 @@
-"""Instructions per request and per relayed event, the sidecar beside nginx and two floors (the pump,
-and the pump that parses each request: ``benchmarks/byte_pump.py``): counted, not timed, so that
-one run can tell a 2% change apart on a machine whose CPU times move by 10-30%.
+"""Instructions per request and per relayed event, the sidecar beside nginx and two floors (the
+pump, and the pump that parses each request: ``benchmarks/byte_pump.py``): counted, not timed, so
+that one run can tell a 2% change apart on a machine whose CPU times move by 10-30%.
 
 Each proxy runs under valgrind's callgrind, which counts every instruction the process executes
 in user space (the interpreter and our code, or nginx's C). Instrumentation stays off until the

@@ -14,9 +14,10 @@ BENCH_RELAY_PACED_SECONDS (6); BENCH_RELAY_PACE_MS=0 leaves them out.
 
 Sizes: BENCH_RELAY_LEVELS (1,64,256), BENCH_RELAY_SECONDS per measurement (3), BENCH_RELAY_ROUNDS
 (2, best round kept), BENCH_RELAY_EVENTS token events per stream (64), BENCH_RELAY_TARGETS
-(direct,sidecar,nginx; add ``pump`` for ``benchmarks.byte_pump``, the floor of a Python relay:
-bytes copied in protocol callbacks, nothing parsed; ``parse`` for the same with each request
-parsed and its JSON read before it goes on), BENCH_RELAY_JSON (.bench/relay.json).
+(direct,sidecar,nginx,parse; ``parse`` is ``benchmarks.byte_pump --parse``, the floor of a Python
+proxy that reads each request, head and JSON, before it passes it on, shown beside the targets;
+add ``pump`` for the floor of any Python relay: bytes copied in protocol callbacks, nothing
+parsed), BENCH_RELAY_JSON (.bench/relay.json).
 SIDECAR_* variables in the environment reach the sidecar (e.g. SIDECAR_LOG_LEVEL=info);
 BENCH_SIDECAR_PROFILE=FILE runs it under cProfile and writes its stats to FILE.
 """
@@ -47,7 +48,7 @@ SECONDS = float(os.environ.get("BENCH_RELAY_SECONDS", "3"))
 ROUNDS = int(os.environ.get("BENCH_RELAY_ROUNDS", "2"))
 TOKENS = int(os.environ.get("BENCH_RELAY_EVENTS", "64"))
 EVENTS_PER_STREAM = TOKENS + 2  # the role event, the tokens, [DONE]
-TARGETS = os.environ.get("BENCH_RELAY_TARGETS", "direct,sidecar,nginx").split(",")
+TARGETS = os.environ.get("BENCH_RELAY_TARGETS", "direct,sidecar,nginx,parse").split(",")
 JSON_PATH = Path(os.environ.get("BENCH_RELAY_JSON", ".bench/relay.json"))
 MAX_STREAMS = 200_000
 TTFT_LEVEL = 64
@@ -359,30 +360,49 @@ def _failed(count: int) -> str:
 
 
 def _targets(rows: list[Row]) -> None:
+    """The sidecar's verdicts; where the parse floor ran, what it measured, in brackets."""
     found = {(r.level, r.target, r.paced_ms): r for r in rows}
     for level in LEVELS:
-        sidecar, nginx = found.get((level, "sidecar", 0.0)), found.get((level, "nginx", 0.0))
-        if sidecar is None or nginx is None:
+        nginx = found.get((level, "nginx", 0.0))
+        if nginx is None or nginx.proxy_cpu_us_per_event is None:
             continue
-        assert sidecar.proxy_cpu_us_per_event is not None
-        assert nginx.proxy_cpu_us_per_event is not None
-        ratio = sidecar.proxy_cpu_us_per_event / nginx.proxy_cpu_us_per_event
-        _verdict(
-            f"CPU per relayed event at {level} streams <= 1.0x nginx", ratio <= 1.0, f"{ratio:.2f}x"
-        )
+        nginx_us = nginx.proxy_cpu_us_per_event
+        ratio = {
+            name: row.proxy_cpu_us_per_event / nginx_us
+            for name in ("sidecar", "parse")
+            if (row := found.get((level, name, 0.0))) and row.proxy_cpu_us_per_event is not None
+        }
+        if "sidecar" in ratio:
+            _verdict(
+                f"CPU per relayed event at {level} streams <= 1.0x nginx",
+                ratio["sidecar"] <= 1.0,
+                f"{ratio['sidecar']:.2f}x",
+                f"{ratio['parse']:.2f}x" if "parse" in ratio else None,
+            )
     for paced_ms, how in ((0.0, "saturated"), (PACE_MS, f"paced at {PACE_MS:g} ms")):
         sidecar = found.get((TTFT_LEVEL, "sidecar", paced_ms))
         if sidecar is None or sidecar.added_ttft_p50_ms is None:
             continue
         assert sidecar.added_ttft_p99_ms is not None
-        p50, p99 = sidecar.added_ttft_p50_ms, sidecar.added_ttft_p99_ms
+        floor = found.get((TTFT_LEVEL, "parse", paced_ms))
         where = f"at {TTFT_LEVEL} streams, {how}"
-        _verdict(f"added TTFT p50 {where} <= 0.25 ms", p50 <= 0.25, f"{p50:+.2f} ms")
-        _verdict(f"added TTFT p99 {where} <= 1 ms", p99 <= 1.0, f"{p99:+.2f} ms")
+        for q, added, limit in (
+            ("p50", sidecar.added_ttft_p50_ms, 0.25),
+            ("p99", sidecar.added_ttft_p99_ms, 1.0),
+        ):
+            at_floor = None if floor is None else getattr(floor, f"added_ttft_{q}_ms")
+            _verdict(
+                f"added TTFT {q} {where} <= {limit:g} ms",
+                added <= limit,
+                f"{added:+.2f} ms",
+                None if at_floor is None else f"{at_floor:+.2f} ms",
+            )
 
 
-def _verdict(target: str, met: bool, measured: str) -> None:
-    print(f"  {'PASS' if met else 'MISS'}  {target}: {measured}")
+def _verdict(target: str, met: bool, measured: str, floor: str | None = None) -> None:
+    """One target's line; ``floor``: what the parse floor measured against it."""
+    beside = f"  (parse floor: {floor})" if floor is not None else ""
+    print(f"  {'PASS' if met else 'MISS'}  {target}: {measured}{beside}")
 
 
 def _write_json(rows: list[Row]) -> None:
