@@ -12,9 +12,9 @@ sidecar runs ~50x slower traced. Time per bytecode differs (a bytecode that call
 that call costs), so this ranks the Python, and instructions_bench gives the totals.
 
 Run: ``python -m benchmarks.bytecode_census [REQUESTS] [EVENTS]`` (200 requests of 1 token event
-by default, after a first run a quarter as long). Prints bytecodes per request by module and the
-functions above 1% of them; writes JSON to BENCH_CENSUS_JSON (.bench/census.json). SIDECAR_*
-variables reach the sidecar, as in relay_bench.
+by default, after a first run a quarter as long). Prints bytecodes and frames entered per request
+by module and by function (those above 1% of the bytecodes); writes JSON to BENCH_CENSUS_JSON
+(.bench/census.json). SIDECAR_* variables reach the sidecar, as in relay_bench.
 """
 
 from __future__ import annotations
@@ -39,8 +39,10 @@ TRACED_READY_S = 120.0  # start-up traced takes ~50x as long
 
 
 def _traced_serve(out: str) -> None:
-    """``sidecar serve`` with every bytecode counted by code object; written to ``out`` at exit."""
+    """``sidecar serve`` with every bytecode and every entry into a frame (a call, or a coroutine
+    resumed) counted by code object; written to ``out`` at exit."""
     counts: collections.Counter[CodeType] = collections.Counter()
+    entries: collections.Counter[CodeType] = collections.Counter()
 
     def local(frame: FrameType, event: str, _arg: object) -> Any:
         if event == "opcode":
@@ -48,13 +50,17 @@ def _traced_serve(out: str) -> None:
         return local
 
     def enter(frame: FrameType, _event: str, _arg: object) -> Any:
+        entries[frame.f_code] += 1
         frame.f_trace_opcodes = True
         return local
 
     def dump() -> None:
         sys.settrace(None)
         named = {
-            f"{code.co_filename.removeprefix(ROOT)}:{code.co_firstlineno}:{code.co_qualname}": n
+            f"{code.co_filename.removeprefix(ROOT)}:{code.co_firstlineno}:{code.co_qualname}": (
+                n,
+                entries[code],
+            )
             for code, n in counts.items()
         }
         Path(out).write_text(json.dumps(named))
@@ -89,45 +95,53 @@ async def _drive(requests: int, events: int, out: Path) -> None:
             process.wait(timeout=120)
 
 
-def _counts(requests: int, events: int, out: Path) -> dict[str, int]:
+Counts = dict[str, tuple[float, float]]  # function -> (bytecodes, entries into its frames)
+
+
+def _counts(requests: int, events: int, out: Path) -> Counts:
     run(_drive(requests, events, out))
-    counted: dict[str, int] = json.loads(out.read_text())
-    return counted
+    counted: dict[str, list[int]] = json.loads(out.read_text())
+    return {name: (n, entered) for name, (n, entered) in counted.items()}
 
 
-def census(requests: int, events: int) -> dict[str, float]:
-    """Bytecodes per request by function: two runs, the first's counts taken off the second's."""
+def census(requests: int, events: int) -> Counts:
+    """Bytecodes and frame entries per request by function: two runs, the first's counts taken
+    off the second's."""
     small = max(1, requests // 4)
     tmp = JSON_PATH.parent
     tmp.mkdir(parents=True, exist_ok=True)
     first = _counts(small, events, tmp / "census.small.json")
     second = _counts(small + requests, events, tmp / "census.large.json")
-    return {
-        name: (count - first.get(name, 0)) / requests
-        for name, count in second.items()
-        if count != first.get(name, 0)
-    }
+    per_request = {}
+    for name, (n, entered) in second.items():
+        n0, entered0 = first.get(name, (0, 0))
+        if n != n0:
+            per_request[name] = ((n - n0) / requests, (entered - entered0) / requests)
+    return per_request
 
 
-def _report(per_request: dict[str, float], requests: int, events: int) -> None:
-    total = sum(per_request.values())
+def _report(per_request: Counts, requests: int, events: int) -> None:
+    total = sum(n for n, _ in per_request.values())
+    frames = sum(entered for _, entered in per_request.values())
     print(
-        f"bytecodes per request: {total:,.0f} ({requests} requests of {events} token event(s), "
-        "one at a time, over one connection)"
+        f"per request: {total:,.0f} bytecodes, {frames:,.0f} frames entered (calls and coroutine "
+        f"resumes; {requests} requests of {events} token event(s), one at a time, over one "
+        "connection)"
     )
-    modules: dict[str, float] = {}
-    for name, count in per_request.items():
+    modules: dict[str, tuple[float, float]] = {}
+    for name, (n, entered) in per_request.items():
         module = name.split(":", 1)[0]
-        modules[module] = modules.get(module, 0.0) + count
-    print("  by module:")
-    for module, count in sorted(modules.items(), key=lambda item: -item[1]):
-        if count >= total / 100:
-            print(f"  {count:>8,.0f}  {count / total:>5.1%}  {module}")
-    print("  functions above 1%:")
-    for name, count in sorted(per_request.items(), key=lambda item: -item[1]):
-        if count < total / 100:
+        m, e = modules.get(module, (0.0, 0.0))
+        modules[module] = (m + n, e + entered)
+    print(f"  {'bytecodes':>9}  {'share':>5}  {'frames':>6}  by module, above 1%:")
+    for module, (n, entered) in sorted(modules.items(), key=lambda item: -item[1][0]):
+        if n >= total / 100:
+            print(f"  {n:>9,.0f}  {n / total:>5.1%}  {entered:>6.1f}  {module}")
+    print(f"  {'bytecodes':>9}  {'share':>5}  {'frames':>6}  by function, above 1%:")
+    for name, (n, entered) in sorted(per_request.items(), key=lambda item: -item[1][0]):
+        if n < total / 100:
             break
-        print(f"  {count:>8,.0f}  {count / total:>5.1%}  {name}")
+        print(f"  {n:>9,.0f}  {n / total:>5.1%}  {entered:>6.1f}  {name}")
 
 
 def main(argv: list[str] | None = None) -> None:
