@@ -85,7 +85,8 @@ class _Client(_Side):
 
 
 class _ParsingClient(_Client):
-    """A client side that holds each request until it is whole and its JSON body read."""
+    """A client side that holds each request until it is whole and its JSON body read; its
+    target and fields are kept, as any proxy keeps them to route and check it."""
 
     def __init__(self, upstream_port: int) -> None:
         super().__init__(upstream_port)

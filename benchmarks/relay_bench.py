@@ -386,11 +386,10 @@ def _targets(rows: list[Row]) -> None:
         assert sidecar.added_ttft_p99_ms is not None
         floor = found.get((TTFT_LEVEL, "parse", paced_ms))
         where = f"at {TTFT_LEVEL} streams, {how}"
-        for q, added, limit in (
-            ("p50", sidecar.added_ttft_p50_ms, 0.25),
-            ("p99", sidecar.added_ttft_p99_ms, 1.0),
+        for q, added, at_floor, limit in (
+            ("p50", sidecar.added_ttft_p50_ms, floor and floor.added_ttft_p50_ms, 0.25),
+            ("p99", sidecar.added_ttft_p99_ms, floor and floor.added_ttft_p99_ms, 1.0),
         ):
-            at_floor = None if floor is None else getattr(floor, f"added_ttft_{q}_ms")
             _verdict(
                 f"added TTFT {q} {where} <= {limit:g} ms",
                 added <= limit,
