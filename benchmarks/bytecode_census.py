@@ -20,6 +20,7 @@ by module and by function (those above 1% of the bytecodes); writes JSON to BENC
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import json
 import os
@@ -64,8 +65,6 @@ def _traced_serve(out: str) -> None:
             for code, n in counts.items()
         }
         Path(out).write_text(json.dumps(named))
-
-    import atexit
 
     atexit.register(dump)
     sys.argv = ["sidecar", "serve"]
