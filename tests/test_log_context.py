@@ -17,6 +17,8 @@ def _lines(written: io.StringIO) -> list[dict[str, object]]:
 
 
 async def test_concurrent_requests_each_log_their_own_id_and_tenant() -> None:
+    """Two requests interleaved on one loop: each line carries its own request's id and tenant
+    (null when it has none), and a line outside any request carries neither."""
     written = io.StringIO()
     configure_logging("info", stream=written)
     log = structlog.get_logger("test")
@@ -47,6 +49,7 @@ async def test_concurrent_requests_each_log_their_own_id_and_tenant() -> None:
 
 
 def test_a_line_that_names_its_own_request_id_keeps_it() -> None:
+    """The bound id fills in only what a line leaves out; with nothing bound, nothing is added."""
     bound = bind_request("bound", "acme")
     try:
         merged = merge_request(None, "info", {"event": "x", "request_id": "own"})
