@@ -98,6 +98,7 @@ export E2E_MODEL_DIR="$MODEL_DIR"
 export E2E_VLLM_URL="http://127.0.0.1:$VLLM_PORT"
 export E2E_SIDECAR_URL="http://127.0.0.1:$PROXY_PORT"
 export E2E_ADMIN_URL="http://127.0.0.1:$ADMIN_PORT"
+export E2E_LOGS="$LOGS"  # where a test's own servers write their logs
 
 # One bucket per token count up to 8: a decode step of k sequences produces k tokens, so the
 # engine's own iteration_tokens histogram shows, after the fact, how many ran at once (test_burst).

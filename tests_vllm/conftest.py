@@ -33,6 +33,7 @@ class Stack:
     safety_factor: float
     max_queue: int
     max_wait_ms: int
+    logs: Path  # the script's log folder, printed when the suite fails
 
 
 def _stack_from(environ: dict[str, str]) -> Stack:
@@ -50,6 +51,7 @@ def _stack_from(environ: dict[str, str]) -> Stack:
         safety_factor=float(environ["E2E_SAFETY_FACTOR"]),
         max_queue=int(environ["E2E_MAX_QUEUE"]),
         max_wait_ms=int(environ["E2E_MAX_WAIT_MS"]),
+        logs=Path(environ["E2E_LOGS"]),
     )
 
 

@@ -9,6 +9,8 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+DECODE_BUCKETS = range(1, 9)  # the one-token-wide buckets scripts/test_vllm.sh gives vLLM
+
 
 def samples(text: str) -> list[Sample]:
     """Every sample of a Prometheus text page, parsed by prometheus_client (no regexes)."""
@@ -30,6 +32,28 @@ def total(text: str, name: str, default: float | None = None, **labels: str) -> 
         msg = f"no sample {name}{labels or ''} on the page"
         raise LookupError(msg)
     return sum(found) if found else float(default or 0)
+
+
+def buckets(text: str, name: str) -> dict[float, float]:
+    """Cumulative bucket counts of histogram ``name`` by upper bound, summed over label sets."""
+    counts: dict[float, float] = {}
+    for sample in samples(text):
+        if sample.name == f"{name}_bucket":
+            bound = float(sample.labels["le"])
+            counts[bound] = counts.get(bound, 0.0) + sample.value
+    return counts
+
+
+def decode_steps(text: str) -> dict[int, float]:
+    """k -> the engine steps, so far, that decoded exactly k sequences (k from 2 to 8).
+
+    scripts/test_vllm.sh gives vLLM's ``iteration_tokens`` histogram one bucket per token count
+    up to 8. A decode step of k sequences produces k tokens; a step that prefills carries a whole
+    prompt, so the reading holds while every prompt is longer than 8 tokens (the callers check).
+    """
+    steps = buckets(text, "vllm:iteration_tokens_total")
+    assert set(map(float, DECODE_BUCKETS)) <= set(steps), f"vLLM's buckets: {sorted(steps)}"
+    return {k: steps[k] - steps[k - 1] for k in DECODE_BUCKETS if k > 1}
 
 
 def cache_config(text: str) -> dict[str, str]:
