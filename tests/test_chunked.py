@@ -113,6 +113,22 @@ def test_whole_reads_only_between_chunks() -> None:
     assert decoder.whole(b"\r\nhello\r\n") is None
 
 
+@pytest.mark.parametrize("spelling", [b"%x", b"%X", b"0%x"], ids=["lower", "upper", "zero-led"])
+def test_one_chunk_of_any_size_is_taken_whole_however_its_size_is_spelled(spelling: bytes) -> None:
+    """Every size from 1 to 5,000 (past the 3-digit sizes ``whole`` checks by its table), with
+    CRLFs in the data: one read of one chunk gives its data; the last chunk gives nothing."""
+    for size in range(5_001):
+        data = bytes(range(256)) * (size // 256) + b"\r\n" * (size % 256 // 2) + b"x" * (size % 2)
+        read = spelling % size + b"\r\n" + data + b"\r\n"
+        assert ChunkedBody().whole(read) == (data if size else None), size
+
+
+def test_a_size_line_that_disagrees_with_the_read_is_not_taken_on_its_length() -> None:
+    """A read as long as one 5-byte chunk whose line says 3: an error, as the general path says."""
+    with pytest.raises(EngineProtocolError):
+        ChunkedBody().whole(b"3\r\nabcde\r\n")
+
+
 def test_a_whole_chunk_that_overruns_its_size_is_an_error() -> None:
     with pytest.raises(EngineProtocolError):
         ChunkedBody().whole(b"3\r\nhelloXX")

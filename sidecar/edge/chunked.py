@@ -26,6 +26,9 @@ State = Literal["size", "data", "data_end", "trailer"]
 _SIZE_REACH = MAX_SIZE_DIGITS + 2
 # How a read ends that also ends the body (the last chunk, no trailer): ``feed``'s, not ``whole``'s.
 _BODY_END = b"\r\n0\r\n\r\n"
+# The size line of every chunk size of 1 to 3 hex digits, as engines write it (lower case, no
+# leading zeros), for ``whole`` to check a one-chunk read against: 184 KiB, built at import.
+_SIZE_LINES = tuple(b"%x\r\n" % size for size in range(1 << 12))
 
 
 class ChunkedBody:
@@ -75,6 +78,17 @@ class ChunkedBody:
         EngineProtocolError where a chunk does not end where its size says."""
         if self._state != "size" or self._line:
             return None
+        # One chunk, the common read: its length fixes its size's digits and the size itself (n =
+        # digits + size), so one comparison with the table checks its size line: no search, no
+        # parse. Anything else (more chunks, upper-case hex, 4 digits) goes on below.
+        n = len(data) - 4
+        digits = 2 if 17 < n < 258 else 3 if 258 < n < 4099 else 1 if 1 < n < 17 else 0
+        if digits and data[: digits + 2] == _SIZE_LINES[n - digits] and data[-2:] == b"\r\n":
+            return data[digits + 2 : -2]
+        return self._whole_read(data)
+
+    def _whole_read(self, data: bytes) -> bytes | None:
+        """``whole`` for a read the table does not settle, found by searching and parsing."""
         end = data.find(b"\r\n")  # unbounded: find's start and end arguments cost ~0.1 us
         if not 0 < end <= MAX_SIZE_DIGITS or (size := data[:end]).strip(HEX_DIGITS):
             return None
@@ -82,7 +96,7 @@ class ChunkedBody:
         stop = start + int(size, 16)
         if stop == start:
             return None  # the last chunk: the general path ends the body
-        if stop + 2 == len(data):  # one chunk, the common case
+        if stop + 2 == len(data):  # one chunk
             if not data.endswith(b"\r\n"):
                 raise EngineProtocolError("the engine's chunk did not end where it said")
             return data[start:stop]
