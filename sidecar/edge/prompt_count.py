@@ -11,12 +11,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-import structlog
-
 from sidecar.core.errors import UpstreamError
 from sidecar.edge.engine_client import Upstream, finish, read_all
+from sidecar.telemetry.module_log import ModuleLogger
 
-log = structlog.get_logger("sidecar.edge.prompt_count")
+log = ModuleLogger("sidecar.edge.prompt_count")
 
 
 class EnginePromptCounter:

@@ -12,7 +12,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import structlog
 from multidict import CIMultiDict
 
 from sidecar.core.errors import (
@@ -40,8 +39,9 @@ from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.limiter.permit import Permit
 from sidecar.telemetry.log_context import bind_request, unbind_request
 from sidecar.telemetry.metrics import RequestMetrics
+from sidecar.telemetry.module_log import ModuleLogger
 
-log = structlog.get_logger("sidecar.edge.proxy")
+log = ModuleLogger("sidecar.edge.proxy")
 random_bits = random.getrandbits  # seeded from os.urandom at start, and again after a fork
 
 

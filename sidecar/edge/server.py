@@ -27,7 +27,6 @@ from collections.abc import Awaitable, Callable
 from typing import Literal, cast
 
 import httptools
-import structlog
 from multidict import CIMultiDict
 
 from sidecar.core.errors import SidecarError
@@ -35,8 +34,9 @@ from sidecar.edge.http_errors import error_response
 from sidecar.edge.limits import ConnectionCount, EdgeLimits, raw_answer
 from sidecar.edge.request import Request
 from sidecar.edge.response import Answer, Response, StreamResponse, UnsendableHeadError
+from sidecar.telemetry.module_log import ModuleLogger
 
-log = structlog.get_logger("sidecar.edge.server")
+log = ModuleLogger("sidecar.edge.server")
 
 Handler = Callable[[Request], Awaitable[Answer]]
 Due = Literal["head", "idle", "linger"]

@@ -187,9 +187,11 @@ def configure_logging(level: str, stream: TextIO = sys.stdout, *, cache: bool = 
     """Configure structlog once, at the entry point, to write JSON lines at ``level`` and above;
     route the standard library's records (aiohttp, asyncio) through it.
 
-    ``cache``: each module's logger is built once, on first use (a filtered call then costs
-    ~0.3 us instead of ~4 us). Only for a process that never reconfigures structlog (``serve``):
-    a cached logger ignores ``structlog.testing.capture_logs``, so tests leave it off.
+    ``cache``: each module's logger is built once, on first use, and a ModuleLogger (the request
+    path's) keeps its methods: a call the level filters out then costs ~0.13 µs, against ~1 µs
+    through structlog's cached proxy and ~3.3 µs uncached. Only for a process that never
+    reconfigures structlog (``serve``): a cached logger ignores ``structlog.testing.capture_logs``,
+    so tests leave it off.
     """
     structlog.configure(
         processors=[
