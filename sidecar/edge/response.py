@@ -59,16 +59,16 @@ def encode_head(
     """The status line and fields (those in ``skip``, which frame the body, left to ``extra``),
     then the blank line; UnsendableHeadError if any of them holds a line break."""
     lines = [f"HTTP/1.1 {status} {reason}"]
-    lines += [f"{k}: {v}" for k, v in fields.items() if k.lower() not in skip]
+    lines += [k + ": " + v for k, v in fields.items() if k.lower() not in skip]  # istr keys
     lines += extra
     if "Date" not in fields:
         lines.append("Date: " + http_date())
     if close:
         lines.append("Connection: close")
-    head = "\r\n".join(lines)
-    if head.count("\n") != len(lines) - 1 or head.count("\r") != len(lines) - 1:
+    joined = "".join(lines)  # the head less its separators: no CR or LF may be left in it
+    if "\n" in joined or "\r" in joined:
         raise UnsendableHeadError("a response field holds a line break")
-    return (head + "\r\n\r\n").encode("utf-8", "surrogateescape")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
 
 
 class Response:

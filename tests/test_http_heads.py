@@ -1,0 +1,69 @@
+"""The heads we write: the engine's request and the client's answer, byte for byte, and never one
+that a CR, LF or NUL in a field would split into two."""
+
+from __future__ import annotations
+
+import pytest
+from multidict import CIMultiDict
+
+from sidecar.edge.http1 import UnsendableRequestError, encode_request
+from sidecar.edge.response import UnsendableHeadError, encode_head
+
+BAD_FIELDS = [
+    pytest.param("X-A", "1\r\nX-Smuggled: 2", id="crlf-in-a-value"),
+    pytest.param("X-A", "1\nX-Smuggled: 2", id="lf-in-a-value"),
+    pytest.param("X-A", "1\rX-Smuggled: 2", id="cr-in-a-value"),
+    pytest.param("X-A\r\nX-Smuggled", "2", id="crlf-in-a-name"),
+]
+
+
+def test_a_request_head_is_its_line_host_fields_and_length_in_order() -> None:
+    """Fields as a CIMultiDict holds them (istr names), Host and framing ours, body after."""
+    headers = CIMultiDict([("Content-Type", "application/json"), ("Host", "client.example")])
+    headers["X-Request-Id"] = "r1"
+    encoded = encode_request("POST", "/v1/completions", "engine:8000", headers, b"{}")
+    assert encoded == (
+        b"POST /v1/completions HTTP/1.1\r\nHost: engine:8000\r\n"
+        b"Content-Type: application/json\r\nX-Request-Id: r1\r\nContent-Length: 2\r\n\r\n{}"
+    )
+
+
+@pytest.mark.parametrize(("name", "value"), BAD_FIELDS)
+def test_a_request_field_with_a_line_break_is_refused(name: str, value: str) -> None:
+    with pytest.raises(UnsendableRequestError, match="line break"):
+        encode_request("GET", "/v1/models", "engine", CIMultiDict([(name, value)]), None)
+
+
+@pytest.mark.parametrize(
+    ("target", "value"),
+    [
+        pytest.param("/v1/models", "a\x00b", id="nul-in-a-value"),
+        pytest.param("/v1/models HTTP/1.0", "ok", id="space-in-the-target"),
+    ],
+)
+def test_a_request_with_a_forbidden_character_is_refused(target: str, value: str) -> None:
+    with pytest.raises(UnsendableRequestError, match="forbidden character"):
+        encode_request("GET", target, "engine", CIMultiDict([("X-A", value)]), None)
+
+
+def test_a_response_head_is_its_status_fields_and_extras_then_a_blank_line() -> None:
+    """Framing fields are left to ``extra`` (the engine's own dropped); a Date given is kept."""
+    fields = CIMultiDict([("Content-Type", "text/event-stream"), ("Connection", "keep-alive")])
+    fields["Date"] = "Tue, 01 Dec 2026 00:00:00 GMT"
+    head = encode_head(200, "OK", fields, ["Transfer-Encoding: chunked"], close=True)
+    assert head == (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+        b"Date: Tue, 01 Dec 2026 00:00:00 GMT\r\nTransfer-Encoding: chunked\r\n"
+        b"Connection: close\r\n\r\n"
+    )
+
+
+@pytest.mark.parametrize(("name", "value"), BAD_FIELDS)
+def test_a_response_field_with_a_line_break_is_refused(name: str, value: str) -> None:
+    with pytest.raises(UnsendableHeadError):
+        encode_head(200, "OK", CIMultiDict([(name, value)]), [], close=False)
+
+
+def test_a_reason_with_a_line_break_is_refused() -> None:
+    with pytest.raises(UnsendableHeadError):
+        encode_head(200, "OK\r\nX-Smuggled: 1", CIMultiDict(), [], close=False)
