@@ -22,6 +22,7 @@ NO_BODY_STATUSES = frozenset({204, 304})
 # Expect too: the body goes out with the head, so there is nothing for a 100 Continue to unblock.
 OWN_FIELDS = frozenset({"host", "content-length", "transfer-encoding", "connection", "expect"})
 HEX_DIGITS = b"0123456789abcdefABCDEF"
+SP, HTAB = 32, 9  # b" " and b"\t" as the ints ``in`` tests bytes for
 
 Framing = Literal["none", "length", "chunked", "close"]
 
@@ -64,9 +65,10 @@ def parse_head(head: bytes) -> tuple[int, str, CIMultiDict[str], bool]:
     fields: CIMultiDict[str] = CIMultiDict()
     for line in lines[1:]:
         name, colon, value = line.partition(b":")
-        # ``find``, not ``in``: bytes.__contains__ tries its operand as an int first, and the
-        # TypeError it raises and clears costs more than the search (two per field, per answer).
-        if not colon or not name or name.find(b" ") >= 0 or name.find(b"\t") >= 0:
+        # Ints, not b" " and b"\t": ``in`` takes an int at once (one memchr), tries a bytes
+        # operand as an int first (a TypeError made and cleared), and ``find`` parses its
+        # arguments from a tuple (~800 instructions under callgrind): two per field, per answer.
+        if not colon or not name or SP in name or HTAB in name:
             raise EngineProtocolError(f"the engine sent a malformed header line: {line[:80]!r}")
         # As aiohttp's parser does: UTF-8, with any other byte kept as it came.
         fields.add(
