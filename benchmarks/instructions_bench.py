@@ -27,7 +27,9 @@ Needs valgrind (``apt-get install -y valgrind``); without it this says so and sk
 BENCH_INSTR_STREAMS (30 per length), BENCH_INSTR_EVENTS (the two lengths in token events: 1,64;
 the short one short, so that ``a`` carries little of ``b``'s error),
 BENCH_INSTR_GAP_MS (5), BENCH_INSTR_TARGETS (sidecar,nginx,pump,parse,admission), BENCH_INSTR_JSON
-(.bench/instructions.json). SIDECAR_* variables reach the sidecar, as in relay_bench.
+(.bench/instructions.json), BENCH_INSTR_KEEP (a folder for each window's callgrind dump,
+``TARGET.EVENTSev.callgrind``, none kept by default; ``benchmarks.callgrind_split`` reads them).
+SIDECAR_* variables reach the sidecar, as in relay_bench.
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ TARGETS = os.environ.get("BENCH_INSTR_TARGETS", "sidecar,nginx,pump,parse,admiss
 RELAYS = ("sidecar", "nginx", "pump", "parse")
 ADMISSION_OPS = (1_600, 12_800)  # the two runs' operations: multiples of admission_bench.TASKS
 JSON_PATH = Path(os.environ.get("BENCH_INSTR_JSON", ".bench/instructions.json"))
+# Where each counted window's callgrind dump is kept (none by default): by C function,
+# ``callgrind_annotate --inclusive=yes DUMP`` shows where a window's instructions went.
+KEEP = Path(os.environ["BENCH_INSTR_KEEP"]) if os.environ.get("BENCH_INSTR_KEEP") else None
 VALGRIND_HINT = "valgrind not found; install it with: apt-get install -y valgrind"
 WARM_STREAMS = 10  # per length, before counting: first-request paths, caches, lazy imports
 IDLE_S = 4.0  # how long the idle rate is counted
@@ -130,14 +135,18 @@ class Counted:
     def zero(self) -> None:
         self._control("--zero")
 
-    def count(self) -> int:
-        """Instructions since the last zero: the newest dump's ``summary`` line."""
+    def count(self, keep_as: str | None = None) -> int:
+        """Instructions since the last zero: the newest dump's ``summary`` line. Where KEEP is
+        set, the dump is copied there as ``keep_as``, for callgrind_annotate."""
         before = set(self._out.glob(f"{self.name}.*.*"))
         self._control("--dump")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             for dump in set(self._out.glob(f"{self.name}.*.*")) - before:
                 if (counted := _summary(dump)) is not None:
+                    if KEEP is not None and keep_as is not None:
+                        KEEP.mkdir(parents=True, exist_ok=True)
+                        shutil.copyfile(dump, KEEP / keep_as)
                     return counted
             time.sleep(0.1)
         raise RuntimeError(f"no callgrind dump from {self.name}")
@@ -167,7 +176,7 @@ async def _measure(counted: Counted, port: int) -> Row:
         counted.zero()
         began = time.monotonic()
         await _streams(port, events, STREAMS)
-        counted_now = counted.count()
+        counted_now = counted.count(f"{counted.name}.{events}ev.callgrind")
         totals.append(round(counted_now - idle_per_s * (time.monotonic() - began)))
     short, long = totals
     per_request, per_event = _split(short, long, STREAMS)
