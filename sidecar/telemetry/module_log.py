@@ -3,7 +3,7 @@ told to cache loggers on first use (``serve``: ``configure_logging(cache=True)``
 
 ``structlog.get_logger`` gives a lazy proxy, and every ``log.info`` on it goes through the proxy's
 ``__getattr__``, which hands out its bound logger's method anew, even where the level then drops
-the line: ~1 µs, ~8.6k instructions under callgrind, twice a request (~3% of one). Where the
+the line: ~1 µs, ~8.6k instructions under callgrind, twice a request (~2% of one). Where the
 configuration says loggers may be cached, a ModuleLogger keeps each method the first time it is
 asked for, so that a call the level filters out is a slot read and an empty call. Where it does
 not (the tests, which reconfigure through ``structlog.testing.capture_logs``), every call goes
