@@ -80,7 +80,7 @@ class ChunkedBody:
             return None
         # One chunk, the common read: its length fixes its size's digits and the size itself (n =
         # digits + size), so one comparison with the table checks its size line: no search, no
-        # parse. Anything else (more chunks, upper-case hex, 4 digits) goes on below.
+        # parse. Anything else (more chunks, upper-case hex, 4 digits) goes to _whole_read.
         n = len(data) - 4
         digits = 2 if 17 < n < 258 else 3 if 258 < n < 4099 else 1 if 1 < n < 17 else 0
         if digits and data[: digits + 2] == _SIZE_LINES[n - digits] and data[-2:] == b"\r\n":
