@@ -81,6 +81,7 @@ class ChunkedBody:
         # One chunk, the common read: its length fixes its size's digits and the size itself (n =
         # digits + size), so one comparison with the table checks its size line: no search, no
         # parse. Anything else (more chunks, upper-case hex, 4 digits) goes to _whole_read.
+        # Sizes 1-15 give n of 2-16, 16-255 give 18-257, 256-4095 (the table's last) 259-4098.
         n = len(data) - 4
         digits = 2 if 17 < n < 258 else 3 if 258 < n < 4099 else 1 if 1 < n < 17 else 0
         if digits and data[: digits + 2] == _SIZE_LINES[n - digits] and data[-2:] == b"\r\n":
