@@ -10,8 +10,8 @@ import pytest
 from multidict import CIMultiDict
 
 from sidecar.core.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
-from sidecar.edge.engine_client import end_to_end, translated
-from sidecar.edge.http1 import EngineProtocolError, UnsendableRequestError
+from sidecar.edge.engine_client import translated
+from sidecar.edge.http1 import EngineProtocolError, UnsendableRequestError, end_to_end
 
 Make = Callable[[], BaseException]
 OFF, LATE = UpstreamUnavailableError, UpstreamTimeoutError

@@ -252,6 +252,18 @@ async def test_answers_without_a_body(
     assert (body, engine.connections) == (b"{}", 1)
 
 
+async def test_a_head_request_has_no_body_where_the_same_head_had_one_before(
+    engine: Engine, upstream: Upstream
+) -> None:
+    """The pool keeps heads it parsed (HeadCache); a HEAD request's answer still has no body."""
+    head = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    engine.answers = [answer(head + b"2\r\n{}\r\n0\r\n\r\n"), answer(head), answer(OK_BODY)]
+    bodies = [(await _get_body(upstream, method))[1] for method in ("POST", "HEAD", "POST")]
+    assert (bodies, engine.connections) == ([b"{}", b"", b"{}"], 1)
+
+
 async def test_status_reason_and_fields_reach_the_response(
     engine: Engine, upstream: Upstream
 ) -> None:

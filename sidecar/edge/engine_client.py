@@ -11,29 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import TracebackType
 
-from multidict import CIMultiDict
-
 from sidecar.core.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
 from sidecar.edge.engine_http import EnginePool, EngineResponse
 from sidecar.edge.http1 import EngineProtocolError
-
-# RFC 9110 §7.6.1 hop-by-hop fields, plus the framing fields each side writes anew (the proxy port's
-# server toward the client, http1.encode_request toward the engine).
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-        "host",
-    }
-)
 
 # Errors raised while talking to the engine; order matters (TimeoutError is also an OSError).
 TIMEOUT_ERRORS: tuple[type[BaseException], ...] = (TimeoutError,)
@@ -73,15 +53,6 @@ _TRANSLATED = _Translated()
 def translated() -> _Translated:
     """The error boundary: re-raise any engine I/O failure as the sidecar's UpstreamError."""
     return _TRANSLATED
-
-
-def end_to_end(headers: Mapping[str, str]) -> CIMultiDict[str]:
-    """Headers without hop-by-hop fields (and those named in the Connection header)."""
-    connection = headers.get("Connection")
-    drop = HOP_BY_HOP
-    if connection:  # most requests name no extra fields: no set built
-        drop = HOP_BY_HOP | {token.strip().lower() for token in connection.split(",")}
-    return CIMultiDict([(k, v) for k, v in headers.items() if k.lower() not in drop])
 
 
 async def read_chunk(response: EngineResponse) -> bytes:

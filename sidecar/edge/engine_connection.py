@@ -19,10 +19,15 @@ import asyncio
 from collections.abc import Callable
 from typing import cast
 
-from multidict import CIMultiDict
-
 from sidecar.edge.chunked import ChunkedBody
-from sidecar.edge.http1 import MAX_HEAD_BYTES, EngineProtocolError, Framing, framing, parse_head
+from sidecar.edge.http1 import (
+    MAX_HEAD_BYTES,
+    EngineProtocolError,
+    Framing,
+    Head,
+    HeadCache,
+    framing,
+)
 
 # Body bytes held for a reader that is slower than the engine before the socket stops reading.
 HIGH_WATER = 256 * 1024
@@ -39,9 +44,15 @@ class StaleConnectionError(ConnectionResetError):
 class EngineConnection(asyncio.Protocol):
     """One connection to the engine; carries one request at a time."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, read_timeout_s: float) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        read_timeout_s: float,
+        heads: HeadCache | None = None,
+    ) -> None:
         self._loop = loop
         self._read_timeout_s = read_timeout_s
+        self._heads = heads if heads is not None else HeadCache()  # the pool's, shared
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self._buffer = bytearray()  # bytes received and not yet parsed
@@ -58,7 +69,7 @@ class EngineConnection(asyncio.Protocol):
 
     def _reset_message(self) -> None:
         self._sink = None
-        self.head: tuple[int, str, CIMultiDict[str]] | None = None
+        self.head: Head | None = None
         self.framing: Framing = "none"
         self.keep_alive = True
         self.eof = False  # the body was read to its end
@@ -170,17 +181,19 @@ class EngineConnection(asyncio.Protocol):
                 raise EngineProtocolError("the engine's response head is too large")
             head = bytes(self._buffer[:end])
             del self._buffer[: end + 4]
-            status, reason, fields, http10 = parse_head(head)
+            parsed = self._heads.parse(head)
+            status = parsed.status
             if 100 <= status < 200 and status != 101:
                 continue  # 100 Continue, 103 Early Hints: the real answer follows
-            self._frame(status, fields, http10=http10)
-            self.head = (status, reason, fields)
+            framed = parsed.framing
+            if self._head_request:  # no body, whatever the fields say (RFC 9112 §6.3)
+                framed = framing(status, parsed.fields, http10=parsed.http10, head_request=True)
+            self._frame(framed)
+            self.head = parsed
             return True
 
-    def _frame(self, status: int, fields: CIMultiDict[str], *, http10: bool) -> None:
-        self.framing, self._remaining, self.keep_alive = framing(
-            status, fields, http10=http10, head_request=self._head_request
-        )
+    def _frame(self, framed: tuple[Framing, int, bool]) -> None:
+        self.framing, self._remaining, self.keep_alive = framed
         self.eof = self.framing == "none" or (self.framing == "length" and self._remaining == 0)
         if self.framing == "chunked":
             self._chunks = ChunkedBody()
@@ -241,7 +254,7 @@ class EngineConnection(asyncio.Protocol):
         wait: those are the next read's, and order is kept."""
         self._sink = sink if not self._pieces else None
 
-    async def read_head(self) -> tuple[int, str, CIMultiDict[str]]:
+    async def read_head(self) -> Head:
         while self.head is None:
             await self._wait()
         return self.head

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 from sidecar.edge.engine_connection import EngineConnection, Sink, StaleConnectionError
-from sidecar.edge.http1 import encode_request
+from sidecar.edge.http1 import HeadCache, encode_request
 
 # Idle kept-alive connections kept; more than the engine's concurrency gains nothing.
 MAX_IDLE = 256
@@ -29,11 +29,13 @@ MAX_IDLE = 256
 class EngineResponse:
     """The engine's status line, fields and body, read from one pooled connection."""
 
-    __slots__ = ("_connection", "_pool", "headers", "reason", "status")
+    __slots__ = ("_connection", "_pool", "forwarded", "headers", "reason", "status")
 
     def __init__(self, pool: EnginePool, connection: EngineConnection) -> None:
-        assert connection.head is not None
-        self.status, self.reason, self.headers = connection.head
+        head = connection.head
+        assert head is not None
+        self.status, self.reason, self.headers = head.status, head.reason, head.fields
+        self.forwarded = head.forwarded  # the fields a proxy passes on (http1.end_to_end)
         self._pool = pool
         self._connection: EngineConnection | None = connection
 
@@ -93,6 +95,7 @@ class EnginePool:
         self._connect_timeout_s = connect_timeout_s
         self._read_timeout_s = read_timeout_s
         self._idle: list[EngineConnection] = []
+        self._heads = HeadCache()
         self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self.https else None
         self._closed = False
 
@@ -137,7 +140,7 @@ class EnginePool:
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self._connect_timeout_s):
             _, protocol = await loop.create_connection(
-                lambda: EngineConnection(loop, self._read_timeout_s),
+                lambda: EngineConnection(loop, self._read_timeout_s, self._heads),
                 self.host,
                 self.port,
                 ssl=self._ssl,

@@ -8,9 +8,9 @@ engine closes. Anything else malformed is an :class:`EngineProtocolError`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, NamedTuple
 
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy, MultiMapping
 
 # Past these the answer is refused, not buffered: they bound what one engine answer can cost.
 MAX_HEAD_BYTES = 64 * 1024
@@ -23,6 +23,27 @@ NO_BODY_STATUSES = frozenset({204, 304})
 OWN_FIELDS = frozenset({"host", "content-length", "transfer-encoding", "connection", "expect"})
 HEX_DIGITS = b"0123456789abcdefABCDEF"
 SP, HTAB = 32, 9  # b" " and b"\t" as the ints ``in`` tests bytes for
+# RFC 9110 §7.6.1 hop-by-hop fields, plus the framing fields each side writes anew (the proxy port's
+# server toward the client, http1.encode_request toward the engine).
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+        "host",
+    }
+)
+
+# Heads kept by HeadCache: an engine's streamed answers share a head but for its Date; a few
+# seconds' worth, and the odd other head (an error's), before it starts again.
+HEAD_CACHE_SIZE = 8
 
 Framing = Literal["none", "length", "chunked", "close"]
 
@@ -33,6 +54,20 @@ class EngineProtocolError(Exception):
 
 class UnsendableRequestError(EngineProtocolError):
     """A request line or field that HTTP/1.1 cannot carry (a line break, a NUL)."""
+
+
+def end_to_end(headers: Mapping[str, str]) -> CIMultiDict[str]:
+    """Headers without hop-by-hop fields (and those named in the Connection header)."""
+    return CIMultiDict(end_to_end_fields(headers))
+
+
+def end_to_end_fields(headers: Mapping[str, str]) -> list[tuple[str, str]]:
+    """``end_to_end`` as name, value pairs, in order."""
+    connection = headers.get("Connection")
+    drop = HOP_BY_HOP
+    if connection:  # most requests name no extra fields: no set built
+        drop = HOP_BY_HOP | {token.strip().lower() for token in connection.split(",")}
+    return [(k, v) for k, v in headers.items() if k.lower() not in drop]
 
 
 def encode_request(
@@ -78,8 +113,53 @@ def parse_head(head: bytes) -> tuple[int, str, CIMultiDict[str], bool]:
     return int(code), reason.decode("utf-8", "replace"), fields, version == b"HTTP/1.0"
 
 
+class Head(NamedTuple):
+    """An answer's head, parsed. ``fields`` is read-only: HeadCache hands one head to many."""
+
+    status: int
+    reason: str
+    fields: CIMultiDictProxy[str]
+    http10: bool
+    framing: tuple[Framing, int, bool]  # framing() of it, for any request but HEAD
+    forwarded: tuple[tuple[str, str], ...]  # its end-to-end fields: what a proxy passes on
+
+
+class HeadCache:
+    """``parse_head``, ``framing`` and ``end_to_end`` of the heads seen last, by their bytes.
+
+    An engine's heads repeat: vLLM's streamed answers differ only in their Date, once a second, so
+    all but the first of each second skip the parse (~6 us a request). Answers framed by
+    Content-Length vary with their body and are not kept; at most ``size`` heads are, then the
+    cache is emptied and fills again. Errors are raised, never kept.
+    """
+
+    __slots__ = ("_heads", "_size")
+
+    def __init__(self, size: int = HEAD_CACHE_SIZE) -> None:
+        self._heads: dict[bytes, Head] = {}
+        self._size = size
+
+    def __len__(self) -> int:
+        return len(self._heads)
+
+    def parse(self, head: bytes) -> Head:
+        """``head`` (without its blank line) parsed, as ``parse_head`` and ``framing`` do."""
+        parsed = self._heads.get(head)
+        if parsed is not None:
+            return parsed
+        status, reason, fields, http10 = parse_head(head)
+        framed = framing(status, fields, http10=http10, head_request=False)
+        forwarded = tuple(end_to_end_fields(fields))
+        parsed = Head(status, reason, CIMultiDictProxy(fields), http10, framed, forwarded)
+        if framed[0] != "length":
+            if len(self._heads) >= self._size:
+                self._heads.clear()
+            self._heads[head] = parsed
+        return parsed
+
+
 def framing(
-    status: int, fields: CIMultiDict[str], *, http10: bool, head_request: bool
+    status: int, fields: MultiMapping[str], *, http10: bool, head_request: bool
 ) -> tuple[Framing, int, bool]:
     """How the answer's body is delimited (RFC 9112 §6.3): its framing, its Content-Length (0
     when not framed by length), and whether the connection may carry another request after it."""

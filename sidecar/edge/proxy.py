@@ -23,8 +23,9 @@ from sidecar.core.errors import (
 from sidecar.core.ledger import StreamUsage
 from sidecar.core.request_checks import CheckedRequest, TokenPolicy
 from sidecar.edge.busy import busy_response
-from sidecar.edge.engine_client import Upstream, end_to_end, finish, read_all
+from sidecar.edge.engine_client import Upstream, finish, read_all
 from sidecar.edge.engine_http import EngineResponse
+from sidecar.edge.http1 import end_to_end
 from sidecar.edge.http_errors import error_response
 from sidecar.edge.in_flight import InFlight, Stop
 from sidecar.edge.intake import checked_request, read_body
@@ -272,7 +273,7 @@ async def _relay_whole(
         if not stop.claim():
             raise
         return _stopped_response(permit)
-    response = Response(upstream.status, body, end_to_end(upstream.headers))
+    response = Response(upstream.status, body, upstream.forwarded)
     response.headers["X-Request-Id"] = request_id
     if upstream.status >= 500:
         permit.outcome = "failed"

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from sidecar.core.errors import UpstreamError
 from sidecar.core.ledger import StreamUsage
 from sidecar.core.outcomes import REJECTIONS, Refusal
-from sidecar.edge.engine_client import end_to_end, read_chunk
+from sidecar.edge.engine_client import read_chunk
 from sidecar.edge.engine_http import EngineResponse
 from sidecar.edge.http_errors import refusal_body
 from sidecar.edge.in_flight import Stop
@@ -62,7 +62,7 @@ def response_for(upstream: EngineResponse, request_id: str) -> StreamResponse:
     client's head leaves with them, in one write; where the engine sent its head alone (vLLM
     before its first token), the client gets the head at once too."""
     response = StreamResponse(upstream.status, upstream.reason, head_with_body=upstream.ready())
-    response.headers.update(end_to_end(upstream.headers))
+    response.headers.extend(upstream.forwarded)
     response.headers["X-Request-Id"] = request_id
     return response
 

@@ -9,7 +9,7 @@ body. The status line is always HTTP/1.1 (RFC 9110 §6.2: a server sends its own
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
 
@@ -80,7 +80,7 @@ class Response:
         self,
         status: int = 200,
         body: bytes = b"",
-        headers: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
         content_type: str | None = None,
     ) -> None:
         self.status, self.body = status, body
