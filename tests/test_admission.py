@@ -201,6 +201,15 @@ def test_max_in_flight_caps_the_count_in_token_mode() -> None:
     assert kinds == ["Granted", "Granted", "Queued"]
 
 
+def test_a_release_under_max_in_flight_lets_one_waiter_in_not_all_that_fit() -> None:
+    """Bytes for every waiter, but one request slot freed: one grant, the rest keep waiting."""
+    core = Admission(limit=1000, max_queue=5, max_in_flight=2, reject_oversize=True)
+    first, _, *waiting = [_ticket(core.request(10, "default")) for _ in range(4)]
+    grants = core.release(first, "completed")
+    assert [grant.ticket for grant in grants] == waiting[:1]
+    assert (core.in_use, core.queued) == (2, 1)
+
+
 # --- stateful property test ----------------------------------------------------------------------
 
 COMPARTMENTS = parse_compartments("a=40%:70%,b=30%")

@@ -104,12 +104,24 @@ class Admission:
             if refusal is not None:
                 return self._reject(refusal, name, cost)
         self._next_ticket += 1
-        waiter = _Waiter(self._next_ticket, name, cost)
+        ticket = self._next_ticket
+        waiter = _Waiter(ticket, name, cost)
         alone = not self._queued_tickets
-        if alone and self._fits(waiter):
-            # Fast path, same answer as the pump: with nobody waiting, nobody is older.
-            self._grant(waiter)
-            return Granted(waiter.ticket, name, cost)
+        used = self._used
+        if (
+            alone
+            and used[name] + cost <= self._cap[name]
+            and self._used_total + cost <= self._limit
+            and (self._max_in_flight is None or len(self._granted) < self._max_in_flight)
+        ):
+            # Fast path, same answer as the pump: with nobody waiting, nobody is older. _fits
+            # and _grant are written out here: this runs once an admission (docs/performance.md).
+            self._granted[ticket] = waiter
+            used[name] += cost
+            self._used_total += cost
+            self._count[name] += 1
+            self._granted_total += 1
+            return Granted(ticket, name, cost)
         queue = self._queues[name]
         queue.append(waiter)
         self._queued_tickets[waiter.ticket] = waiter
@@ -134,7 +146,7 @@ class Admission:
         self._used_total -= waiter.cost
         self._count[waiter.compartment] -= 1
         self._released[outcome] += 1
-        return self._pump()
+        return self._pump() if self._queued_tickets else ()  # the common release: nobody waits
 
     def withdraw(self, ticket: int, reason: WithdrawReason) -> Withdrawal:
         """Take a waiter out of its queue (timed out, cancelled, draining).
@@ -345,11 +357,17 @@ class Admission:
         """``_pump`` without compartments: one queue, granted from its head while it fits. Once a
         release under load, so the head leaves by ``popleft``, not a search."""
         queue, granted = self._queues[DEFAULT], []
-        while queue and not self._draining and self._fits(head := queue[0]):
+        if self._draining:
+            return ()
+        cap = min(self._cap[DEFAULT], self._limit)  # the one compartment's room is the room
+        in_flight = self._max_in_flight
+        while queue and self._used_total + (head := queue[0]).cost <= cap:
+            if in_flight is not None and len(self._granted) >= in_flight:
+                break
             queue.popleft()
             del self._queued_tickets[head.ticket]
             self._grant(head)
-            granted.append(Granted(head.ticket, head.compartment, head.cost))
+            granted.append(Granted(head.ticket, DEFAULT, head.cost))
         return tuple(granted)
 
     def _next_grantable(self) -> _Waiter | None:

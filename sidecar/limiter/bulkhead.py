@@ -153,8 +153,18 @@ class Bulkhead:
             may_wait=permit._may_wait,
         )
         if isinstance(decision, Granted):
-            self._emit("granted", decision.compartment, decision.cost)
-            self._hold(permit, decision.ticket, decision.cost, decision.compartment, 0.0)
+            ticket, compartment, cost = decision
+            if self.on_event is not None:
+                self._emit("granted", compartment, cost)
+            if usage is not None:
+                self._hold(permit, ticket, cost, compartment, 0.0)
+                return None
+            # _hold without a usage, written out: this runs once an admission.
+            self._open += 1
+            permit._ticket, permit.cost, permit.compartment, permit.wait_s = (
+                ticket, cost, compartment, 0.0,
+            )  # fmt: skip
+            permit._state = "held"
             return None
         if isinstance(decision, Rejected):
             self._rejected(permit, decision)
@@ -189,7 +199,8 @@ class Bulkhead:
         permit.shadow_rejected = decision.reason
 
     def _enqueue(self, permit: Permit, queued: Queued) -> asyncio.Future[float] | None:
-        self._emit("queued", queued.compartment, queued.cost)
+        if self.on_event is not None:
+            self._emit("queued", queued.compartment, queued.cost)
         ticket = queued.ticket
         # What it waits for is what it will hold: the core's ticket, its cost and compartment.
         permit._ticket, permit.cost, permit.compartment = ticket, queued.cost, queued.compartment
@@ -239,8 +250,10 @@ class Bulkhead:
         for grant in grants:
             waiter = self._waiters.pop(grant.ticket)
             wait_s = now - waiter._started
-            self._emit("granted", grant.compartment, grant.cost, wait_s=wait_s)
-            self._forget(grant.ticket)
+            if self.on_event is not None:
+                self._emit("granted", grant.compartment, grant.cost, wait_s=wait_s)
+            if self._expiry is not None:  # _forget, written out: once a grant from the queue
+                self._expiry.discard(grant.ticket)
             # A waiter cancelled in this same tick has a cancelled future: it releases on unwind.
             future = waiter._future
             if future is not None and not future.done():

@@ -64,12 +64,15 @@ class Expiry:
 
     def discard(self, ticket: int) -> None:
         """Forget ``ticket`` (granted, refused or gone); unknown tickets are ignored."""
-        if ticket not in self._live:
+        live = self._live
+        if ticket not in live:
             return  # forgotten already (a grant, then the waiter's own unwind)
-        self._live.remove(ticket)
-        order, live = self._order, self._live
+        live.remove(ticket)
+        order = self._order  # holds every live ticket: not empty
+        if order[0][1] == ticket:
+            order.popleft()  # a FIFO grant leaves from the front: O(1), no rebuild
         while order and order[0][1] not in live:
-            order.popleft()  # FIFO grants leave from the front: O(1), no rebuild
+            order.popleft()  # entries forgotten earlier, now at the front
         if len(order) > 2 * len(live) + _SLACK:
             self._order = deque(entry for entry in order if entry[1] in live)
 
