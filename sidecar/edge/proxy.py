@@ -10,7 +10,7 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from multidict import CIMultiDict
 
@@ -77,9 +77,9 @@ class Proxy:
     in_flight: InFlight = field(default_factory=InFlight)
 
 
-@dataclass(frozen=True)
-class Job:
-    """A request read and priced, ready for admission."""
+class Job(NamedTuple):
+    """A request read and priced, ready for admission (a NamedTuple: one a request, and a frozen
+    dataclass's ``__init__`` cost ~4x as much)."""
 
     target: Target
     body: bytes | None

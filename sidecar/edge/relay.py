@@ -16,7 +16,7 @@ import asyncio
 import json
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from sidecar.core.errors import UpstreamError
 from sidecar.core.ledger import StreamUsage
@@ -38,9 +38,9 @@ LAST_WORDS_S = 0.5
 HEADROOM = 16 * 1024
 
 
-@dataclass(frozen=True)
-class RelayResult:
-    """How a relay ended."""
+class RelayResult(NamedTuple):
+    """How a relay ended (a NamedTuple: one a request, built at a quarter of a frozen
+    dataclass's cost)."""
 
     end: RelayEnd
     response: StreamResponse
