@@ -214,6 +214,37 @@ async def test_a_long_request_line_gets_a_json_4xx_that_echoes_nothing(
     assert double.seen == []
 
 
+async def test_too_many_header_fields_get_a_json_400_and_reach_no_engine(
+    edge: Start, double: EngineDouble
+) -> None:
+    """64 fields (EdgeLimits.max_headers) pass; a 65th is refused, and the engine sees nothing."""
+    server = await edge()
+    fields = [f"X-Field-{n}: {n}" for n in range(63)]  # with Host: 64
+    answer = await exchange(server.proxy_port, request("GET", "/v1/models", b"", *fields))
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:80]
+    assert len(double.seen) == 1
+    fields.append("X-Field-63: 63")
+    answer = await exchange(server.proxy_port, request("GET", "/v1/models", b"", *fields))
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400")
+    assert json.loads(body)["error"]["type"] == "invalid_request_error"
+    assert len(double.seen) == 1
+
+
+async def test_an_overlong_header_field_gets_a_json_400_that_echoes_nothing(
+    edge: Start, double: EngineDouble
+) -> None:
+    """A field over EdgeLimits.max_field_size (8,190 bytes, name and value) is refused."""
+    server = await edge()
+    value = "secret-" + "a" * 8_200
+    answer = await exchange(server.proxy_port, request("GET", "/v1/models", b"", f"X-Big: {value}"))
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400")
+    assert json.loads(body)["error"]["type"] == "invalid_request_error"
+    assert b"secret-" not in answer
+    assert double.seen == []
+
+
 async def test_the_sidecars_own_answers_carry_a_date(edge: Start) -> None:
     """A 400 the sidecar writes itself, for a body that is not JSON, says when it was sent."""
     server = await edge()

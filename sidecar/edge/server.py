@@ -111,7 +111,7 @@ class Connection(asyncio.Protocol):
         self._parsing: Request | None = None  # the request whose body is being read
         self._queue: deque[Request] = deque()  # pipelined, waiting for the answer before
         self._url = b""
-        self._fields: list[tuple[str, str]] = []
+        self._fields: list[tuple[bytes, bytes]] = []  # the head's, as llhttp gives them
         self._in_head = False
         self._head_bytes = 0
         self._unusable = False  # parse error, upgrade or linger: later bytes are not parsed
@@ -199,11 +199,9 @@ class Connection(asyncio.Protocol):
             raise _HeadRefusedError("the request line is too long")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if len(self._fields) >= self._limits.max_headers:
-            raise _HeadRefusedError("too many header fields")
-        if len(name) + len(value) > self._limits.max_field_size:
-            raise _HeadRefusedError("a header field is too long")
-        self._fields.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
+        # Kept as they come; counted, measured and decoded once the head is whole (a call per
+        # field, ~10 a request from an SDK: the least here). max_head_bytes bounds them meanwhile.
+        self._fields.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -211,7 +209,15 @@ class Connection(asyncio.Protocol):
         version = VERSIONS.get(parser.get_http_version())
         if version is None:
             raise _HeadRefusedError("only HTTP/1.0 and HTTP/1.1 are served")
-        headers = CIMultiDict(self._fields)
+        raw, limits = self._fields, self._limits
+        if len(raw) > limits.max_headers:
+            raise _HeadRefusedError("too many header fields")
+        longest = limits.max_field_size
+        if any(len(name) + len(value) > longest for name, value in raw):
+            raise _HeadRefusedError("a header field is too long")
+        headers = CIMultiDict(
+            [(n.decode("latin-1"), v.decode("utf-8", "surrogateescape")) for n, v in raw]
+        )
         chunked = "Transfer-Encoding" in headers
         if chunked and _codings(headers) != ["chunked"]:
             # llhttp takes `gzip, chunked` and undoes only the chunking: the body would go on
