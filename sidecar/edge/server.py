@@ -212,12 +212,12 @@ class Connection(asyncio.Protocol):
         raw, limits = self._fields, self._limits
         if len(raw) > limits.max_headers:
             raise _HeadRefusedError("too many header fields")
-        longest = limits.max_field_size
-        if any(len(name) + len(value) > longest for name, value in raw):
-            raise _HeadRefusedError("a header field is too long")
-        headers = CIMultiDict(
-            [(n.decode("latin-1"), v.decode("utf-8", "surrogateescape")) for n, v in raw]
-        )
+        longest, fields = limits.max_field_size, []
+        for name, value in raw:
+            if len(name) + len(value) > longest:
+                raise _HeadRefusedError("a header field is too long")
+            fields.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
+        headers = CIMultiDict(fields)
         chunked = "Transfer-Encoding" in headers
         if chunked and _codings(headers) != ["chunked"]:
             # llhttp takes `gzip, chunked` and undoes only the chunking: the body would go on
