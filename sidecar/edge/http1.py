@@ -130,7 +130,9 @@ class HeadCache:
     An engine's heads repeat: vLLM's streamed answers differ only in their Date, once a second, so
     all but the first of each second skip the parse (~6 us a request). Answers framed by
     Content-Length vary with their body and are not kept; at most ``size`` heads are, then the
-    cache is emptied and fills again. Errors are raised, never kept.
+    cache is emptied and fills again. Errors are raised, never kept. Where the engine echoes a
+    field of each request (vLLM's ``--enable-request-id-headers``), no head repeats: each is
+    parsed as before, for one lookup more.
     """
 
     __slots__ = ("_heads", "_size")

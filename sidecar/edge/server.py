@@ -199,9 +199,12 @@ class Connection(asyncio.Protocol):
             raise _HeadRefusedError("the request line is too long")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        # Kept as they come; counted, measured and decoded once the head is whole (a call per
-        # field, ~10 a request from an SDK: the least here). max_head_bytes bounds them meanwhile.
-        self._fields.append((name, value))
+        # A call per field (~10 a request from an SDK): counted here, so that what one read can
+        # pile up stays bounded; measured and decoded once, when the head is whole.
+        fields = self._fields
+        if len(fields) >= self._limits.max_headers:
+            raise _HeadRefusedError("too many header fields")
+        fields.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -209,11 +212,8 @@ class Connection(asyncio.Protocol):
         version = VERSIONS.get(parser.get_http_version())
         if version is None:
             raise _HeadRefusedError("only HTTP/1.0 and HTTP/1.1 are served")
-        raw, limits = self._fields, self._limits
-        if len(raw) > limits.max_headers:
-            raise _HeadRefusedError("too many header fields")
-        longest, fields = limits.max_field_size, []
-        for name, value in raw:
+        longest, fields = self._limits.max_field_size, []
+        for name, value in self._fields:
             if len(name) + len(value) > longest:
                 raise _HeadRefusedError("a header field is too long")
             fields.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
