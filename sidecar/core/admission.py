@@ -320,6 +320,8 @@ class Admission:
         del self._queued_tickets[waiter.ticket]
 
     def _fits(self, waiter: _Waiter) -> bool:
+        """Whether ``waiter`` may run now. The same rule is written out in ``request``'s fast
+        path and in ``_pump_fifo`` (hot paths, no call): a change to it goes in all three."""
         name, cost = waiter.compartment, waiter.cost
         if self._max_in_flight is not None and len(self._granted) >= self._max_in_flight:
             return False
@@ -331,6 +333,7 @@ class Admission:
         return self._used[waiter.compartment] + waiter.cost <= self._guaranteed[waiter.compartment]
 
     def _grant(self, waiter: _Waiter) -> None:
+        """Count ``waiter`` as running (written out in ``request``'s fast path too)."""
         self._granted[waiter.ticket] = waiter
         self._used[waiter.compartment] += waiter.cost
         self._used_total += waiter.cost

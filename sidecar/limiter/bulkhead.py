@@ -230,6 +230,8 @@ class Bulkhead:
     def _hold(
         self, permit: Permit, ticket: int | None, cost: int, compartment: str, wait_s: float
     ) -> None:
+        """``permit`` holds its grant from now (``take_now`` writes this out for a grant with no
+        usage: a change here goes there too)."""
         self._open += 1
         permit._ticket, permit.cost, permit.compartment, permit.wait_s = (
             ticket, cost, compartment, wait_s,
