@@ -7,6 +7,7 @@ import pkgutil
 import sys
 
 import benchmarks
+from benchmarks.interpreter import describe
 
 
 def main() -> int:
@@ -15,6 +16,7 @@ def main() -> int:
         for info in pkgutil.iter_modules(benchmarks.__path__)
         if info.name.endswith("_bench")
     )
+    print(describe())  # a build moves every figure: benchmarks/interpreter.py
     for name in names:
         print(f"== {name}")
         module = importlib.import_module(f"benchmarks.{name}")

@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -47,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from benchmarks import interpreter
 from benchmarks.admission_bench import COUNTED, PERMITS, TASKS
 from benchmarks.loops import run, serve_loop
 from benchmarks.nginx_proxy import INSTALL_HINT, nginx_binary, start_nginx
@@ -325,8 +325,7 @@ def _report(rows: list[Row]) -> None:
 def _write_json(rows: list[Row], admission: dict[str, float] | None) -> None:
     JSON_PATH.parent.mkdir(parents=True, exist_ok=True)
     meta = {
-        "python": platform.python_version(),
-        "python_executable": sys.executable,
+        "interpreter": interpreter.build(),
         "sidecar_loop": "asyncio" if serve_loop() is None else "uvloop",
         "streams": STREAMS,
         "token_events": [SHORT, LONG],

@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -39,6 +38,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from benchmarks import interpreter
 from benchmarks.loops import loop_factory, run, serve_loop
 from benchmarks.nginx_proxy import INSTALL_HINT, nginx_binary, start_nginx, worker_pids
 from benchmarks.stream_client import LoadResult, load
@@ -407,7 +407,7 @@ def _verdict(target: str, met: bool, measured: str, floor: str | None = None) ->
 def _write_json(rows: list[Row]) -> None:
     JSON_PATH.parent.mkdir(parents=True, exist_ok=True)
     meta = {
-        "python": platform.python_version(),
+        "interpreter": interpreter.build(),
         "cpus": os.cpu_count(),
         "seconds": SECONDS,
         "rounds": ROUNDS,
