@@ -39,19 +39,41 @@ ROOT = str(Path(__file__).resolve().parent.parent) + os.sep
 TRACED_READY_S = 120.0  # start-up traced takes ~50x as long
 
 
+# Where a request's time to first byte is spent: the frame whose entry starts each phase (a
+# qualified name) and the phase it starts. A request's head starts the first; the request written
+# to the engine ends it; the first write to the client ends the second (a response head sent
+# alone, where the engine sent its own alone, counts as that first byte).
+PHASES = ("to the engine", "the engine's answer to the first byte out", "after the first byte")
+MARKS = {
+    "Connection.on_message_begin": (None, 0),
+    "EngineConnection.send": (None, 1),
+    "StreamResponse.write_now": (1, 2),  # (only from this phase, or None: from any)
+    "StreamResponse._send": (1, 2),
+}
+
+
 def _traced_serve(out: str) -> None:
     """``sidecar serve`` with every bytecode and every entry into a frame (a call, or a coroutine
-    resumed) counted by code object; written to ``out`` at exit."""
+    resumed) counted by code object, and every bytecode by phase (PHASES); written to ``out`` at
+    exit."""
     counts: collections.Counter[CodeType] = collections.Counter()
     entries: collections.Counter[CodeType] = collections.Counter()
+    by_phase = [0] * len(PHASES)
+    phase = [len(PHASES) - 1]  # start-up counts as after a request
 
     def local(frame: FrameType, event: str, _arg: object) -> Any:
         if event == "opcode":
             counts[frame.f_code] += 1
+            by_phase[phase[0]] += 1
         return local
 
     def enter(frame: FrameType, _event: str, _arg: object) -> Any:
         entries[frame.f_code] += 1
+        mark = MARKS.get(frame.f_code.co_qualname)
+        if mark is not None and frame.f_code.co_filename.startswith(ROOT + "sidecar"):
+            after, starts = mark
+            if after is None or phase[0] == after:
+                phase[0] = starts
         frame.f_trace_opcodes = True
         return local
 
@@ -64,7 +86,7 @@ def _traced_serve(out: str) -> None:
             )
             for code, n in counts.items()
         }
-        Path(out).write_text(json.dumps(named))
+        Path(out).write_text(json.dumps({"functions": named, "phases": by_phase}))
 
     atexit.register(dump)
     sys.argv = ["sidecar", "serve"]
@@ -97,29 +119,30 @@ async def _drive(requests: int, events: int, out: Path) -> None:
 Counts = dict[str, tuple[float, float]]  # function -> (bytecodes, entries into its frames)
 
 
-def _counts(requests: int, events: int, out: Path) -> Counts:
+def _counts(requests: int, events: int, out: Path) -> tuple[Counts, list[int]]:
     run(_drive(requests, events, out))
-    counted: dict[str, list[int]] = json.loads(out.read_text())
-    return {name: (n, entered) for name, (n, entered) in counted.items()}
+    counted: dict[str, Any] = json.loads(out.read_text())
+    functions = {name: (n, entered) for name, (n, entered) in counted["functions"].items()}
+    return functions, counted["phases"]
 
 
-def census(requests: int, events: int) -> Counts:
-    """Bytecodes and frame entries per request by function: two runs, the first's counts taken
-    off the second's."""
+def census(requests: int, events: int) -> tuple[Counts, list[float]]:
+    """Bytecodes and frame entries per request by function, and bytecodes per request by phase:
+    two runs, the first's counts taken off the second's."""
     small = max(1, requests // 4)
     tmp = JSON_PATH.parent
     tmp.mkdir(parents=True, exist_ok=True)
-    first = _counts(small, events, tmp / "census.small.json")
-    second = _counts(small + requests, events, tmp / "census.large.json")
+    first, phases0 = _counts(small, events, tmp / "census.small.json")
+    second, phases = _counts(small + requests, events, tmp / "census.large.json")
     per_request = {}
     for name, (n, entered) in second.items():
         n0, entered0 = first.get(name, (0, 0))
         if n != n0:
             per_request[name] = ((n - n0) / requests, (entered - entered0) / requests)
-    return per_request
+    return per_request, [(b - a) / requests for a, b in zip(phases0, phases, strict=True)]
 
 
-def _report(per_request: Counts, requests: int, events: int) -> None:
+def _report(per_request: Counts, phases: list[float], requests: int, events: int) -> None:
     total = sum(n for n, _ in per_request.values())
     frames = sum(entered for _, entered in per_request.values())
     print(
@@ -127,6 +150,9 @@ def _report(per_request: Counts, requests: int, events: int) -> None:
         f"resumes; {requests} requests of {events} token event(s), one at a time, over one "
         "connection)"
     )
+    print(f"  {'bytecodes':>9}  {'share':>5}  by phase of the request:")
+    for name, n in zip(PHASES, phases, strict=True):
+        print(f"  {n:>9,.0f}  {n / total:>5.1%}  {name}")
     modules: dict[str, tuple[float, float]] = {}
     for name, (n, entered) in per_request.items():
         module = name.split(":", 1)[0]
@@ -150,9 +176,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     requests = int(args[0]) if args else 200
     events = int(args[1]) if len(args) > 1 else 1
-    per_request = census(requests, events)
-    _report(per_request, requests, events)
-    JSON_PATH.write_text(json.dumps(per_request, indent=1, sort_keys=True))
+    per_request, phases = census(requests, events)
+    _report(per_request, phases, requests, events)
+    written = {"functions": per_request, "phases": dict(zip(PHASES, phases, strict=True))}
+    JSON_PATH.write_text(json.dumps(written, indent=1, sort_keys=True))
     print(f"  written to {JSON_PATH}")
 
 

@@ -131,6 +131,31 @@ def test_clamp_mode_lowers_max_tokens_to_the_budget() -> None:
     assert json.loads(checked.body)["max_tokens"] == 50
 
 
+def test_both_token_fields_price_by_the_larger() -> None:
+    """max_tokens and max_completion_tokens both given within budget: priced by the larger, and
+    forwarded as sent."""
+    body = raw({**CHAT, "max_completion_tokens": 9, "max_tokens": 30})
+    checked = check_request(body, "chat", BUDGET)
+    assert (checked.completion_tokens, checked.body) == (30, body)
+
+
+def test_the_field_over_budget_is_the_one_named() -> None:
+    """Of the two fields, the refusal names the one above the budget."""
+    body = raw({**CHAT, "max_completion_tokens": 9, "max_tokens": 51})
+    with pytest.raises(RequestError, match="'max_tokens' is 51") as caught:
+        check_request(body, "chat", BUDGET)
+    assert caught.value.param == "max_tokens"
+
+
+def test_clamp_mode_lowers_each_field_over_budget() -> None:
+    """With over_budget=clamp every field above the budget is lowered; one within it stays."""
+    body = raw({**CHAT, "max_completion_tokens": 70, "max_tokens": 9})
+    checked = check_request(body, "chat", TokenPolicy(100, 50, "clamp"))
+    forwarded = json.loads(checked.body)
+    assert (forwarded["max_completion_tokens"], forwarded["max_tokens"]) == (50, 9)
+    assert checked.completion_tokens == 50
+
+
 @pytest.mark.parametrize(
     ("body", "sequences", "prompt_tokens"),
     [

@@ -59,7 +59,9 @@ def encode_head(
     """The status line and fields (those in ``skip``, which frame the body, left to ``extra``),
     then the blank line; UnsendableHeadError if any of them holds a line break."""
     lines = [f"HTTP/1.1 {status} {reason}"]
-    lines += [k + ": " + v for k, v in fields.items() if k.lower() not in skip]  # istr keys
+    for k, v in fields.items():  # istr keys; a loop, as in http1.encode_request
+        if k.lower() not in skip:
+            lines.append(k + ": " + v)
     lines += extra
     if "Date" not in fields:
         lines.append("Date: " + http_date())
