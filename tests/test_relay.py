@@ -88,14 +88,18 @@ class _Wire:
         return True
 
 
+def _request(socket: _Socket, version: tuple[int, int] = (1, 1)) -> Request:
+    return Request(
+        "POST", "/v1/chat/completions", version, CIMultiDict(), transport=socket,
+        wire=cast(Wire, _Wire()), client_max_size=1 << 20, keep_alive=True, body_exists=False,
+    )  # fmt: skip
+
+
 async def test_push_passes_the_engines_framing_on_only_for_bytes_it_passes_as_they_came() -> None:
     """The engine's own chunk goes to the client as it came only where the framer passed its
     data unchanged; an event cut across reads is framed anew, once it is whole."""
     socket = _Socket()
-    request = Request(
-        "POST", "/v1/chat/completions", (1, 1), CIMultiDict(), transport=socket,
-        wire=cast(Wire, _Wire()), client_max_size=1 << 20, keep_alive=True, body_exists=False,
-    )  # fmt: skip
+    request = _request(socket)
     response = StreamResponse(200)
     await response.prepare(request)
     relay = _Relay(request, response, 10.0, EventFramer())
@@ -111,3 +115,34 @@ async def test_push_passes_the_engines_framing_on_only_for_bytes_it_passes_as_th
         b"9\r\ndata: 3\n\n\r\n",  # its tail, once the blank line came
         b"D\r\ndata: 44444\n\n\r\n",  # the engine's own bytes again
     ]
+
+
+async def test_a_held_head_leaves_with_the_first_event_then_reads_pass_as_they_came() -> None:
+    """Where the head waits for the first body bytes, the first event goes out framed by us
+    behind it; only the events after it pass in the engine's own framing."""
+    socket = _Socket()
+    request = _request(socket)
+    response = StreamResponse(200, head_with_body=True)
+    await response.prepare(request)
+    relay = _Relay(request, response, 10.0, EventFramer())
+    assert socket.written == []
+    assert relay.push(b"data: 1\n\n", b"9\r\ndata: 1\n\n\r\n")
+    assert relay.push(b"data: 2\n\n", b"00009\r\ndata: 2\n\n\r\n")
+    first, second = socket.written
+    head, _, body = first.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert body == b"9\r\ndata: 1\n\n\r\n"
+    assert second == b"00009\r\ndata: 2\n\n\r\n"
+
+
+async def test_an_unchunked_answer_never_carries_the_engines_framing() -> None:
+    """An HTTP/1.0 client's answer is not chunked: every event goes out as bare data."""
+    socket = _Socket()
+    request = _request(socket, version=(1, 0))
+    response = StreamResponse(200)
+    await response.prepare(request)
+    relay = _Relay(request, response, 10.0, EventFramer())
+    socket.written.clear()
+    assert relay.push(b"data: 1\n\n", b"9\r\ndata: 1\n\n\r\n")
+    assert relay.push(b"data: 2\n\n", b"9\r\ndata: 2\n\n\r\n")
+    assert socket.written == [b"data: 1\n\n", b"data: 2\n\n"]

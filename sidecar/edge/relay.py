@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -76,6 +76,8 @@ class _Relay:
     tally: StreamUsage | None = None  # adaptive admission: the token events relayed
     high_water: int = 0  # the client socket's
     room: int = 0  # what its buffer may hold, a new write included, with no wait: less HEADROOM
+    # The client's write, once framed reads may go to it as they came (StreamResponse.passthrough)
+    direct: Callable[[bytes], object] | None = None
 
     def __post_init__(self) -> None:
         self.high_water = self.request.transport.get_write_buffer_limits()[1]
@@ -109,7 +111,8 @@ class _Relay:
         passes ``chunk`` on unchanged, those bytes go to the client as they came: the same
         chunked encoding of the same data, not built again. This runs once per relayed event,
         so ``_cannot_wait``, ``ready`` and ``counted`` are written out here (calling them cost
-        1.2k instructions more per event, of ~15k, counted under callgrind).
+        1.2k instructions more per event, of ~15k, counted under callgrind), and such bytes go
+        to the client's ``write`` itself once the response allows it (``direct``: ~700 fewer).
         """
         request = self.request
         transport = request.transport
@@ -122,7 +125,11 @@ class _Relay:
         out = self.framer.feed(chunk) if self.framer is not None else chunk
         if self.tally is not None and out:
             self.tally.relayed += out.count(TOKEN_MARK)
+        if out is chunk and framed is not None and self.direct is not None:
+            self.direct(framed)  # the usual event, after the first: no write_now call
+            return True
         self.response.write_now(out, framed if out is chunk else None)
+        self.direct = self.response.passthrough()
         return True
 
     async def write(self, data: bytes, timeout_s: float | None = None) -> RelayEnd | None:

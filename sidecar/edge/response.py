@@ -9,7 +9,7 @@ body. The status line is always HTTP/1.1 (RFC 9110 §6.2: a server sends its own
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
 
@@ -180,6 +180,15 @@ class StreamResponse:
                 self._request.transport.write(framed)
             else:
                 self._request.transport.write(self._framed(data))
+
+    def passthrough(self) -> Callable[[bytes], object] | None:
+        """Where body pieces already in chunked framing may now go to the client as they are:
+        the transport's ``write``, once the head went out and where the body is chunked. A
+        caller holds it for the rest of the body, instead of a ``write_now`` call per piece;
+        None before that, and for a body framed any other way."""
+        if self._body and self._chunked and not self._pending and self._request is not None:
+            return self._request.transport.write
+        return None
 
     def _framed(self, data: bytes) -> bytes:
         framed = b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data
