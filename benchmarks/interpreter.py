@@ -1,6 +1,6 @@
 """Which CPython build runs the benchmarks, and so the sidecar: a build moves every figure.
 
-The same sidecar counted ~10% more instructions per request and timed 22-27% slower per admission
+The same sidecar counted 8.5% more instructions per request and timed 11-28% slower per admission
 on pyenv's default build (no PGO or LTO, libpython loaded as a shared library) than on Debian's
 ``python3.11`` (profile-guided, libpython linked in): docs/performance.md, the twelfth pass. The
 image's ``python:3.11-slim`` is built with ``--enable-optimizations --with-lto``; ``make bench
@@ -49,8 +49,11 @@ def build(maps: Path = Path("/proc/self/maps")) -> Build:
 def describe(info: Build | None = None) -> str:
     """One line, for a bench's header."""
     info = info or build()
-    options = ", ".join(info["configured"]) or "none of " + ", ".join(OPTIONS)
+    if info["configured"]:
+        options = "configured with " + " ".join(info["configured"])
+    else:  # Debian's python3.11 is profile-guided all the same
+        options = f"configured without {' or '.join(OPTIONS)} (a distribution may still use PGO)"
     return (
         f"interpreter: {info['version']} ({info['executable']}), libpython {info['libpython']}, "
-        f"configured with {options}"
+        + options
     )
