@@ -104,6 +104,13 @@ def test_bad_input_is_rejected_with_its_param(
     assert caught.value.param == param
 
 
+def test_a_byte_order_mark_is_named_in_the_refusal() -> None:
+    """A UTF-8 body behind a byte order mark is refused with a message that says so."""
+    with pytest.raises(RequestError, match="byte order mark") as caught:
+        check_request(b"\xef\xbb\xbf" + raw(CHAT), "chat", BUDGET)
+    assert (caught.value.code, caught.value.status) == ("invalid_json", 400)
+
+
 def test_over_budget_message_names_the_budget() -> None:
     """The refusal of a too-large max_tokens tells the client the budget."""
     with pytest.raises(RequestError, match="completion budget of 50 tokens"):

@@ -122,6 +122,9 @@ def _parse_object(raw: bytes) -> dict[str, Any]:
     except RecursionError as exc:
         raise RequestError("request body is nested too deeply", code="invalid_json") from exc
     except ValueError as exc:  # JSONDecodeError, and integers past Python's digit limit
+        if text.startswith("\ufeff"):  # json.loads says so; its decoder alone does not
+            message = "request body starts with a byte order mark: send JSON without one"
+            raise RequestError(message, code="invalid_json") from exc
         raise RequestError(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object", code="invalid_json")
