@@ -12,9 +12,10 @@ sidecar runs ~50x slower traced. Time per bytecode differs (a bytecode that call
 that call costs), so this ranks the Python, and instructions_bench gives the totals.
 
 Run: ``python -m benchmarks.bytecode_census [REQUESTS] [EVENTS]`` (200 requests of 1 token event
-by default, after a first run a quarter as long). Prints bytecodes and frames entered per request
-by module and by function (those above 1% of the bytecodes); writes JSON to BENCH_CENSUS_JSON
-(.bench/census.json). SIDECAR_* variables reach the sidecar, as in relay_bench.
+by default, after a first run a quarter as long). Prints bytecodes per request by phase (MARKS),
+and bytecodes and frames entered per request by module and by function (those above 1% of the
+bytecodes); writes JSON to BENCH_CENSUS_JSON (.bench/census.json). SIDECAR_* variables reach the
+sidecar, as in relay_bench.
 """
 
 from __future__ import annotations
@@ -39,15 +40,15 @@ ROOT = str(Path(__file__).resolve().parent.parent) + os.sep
 TRACED_READY_S = 120.0  # start-up traced takes ~50x as long
 
 
-# Where a request's time to first byte is spent: the frame whose entry starts each phase (a
-# qualified name) and the phase it starts. A request's head starts the first; the request written
-# to the engine ends it; the first write to the client ends the second (a response head sent
-# alone, where the engine sent its own alone, counts as that first byte).
+# Where a request's time to first byte is spent. MARKS: the frame (a qualified name) whose entry
+# starts a phase -> (the phase it must follow, None for any; the phase it starts). A request's head
+# starts the first; the request written to the engine ends it; the first write to the client ends
+# the second (a response head sent alone, where the engine sent its own alone, is that first byte).
 PHASES = ("to the engine", "the engine's answer to the first byte out", "after the first byte")
 MARKS = {
     "Connection.on_message_begin": (None, 0),
     "EngineConnection.send": (None, 1),
-    "StreamResponse.write_now": (1, 2),  # (only from this phase, or None: from any)
+    "StreamResponse.write_now": (1, 2),
     "StreamResponse._send": (1, 2),
 }
 

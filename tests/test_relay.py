@@ -88,21 +88,24 @@ class _Wire:
         return True
 
 
-def _request(socket: _Socket, version: tuple[int, int] = (1, 1)) -> Request:
-    return Request(
+async def _prepared(
+    version: tuple[int, int] = (1, 1), *, head_with_body: bool = False
+) -> tuple[_Socket, _Relay]:
+    """A relay over a prepared streamed answer to a client on ``version``, and its socket."""
+    socket = _Socket()
+    request = Request(
         "POST", "/v1/chat/completions", version, CIMultiDict(), transport=socket,
         wire=cast(Wire, _Wire()), client_max_size=1 << 20, keep_alive=True, body_exists=False,
     )  # fmt: skip
+    response = StreamResponse(200, head_with_body=head_with_body)
+    await response.prepare(request)
+    return socket, _Relay(request, response, 10.0, EventFramer())
 
 
 async def test_push_passes_the_engines_framing_on_only_for_bytes_it_passes_as_they_came() -> None:
     """The engine's own chunk goes to the client as it came only where the framer passed its
     data unchanged; an event cut across reads is framed anew, once it is whole."""
-    socket = _Socket()
-    request = _request(socket)
-    response = StreamResponse(200)
-    await response.prepare(request)
-    relay = _Relay(request, response, 10.0, EventFramer())
+    socket, relay = await _prepared()
     socket.written.clear()
     # Whole events, in the engine's own framing (upper-case hex: valid, and not what we write).
     assert relay.push(b"data: 1\n\n", b"9\r\ndata: 1\n\n\r\n")
@@ -120,11 +123,7 @@ async def test_push_passes_the_engines_framing_on_only_for_bytes_it_passes_as_th
 async def test_a_held_head_leaves_with_the_first_event_then_reads_pass_as_they_came() -> None:
     """Where the head waits for the first body bytes, the first event goes out framed by us
     behind it; only the events after it pass in the engine's own framing."""
-    socket = _Socket()
-    request = _request(socket)
-    response = StreamResponse(200, head_with_body=True)
-    await response.prepare(request)
-    relay = _Relay(request, response, 10.0, EventFramer())
+    socket, relay = await _prepared(head_with_body=True)
     assert socket.written == []
     assert relay.push(b"data: 1\n\n", b"9\r\ndata: 1\n\n\r\n")
     assert relay.push(b"data: 2\n\n", b"00009\r\ndata: 2\n\n\r\n")
@@ -137,11 +136,7 @@ async def test_a_held_head_leaves_with_the_first_event_then_reads_pass_as_they_c
 
 async def test_an_unchunked_answer_never_carries_the_engines_framing() -> None:
     """An HTTP/1.0 client's answer is not chunked: every event goes out as bare data."""
-    socket = _Socket()
-    request = _request(socket, version=(1, 0))
-    response = StreamResponse(200)
-    await response.prepare(request)
-    relay = _Relay(request, response, 10.0, EventFramer())
+    socket, relay = await _prepared((1, 0))
     socket.written.clear()
     assert relay.push(b"data: 1\n\n", b"9\r\ndata: 1\n\n\r\n")
     assert relay.push(b"data: 2\n\n", b"9\r\ndata: 2\n\n\r\n")
