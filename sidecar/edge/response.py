@@ -176,8 +176,9 @@ class StreamResponse:
         held before it."""
         if data and self._body:
             assert self._request is not None, "prepare() first"
-            if framed is not None and self._chunked and not self._pending:
-                self._request.transport.write(framed)
+            direct = self.passthrough()  # the one rule for passing framed bytes on as they are
+            if framed is not None and direct is not None:
+                direct(framed)
             else:
                 self._request.transport.write(self._framed(data))
 

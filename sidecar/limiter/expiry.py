@@ -68,11 +68,9 @@ class Expiry:
         if ticket not in live:
             return  # forgotten already (a grant, then the waiter's own unwind)
         live.remove(ticket)
-        order = self._order  # holds every live ticket: not empty
-        if order[0][1] == ticket:
-            order.popleft()  # a FIFO grant leaves from the front: O(1), no rebuild
+        order = self._order
         while order and order[0][1] not in live:
-            order.popleft()  # entries forgotten earlier, now at the front
+            order.popleft()  # a FIFO grant, and any forgotten before it: O(1) each, no rebuild
         if len(order) > 2 * len(live) + _SLACK:
             self._order = deque(entry for entry in order if entry[1] in live)
 
