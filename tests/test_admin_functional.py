@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 
 import aiohttp
+import openai
+import pytest
 import structlog
 
 from sidecar.entry.logs import configure_logging
@@ -17,6 +20,7 @@ from tests.servers import (
     get_json,
     proxy_url,
     scrape,
+    sidecars,
 )
 
 CHAT = {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}]}
@@ -128,8 +132,10 @@ async def test_logs_carry_decisions_but_never_the_api_key(
         structlog.reset_defaults()
     events = [json.loads(line) for line in written.getvalue().splitlines()]
     names = [event["event"] for event in events]
-    assert "admission_granted" in names
-    assert "request_finished" in names
+    assert [n for n in names if n in ("admission_granted", "request_finished")] == [
+        "admission_granted",
+        "request_finished",
+    ]
     finished = next(event for event in events if event["event"] == "request_finished")
     assert finished["outcome"] == "completed"
     assert finished["request_id"]
@@ -158,3 +164,26 @@ async def test_the_admin_port_answers_only_its_endpoints(start_sidecar: StartSid
             assert response.content_type == "text/plain"
     metrics = await scrape(f"{base}/metrics")
     assert metrics["sidecar_requests_total{outcome=completed}"] == 0
+
+
+async def test_a_grant_is_logged_first_where_the_engine_cannot_be_reached(
+    openai_client: OpenAIFactory,
+) -> None:
+    """The grant's line is written once the engine has the request (while it works); where the
+    request never got there, the line still comes once, before the failure it led to."""
+    dead = socket.create_server(("127.0.0.1", 0))
+    port = dead.getsockname()[1]
+    dead.close()  # nothing listens here: every connect is refused
+    written = io.StringIO()
+    async with sidecars(f"http://127.0.0.1:{port}") as start:
+        server = await start()
+        configure_logging("info", stream=written)
+        try:
+            client = openai_client(proxy_url(server))
+            with pytest.raises(openai.APIStatusError) as failed:
+                await client.completions.create(model="tiny-llama", prompt="hi", max_tokens=2)
+        finally:
+            structlog.reset_defaults()
+    assert failed.value.status_code == 502
+    names = [json.loads(line)["event"] for line in written.getvalue().splitlines()]
+    assert names == ["admission_granted", "upstream_failed", "request_finished"]

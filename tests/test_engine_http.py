@@ -397,6 +397,47 @@ async def test_a_reused_connection_closed_unanswered_is_sent_once_more(
     assert (response.status, body, engine.connections, len(engine.requests)) == (200, b"{}", 2, 3)
 
 
+async def test_sent_comes_once_the_engine_can_read_the_request() -> None:
+    """``sent`` (the proxy's grant line) runs after the request is written and before the
+    answer: here the engine is the callback itself, reading the request and answering."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    read: list[bytes] = []
+    accepted: list[socket.socket] = []
+
+    def sent() -> None:
+        conn, _ = listener.accept()  # connected already: in the backlog
+        accepted.append(conn)
+        conn.settimeout(2.0)
+        data = b""
+        while not data.endswith(b'{"a":1}'):  # a request not yet written fails here, in time
+            data += conn.recv(65536)
+        read.append(data)
+        conn.sendall(OK_BODY)
+
+    try:
+        async for upstream in _upstream(listener.getsockname()[1]):
+            response = await upstream.send("POST", "/v1/x", {}, b'{"a":1}', sent)
+            assert (response.status, await read_all(response)) == (200, b"{}")
+    finally:
+        for conn in accepted:
+            conn.close()
+        listener.close()
+    assert len(read) == 1
+    assert read[0].startswith(b"POST /v1/x HTTP/1.1\r\n")
+
+
+async def test_sent_comes_once_where_the_request_goes_out_twice(
+    engine: Engine, upstream: Upstream
+) -> None:
+    """A reused connection the engine closed unanswered: the request is sent again, ``sent``
+    runs for the first write only."""
+    engine.answers = [answer(OK_BODY), answer(b"", close=True), answer(OK_BODY)]
+    await _get_body(upstream)
+    calls: list[int] = []
+    response = await upstream.send("POST", "/v1/x", {}, b"{}", lambda: calls.append(1))
+    assert (await read_all(response), len(engine.requests), calls) == (b"{}", 3, [1])
+
+
 async def test_no_answer_in_time_is_a_504(engine: Engine) -> None:
     async for upstream in _upstream(engine.port, read_timeout_s=0.2):
         with pytest.raises(UpstreamTimeoutError):

@@ -8,7 +8,7 @@ client is :mod:`sidecar.edge.engine_http`, a pooled HTTP/1.1 client made for thi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 
 from sidecar.core.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
@@ -107,14 +107,21 @@ class Upstream:
         return 0 if self._pool is None else self._pool.idle
 
     async def send(
-        self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None
+        self,
+        method: str,
+        path_qs: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        sent: Callable[[], object] | None = None,
     ) -> EngineResponse:
         """Send one request and return once the engine's status line and headers arrived.
 
         ``path_qs`` goes out exactly as given (already normalised: it is what was admitted).
+        ``sent``: called once the request is written, while the engine works on it
+        (:meth:`EnginePool.request`).
         """
         if self._pool is None:
             msg = "Upstream.start() was not awaited"
             raise RuntimeError(msg)
         with translated():
-            return await self._pool.request(method, path_qs, headers, body)
+            return await self._pool.request(method, path_qs, headers, body, sent)

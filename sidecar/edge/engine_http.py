@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
 from sidecar.edge.engine_connection import EngineConnection, Sink, StaleConnectionError
@@ -100,13 +100,21 @@ class EnginePool:
         self._closed = False
 
     async def request(
-        self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None
+        self,
+        method: str,
+        path_qs: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        sent: Callable[[], object] | None = None,
     ) -> EngineResponse:
         """Send one request; return once the engine's status line and fields arrived.
 
         A kept-alive connection that the engine had already closed (its keep-alive timeout
         raced our reuse) fails before one byte of an answer: the request is sent once more, on
         a new connection. Nothing else is retried.
+
+        ``sent``: called once the request is first written, before the wait for the answer:
+        work that need not delay the engine (a log line) runs while the engine works.
         """
         message = encode_request(method, self.prefix + path_qs, self.host_field, headers, body)
         head_request = method == "HEAD"
@@ -117,6 +125,9 @@ class EnginePool:
                 connection = await self._connect()
             connection.send(message, head_request=head_request)
             try:
+                if sent is not None:
+                    sent()
+                    sent = None  # not again on a retry
                 await connection.read_head()
             except StaleConnectionError:
                 connection.close()

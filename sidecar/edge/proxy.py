@@ -166,7 +166,6 @@ async def _admit_and_forward(
         may_wait = not config.sheddable(request.headers)
         async with proxy.bulkhead.admit(cost, compartment, usage, may_wait=may_wait) as permit:
             queue_wait = permit.wait_s
-            _log_grant(permit, job)
             with proxy.in_flight.track(request.task) as stop:
                 forwarded = _forward(request, proxy, job, permit, request_id, stop=stop)
                 response, outcome = await forwarded
@@ -198,23 +197,42 @@ async def _admit_and_forward(
         )  # fmt: skip
 
 
-def _log_grant(permit: Permit, job: Job) -> None:
-    log.info(
-        "admission_granted",
-        queue_wait_s=round(permit.wait_s, 4),
-        cost=permit.cost,
-        compartment=permit.compartment,
-        stream=job.stream,
-        shadow_would_reject=permit.shadow_rejected,
-    )
+class _GrantLine:
+    """The grant's log line, written once: as soon as the engine has the request, so that the
+    line's ~15 µs (and its write to stdout) run while the engine works, not before it is asked;
+    or, where the request never went out, before what ends it is logged."""
+
+    __slots__ = ("_job", "_permit")
+
+    def __init__(self, permit: Permit, job: Job) -> None:
+        self._permit: Permit | None = permit
+        self._job = job
+
+    def __call__(self) -> None:
+        permit, self._permit = self._permit, None
+        if permit is not None:
+            log.info(
+                "admission_granted",
+                queue_wait_s=round(permit.wait_s, 4),
+                cost=permit.cost,
+                compartment=permit.compartment,
+                stream=self._job.stream,
+                shadow_would_reject=permit.shadow_rejected,
+            )
 
 
 async def _forward(
     request: Request, proxy: Proxy, job: Job, permit: Permit, request_id: str, *, stop: Stop
 ) -> tuple[Answer, str]:
     headers = job.headers if job.headers is not None else _upstream_headers(request, request_id)
+    granted = _GrantLine(permit, job)
     try:
-        upstream = await proxy.upstream.send(request.method, job.target.path_qs, headers, job.body)
+        try:
+            upstream = await proxy.upstream.send(
+                request.method, job.target.path_qs, headers, job.body, granted
+            )
+        finally:
+            granted()  # where the request never went out, its grant is still logged, first
     except UpstreamError as exc:
         return _upstream_failed(permit, exc, "connect")
     except asyncio.CancelledError:
