@@ -19,7 +19,10 @@ proxy that reads each request, head and JSON, before it passes it on, shown besi
 add ``pump`` for the floor of any Python relay: bytes copied in protocol callbacks, nothing
 parsed), BENCH_RELAY_JSON (.bench/relay.json).
 SIDECAR_* variables in the environment reach the sidecar (e.g. SIDECAR_LOG_LEVEL=info);
-BENCH_SIDECAR_PROFILE=FILE runs it under cProfile and writes its stats to FILE.
+BENCH_SIDECAR_PROFILE=FILE runs it under cProfile and writes its stats to FILE;
+BENCH_SIDECAR_PHASES=FILE runs it with a clock at each phase of a request
+(``benchmarks.phase_clock``), writes every request's marks to FILE and prints, for each of the
+sidecar's measurements, where a request's time went before its first byte out.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks import interpreter
+from benchmarks import interpreter, phase_clock
 from benchmarks.loops import loop_factory, run, serve_loop
 from benchmarks.nginx_proxy import INSTALL_HINT, nginx_binary, start_nginx, worker_pids
 from benchmarks.stream_client import LoadResult, load
@@ -56,6 +59,9 @@ TTFT_LEVEL = 64
 # at 1000 / PACE_MS tokens/s per stream), starts staggered; 0 leaves them out.
 PACE_MS = float(os.environ.get("BENCH_RELAY_PACE_MS", "10"))
 PACED_SECONDS = float(os.environ.get("BENCH_RELAY_PACED_SECONDS", "6"))
+PHASES_PATH = os.environ.get("BENCH_SIDECAR_PHASES")
+# The sidecar's measurements, for the phase clock: (label, perf_counter_ns at start, at end).
+WINDOWS: list[tuple[str, int, int]] = []
 
 
 @dataclass(frozen=True)
@@ -145,6 +151,8 @@ def _sidecar_args() -> list[str]:
     profile = os.environ.get("BENCH_SIDECAR_PROFILE")
     if profile:
         return [sys.executable, "-m", "cProfile", "-o", profile, "-m", "sidecar", "serve"]
+    if PHASES_PATH:
+        return [sys.executable, "-m", "benchmarks.phase_clock", PHASES_PATH, "serve"]
     return [sys.executable, "-m", "sidecar", "serve"]
 
 
@@ -182,6 +190,7 @@ async def _measure(
     best: tuple[LoadResult, float, float] | None = None
     for _ in range(1 if paced else ROUNDS):
         proxy0, engine0 = _cpu_seconds(target.pids), _cpu_seconds([engine_pid])
+        began = time.perf_counter_ns()
         result = await load(
             target.port,
             concurrency=level,
@@ -191,6 +200,9 @@ async def _measure(
             gap_ms=PACE_MS if paced else 0.0,
             stagger_s=EVENTS_PER_STREAM * PACE_MS / 1e3 if paced else 0.0,
         )
+        if target.name == "sidecar":
+            label = f"{level} streams" + (f", paced at {PACE_MS:g} ms" if paced else "")
+            WINDOWS.append((label, began, time.perf_counter_ns()))
         measured = (
             result,
             _cpu_seconds(target.pids) - proxy0,
@@ -423,10 +435,37 @@ def _write_json(rows: list[Row]) -> None:
     print(f"  written to {JSON_PATH}")
 
 
+def _phases(path: str) -> None:
+    """Where a request's time went up to its first byte out, for each of the sidecar's
+    measurements (benchmarks.phase_clock): each phase's p50 and p90, then the spans from the
+    request's first byte in to the engine's request written and to the first byte out."""
+    rows = json.loads(Path(path).read_text(encoding="utf-8"))
+    names = [*phase_clock.PHASES, "to engine", "to out"]
+    print("the sidecar's phases (BENCH_SIDECAR_PHASES): us, p50/p90, of requests with a byte out")
+    print(f"  {'measurement':26} {'requests':>8}" + "".join(f"{n:>12}" for n in names))
+    for label, began, ended in WINDOWS:
+        spans = [phase_clock.spans(r) for r in rows if began <= r["read"] <= ended]
+        spans = [s for s in spans if "out" in s]
+        if not spans:
+            continue
+        for s in spans:
+            s["to engine"] = sum(
+                s[n] for n in phase_clock.PHASES[: phase_clock.PHASES.index("engine") + 1]
+            )
+            s["to out"] = sum(s[n] for n in phase_clock.PHASES)
+        cells = []
+        for name in names:
+            values = sorted(s[name] for s in spans)
+            cells.append(f"{_p(values, 50):.0f}/{_p(values, 90):.0f}")
+        print(f"  {label:26} {len(spans):8d}" + "".join(f"{c:>12}" for c in cells))
+
+
 def main() -> None:
     rows = run(bench())
     _report(rows)
     _write_json(rows)
+    if PHASES_PATH:
+        _phases(PHASES_PATH)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,154 @@
+"""The sidecar with a clock at each phase of a request: where a request's time goes, by the clock,
+in a real run (``relay_bench`` with ``BENCH_SIDECAR_PHASES=FILE``).
+
+``python -m benchmarks.phase_clock FILE serve`` runs ``sidecar serve`` with the marks below
+wrapped around the functions that end each phase, and writes every request's marks to FILE (JSON)
+when the process exits. A mark is ``time.perf_counter_ns()``, CLOCK_MONOTONIC on Linux, so the
+bench that started the process can tell which of its measurements a request belongs to.
+
+The phases, each the span from the mark before it:
+
+- ``head``: the first byte of the request read (llhttp's ``on_message_begin``) to its head
+  parsed and its handler task made (``on_headers_complete``);
+- ``task``: to the handler task's first step (``proxy.handle``);
+- ``checked``: to the body read, checked and priced (``proxy._intake``);
+- ``admitted``: to the permit held (``Permit.__aenter__``);
+- ``engine``: to the engine's request written (``EngineConnection.send``);
+- ``answer``: to the engine's status line and fields read (``EngineConnection.read_head``): the
+  engine's own time, mostly;
+- ``out``: to the first bytes written to the client (``StreamResponse``).
+
+Each wrapper is a call more (an ``async`` one a coroutine more: ~1 µs each on this machine's hot
+path), so the spans are a little longer than without the clock; compare them with each other, and
+with a run of the same build, not with a run without it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextvars
+import functools
+import json
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from sidecar.edge import proxy
+from sidecar.edge.engine_connection import EngineConnection
+from sidecar.edge.response import StreamResponse
+from sidecar.edge.server import Connection
+from sidecar.entry.cli import main as sidecar_main
+from sidecar.limiter.permit import Permit
+
+PHASES = ("head", "task", "checked", "admitted", "engine", "answer", "out")
+_now = time.perf_counter_ns
+# The request being served, in this context: its first read's time and the marks since.
+_ROW: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar("row", default=None)
+_ROWS: list[dict[str, int]] = []
+
+
+def _mark(name: str) -> None:
+    row = _ROW.get()
+    if row is not None and name not in row:
+        row[name] = _now()
+
+
+def _after(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        result = method(*args, **kwargs)
+        _mark(name)
+        return result
+
+    return marked
+
+
+def _before(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        _mark(name)
+        return method(*args, **kwargs)
+
+    return marked
+
+
+def _after_await(
+    name: str, method: Callable[..., Coroutine[Any, Any, Any]]
+) -> Callable[..., Coroutine[Any, Any, Any]]:
+    @functools.wraps(method)
+    async def marked(*args: Any, **kwargs: Any) -> Any:
+        result = await method(*args, **kwargs)
+        _mark(name)
+        return result
+
+    return marked
+
+
+def _before_await(
+    name: str, method: Callable[..., Coroutine[Any, Any, Any]]
+) -> Callable[..., Coroutine[Any, Any, Any]]:
+    @functools.wraps(method)
+    async def marked(*args: Any, **kwargs: Any) -> Any:
+        _mark(name)
+        return await method(*args, **kwargs)
+
+    return marked
+
+
+def _begin(method: Callable[[Connection], None]) -> Callable[[Connection], None]:
+    @functools.wraps(method)
+    def begun(self: Connection) -> None:
+        # A protocol callback: the handler task made from here copies this context, and its row.
+        row = {"read": _now()}
+        _ROWS.append(row)
+        _ROW.set(row)
+        method(self)
+
+    return begun
+
+
+def install() -> None:
+    """Wrap the phase ends (before ``serve`` builds its handler, which looks ``handle`` up)."""
+    wraps: list[tuple[object, str, Callable[[Callable[..., Any]], Callable[..., Any]]]] = [
+        (Connection, "on_message_begin", _begin),
+        (Connection, "on_headers_complete", functools.partial(_after, "head")),
+        (proxy, "handle", functools.partial(_before_await, "task")),
+        (proxy, "_intake", functools.partial(_after_await, "checked")),
+        (Permit, "__aenter__", functools.partial(_after_await, "admitted")),
+        (EngineConnection, "send", functools.partial(_before, "engine")),
+        (EngineConnection, "read_head", functools.partial(_after_await, "answer")),
+        (StreamResponse, "_send", functools.partial(_before_await, "out")),
+        (StreamResponse, "write_now", functools.partial(_before, "out")),
+    ]
+    for owner, name, wrap in wraps:
+        setattr(owner, name, wrap(getattr(owner, name)))
+
+
+def spans(row: dict[str, int]) -> dict[str, float]:
+    """A request's phases in µs, each from the mark before it; a phase it never reached (a
+    refusal, a free path) is left out, and so is every one after it."""
+    out: dict[str, float] = {}
+    last = row["read"]
+    for name in PHASES:
+        if name not in row:
+            break
+        out[name] = (row[name] - last) / 1e3
+        last = row[name]
+    return out
+
+
+def main() -> int:
+    path, argv = sys.argv[1], sys.argv[2:]
+    install()
+
+    def write() -> None:
+        Path(path).write_text(json.dumps(_ROWS), encoding="utf-8")
+
+    atexit.register(write)
+    return sidecar_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
