@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check docs bench soak test-vllm plan clean lock
+.PHONY: demo test check docs bench soak test-vllm plan clean lock compiled test-compiled
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,16 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The compiled build (setup.py, SIDECAR_COMPILE=1: the image's), made in a copy of the tree, and the
+# whole suite run on it; tests/test_compiled_build.py checks that it really is the compiled one.
+COMPILED := .build/compiled
+compiled: $(STAMP)
+	bash scripts/compiled_tree.sh $(COMPILED) $(abspath $(BIN))/python
+
+test-compiled: compiled
+	cd $(COMPILED) && EXPECT_COMPILED_BUILD=1 PYTHONPATH=$(abspath $(COMPILED)) \
+		$(abspath $(BIN))/python -m pytest -q
 
 check: $(STAMP)
 	$(BIN)/ruff check sidecar emulator demo tests benchmarks scripts tests_vllm
@@ -61,4 +71,4 @@ lock: $(STAMP)
 	$(LOCK) --upgrade --allow-unsafe -o deploy/docker/build-requirements.lock deploy/docker/build-requirements.in
 
 clean:
-	rm -rf $(VENV) .venv-bench .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-bench .build .mypy_cache .ruff_cache .pytest_cache

@@ -16,7 +16,8 @@ from hypothesis.stateful import (
 
 from sidecar.core.admission import Admission
 from sidecar.core.compartments import DEFAULT, Compartments, parse_compartments
-from sidecar.core.decisions import Granted, Queued, Rejected, UnknownTicketError
+from sidecar.core.decisions import Granted, Queued, Rejected
+from sidecar.core.errors import UnknownTicketError
 
 
 def _ticket(decision: object) -> int:

@@ -11,7 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import TracebackType
 
-from sidecar.core.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
+from sidecar.core.errors import (
+    UpstreamError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+    caused,
+)
 from sidecar.edge.engine_http import EnginePool, EngineResponse
 from sidecar.edge.http1 import EngineProtocolError
 
@@ -44,7 +49,7 @@ class _Translated:
         _tb: TracebackType | None,
     ) -> None:
         if isinstance(exc, UPSTREAM_ERRORS):
-            raise translate(exc) from exc
+            raise caused(translate(exc), exc)
 
 
 _TRANSLATED = _Translated()
@@ -61,7 +66,7 @@ async def read_chunk(response: EngineResponse) -> bytes:
     try:
         return await response.read_chunk()
     except UPSTREAM_ERRORS as exc:
-        raise translate(exc) from exc
+        raise caused(translate(exc), exc)
 
 
 async def read_all(response: EngineResponse) -> bytes:

@@ -16,6 +16,7 @@ from http import HTTPStatus
 from multidict import CIMultiDict
 
 from sidecar.edge.request import Request
+from sidecar.edge.wire_errors import UnsendableHeadError
 
 REASONS = {status.value: status.phrase for status in HTTPStatus}
 NO_BODY_STATUSES = frozenset({204, 304})
@@ -25,22 +26,24 @@ SIZED_FIELDS = FRAMING_FIELDS | {"content-length"}  # a whole answer's length is
 LAST_CHUNK = b"0\r\n\r\n"
 
 
-class UnsendableHeadError(ValueError):
-    """A status reason or field that HTTP/1.1 cannot carry (a line break)."""
-
-
 class _Date:
     """The Date field's value, formatted once a second."""
 
-    second = -1
-    value = ""
+    __slots__ = ("second", "value")
+
+    def __init__(self) -> None:
+        self.second = -1
+        self.value = ""
+
+
+_DATE = _Date()
 
 
 def http_date() -> str:
-    now = int(time.time())
-    if now != _Date.second:
-        _Date.second, _Date.value = now, formatdate(now, usegmt=True)
-    return _Date.value
+    now, date = int(time.time()), _DATE
+    if now != date.second:
+        date.second, date.value = now, formatdate(now, usegmt=True)
+    return date.value
 
 
 def has_body(request: Request, status: int) -> bool:

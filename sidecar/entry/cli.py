@@ -16,6 +16,7 @@ from typing import NoReturn
 
 import sidecar
 from sidecar.core.errors import SidecarError
+from sidecar.entry import build
 
 DISTRIBUTION = "gpu-admission-sidecar"
 
@@ -51,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(the demo is `python -m demo`).",
         epilog="`sidecar COMMAND --help` shows a command's options.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {version()} ({build.describe()})"
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     for name, (module_name, help_text) in COMMANDS.items():
         sub = commands.add_parser(
