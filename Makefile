@@ -43,17 +43,27 @@ docs: $(STAMP)
 # changes). The image's CPython is built with PGO and LTO; pyenv's default build is not, and that
 # moves the figures by 4-28% (docs/performance.md).
 BENCH_PYTHON ?=
-ifeq ($(strip $(BENCH_PYTHON)),)
-bench: $(STAMP)
-	$(BIN)/python -m benchmarks
+# BENCH_COMPILED=1: the benchmarks run from the compiled tree (`make compiled`), and so does the
+# sidecar they start; their JSON is then under .build/compiled/.bench.
+BENCH_COMPILED ?=
+ifeq ($(strip $(BENCH_COMPILED)),1)
+BENCH_DEPS := compiled
+BENCH_FROM := cd $(COMPILED) && PYTHONPATH=$(abspath $(COMPILED))
 else
-bench: $(STAMP)
+BENCH_DEPS :=
+BENCH_FROM := true &&
+endif
+ifeq ($(strip $(BENCH_PYTHON)),)
+bench: $(STAMP) $(BENCH_DEPS)
+	$(BENCH_FROM) $(abspath $(BIN))/python -m benchmarks
+else
+bench: $(STAMP) $(BENCH_DEPS)
 	@if [ "$$(cat .venv-bench/.python 2>/dev/null)" != "$(BENCH_PYTHON)" ] \
 		|| [ pyproject.toml -nt .venv-bench/.python ]; then \
 		$(BENCH_PYTHON) -m venv --clear --without-pip .venv-bench \
 		&& $(BIN)/python -m pip --python .venv-bench/bin/python install -q -e '.[dev,demo]' \
 		&& echo '$(BENCH_PYTHON)' > .venv-bench/.python; fi
-	.venv-bench/bin/python -m benchmarks
+	$(BENCH_FROM) $(abspath .venv-bench)/bin/python -m benchmarks
 endif
 
 # Thousands of hostile and faulty requests; SOAK_REQUESTS sets the size (default 10000).

@@ -40,7 +40,7 @@ def test_this_run_runs_the_build_it_asked_for() -> None:
         assert build.build_kind() == "compiled"
         assert (
             build.describe()
-            == f"compiled with mypyc ({len(compiled)} of {total} request-path modules)"
+            == f"compiled with mypyc, {len(compiled)} of {total} request-path modules"
         )
     else:
         assert compiled == []

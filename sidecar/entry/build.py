@@ -49,4 +49,4 @@ def describe() -> str:
     compiled, total = compiled_modules()
     if not compiled:
         return "pure Python"
-    return f"compiled with mypyc ({len(compiled)} of {total} request-path modules)"
+    return f"compiled with mypyc, {len(compiled)} of {total} request-path modules"
