@@ -75,6 +75,27 @@ def test_dropping_unread_families_first_reads_the_same(text: str) -> None:
     assert parse_metrics(text, observed_at=3.0) == parse_families(text, observed_at=3.0)
 
 
+def test_a_changed_cache_config_is_read_anew() -> None:
+    """The cache configuration is remembered by its text: an engine restarted with another pool
+    is read as it now is, at once."""
+    first = parse_metrics(TWO_ENGINES, observed_at=0.0)
+    resized = TWO_ENGINES.replace('num_gpu_blocks="125"', 'num_gpu_blocks="250"')
+    second = parse_metrics(resized, observed_at=1.0)
+    assert first.cache is not None
+    assert second.cache is not None
+    assert (first.cache.num_gpu_blocks, second.cache.num_gpu_blocks) == (187, 312)
+    assert parse_metrics(TWO_ENGINES, observed_at=2.0).cache == first.cache
+
+
+def test_a_broken_cache_config_line_fails_every_time() -> None:
+    """A cache configuration sample the parser refuses is refused on every tick, never
+    remembered as "no configuration"."""
+    broken = TWO_ENGINES.replace('block_size="16",engine="1"', 'block_size="16,engine="1"')
+    for _ in range(2):
+        with pytest.raises(ValueError):  # noqa: PT011 - the parser's own error, whatever its text
+            parse_metrics(broken, observed_at=0.0)
+
+
 def test_text_that_is_not_prometheus_still_fails_to_parse() -> None:
     """The pre-parse filter keeps what it cannot name, so an HTML error page is still refused."""
     with pytest.raises(ValueError):  # noqa: PT011 - the parser's own error, whatever its text
