@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check docs bench soak test-vllm plan clean lock compiled test-compiled
+.PHONY: demo test check docs bench bench-venv bench-compiled soak test-vllm plan clean lock compiled test-compiled
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,28 +43,39 @@ docs: $(STAMP)
 # changes). The image's CPython is built with PGO and LTO; pyenv's default build is not, and that
 # moves the figures by 4-28% (docs/performance.md).
 BENCH_PYTHON ?=
-# BENCH_COMPILED=1: the benchmarks run from the compiled tree (`make compiled`), and so does the
-# sidecar they start; their JSON is then under .build/compiled/.bench.
+# BENCH_COMPILED=1: the benchmarks run from a compiled tree, and so does the sidecar they start;
+# their JSON is then under that tree's .bench. The tree is built by the interpreter that runs it:
+# .build/compiled (`make compiled`) for the project's venv, .build/compiled-bench for BENCH_PYTHON's.
 BENCH_COMPILED ?=
+ifeq ($(strip $(BENCH_PYTHON)),)
+BENCH_BIN := $(abspath $(BIN))
+BENCH_VENV :=
+BENCH_TREE := $(COMPILED)
+else
+BENCH_BIN := $(abspath .venv-bench)/bin
+BENCH_VENV := bench-venv
+BENCH_TREE := .build/compiled-bench
+endif
 ifeq ($(strip $(BENCH_COMPILED)),1)
-BENCH_DEPS := compiled
-BENCH_FROM := cd $(COMPILED) && PYTHONPATH=$(abspath $(COMPILED))
+BENCH_DEPS := bench-compiled
+BENCH_FROM := cd $(BENCH_TREE) && PYTHONPATH=$(abspath $(BENCH_TREE))
 else
 BENCH_DEPS :=
 BENCH_FROM := true &&
 endif
-ifeq ($(strip $(BENCH_PYTHON)),)
-bench: $(STAMP) $(BENCH_DEPS)
-	$(BENCH_FROM) $(abspath $(BIN))/python -m benchmarks
-else
-bench: $(STAMP) $(BENCH_DEPS)
+
+bench: $(STAMP) $(BENCH_VENV) $(BENCH_DEPS)
+	$(BENCH_FROM) $(BENCH_BIN)/python -m benchmarks
+
+bench-venv: $(STAMP)
 	@if [ "$$(cat .venv-bench/.python 2>/dev/null)" != "$(BENCH_PYTHON)" ] \
 		|| [ pyproject.toml -nt .venv-bench/.python ]; then \
 		$(BENCH_PYTHON) -m venv --clear --without-pip .venv-bench \
 		&& $(BIN)/python -m pip --python .venv-bench/bin/python install -q -e '.[dev,demo]' \
 		&& echo '$(BENCH_PYTHON)' > .venv-bench/.python; fi
-	$(BENCH_FROM) $(abspath .venv-bench)/bin/python -m benchmarks
-endif
+
+bench-compiled: $(STAMP) $(BENCH_VENV)
+	bash scripts/compiled_tree.sh $(BENCH_TREE) $(BENCH_BIN)/python
 
 # Thousands of hostile and faulty requests; SOAK_REQUESTS sets the size (default 10000).
 soak: $(STAMP)

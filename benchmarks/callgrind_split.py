@@ -28,7 +28,10 @@ _NOISE = re.compile(r"/tmp/python-build[^ ]*/Python-[\d.]+/|\s\[[^]]*\]$")
 
 def costs(dump: Path, *, inclusive: bool) -> dict[str, int]:
     """Instructions by ``file:function`` in one dump, as callgrind_annotate lists them."""
-    args = ["callgrind_annotate", "--threshold=100", f"--inclusive={'yes' if inclusive else 'no'}"]
+    # --auto=no: a compiled build's C sources lie beside the dump, and their annotated listing's
+    # call lines ("=> file:function") would be counted as functions of their own.
+    inclusive_flag = f"--inclusive={'yes' if inclusive else 'no'}"
+    args = ["callgrind_annotate", "--threshold=100", "--auto=no", inclusive_flag]
     text = subprocess.run([*args, str(dump)], check=True, capture_output=True, text=True).stdout
     found: dict[str, int] = {}
     for line in text.splitlines():

@@ -75,6 +75,8 @@ class Row:
     events_per_s: float
     vs_direct: float | None
     proxy_cpu_us_per_event: float | None
+    # Of the proxy's CPU, the share spent in user space (its own code); the rest is the kernel's.
+    proxy_user_share: float | None
     engine_cpu_us_per_event: float
     ttft_p50_ms: float
     ttft_p99_ms: float
@@ -89,13 +91,28 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU seconds of processes, all their threads, from /proc (Linux)."""
-    total = 0
+@dataclass(frozen=True)
+class Cpu:
+    """CPU seconds of processes, all their threads, from /proc (Linux): user and system."""
+
+    user: float
+    system: float
+
+    @property
+    def total(self) -> float:
+        return self.user + self.system
+
+    def __sub__(self, before: Cpu) -> Cpu:
+        return Cpu(self.user - before.user, self.system - before.system)
+
+
+def _cpu_seconds(pids: list[int]) -> Cpu:
+    user = system = 0
     for pid in pids:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+        user, system = user + int(fields[11]), system + int(fields[12])
+    tick = os.sysconf("SC_CLK_TCK")
+    return Cpu(user / tick, system / tick)
 
 
 def _cores() -> tuple[set[int], set[int], set[int]]:
@@ -185,9 +202,9 @@ class _Target:
 
 async def _measure(
     target: _Target, engine_pid: int, level: int, *, paced: bool = False
-) -> tuple[LoadResult, float, float]:
+) -> tuple[LoadResult, Cpu, Cpu]:
     """The best of ROUNDS loads (paced: one): its result, proxy and engine CPU s during it."""
-    best: tuple[LoadResult, float, float] | None = None
+    best: tuple[LoadResult, Cpu, Cpu] | None = None
     for _ in range(1 if paced else ROUNDS):
         proxy0, engine0 = _cpu_seconds(target.pids), _cpu_seconds([engine_pid])
         began = time.perf_counter_ns()
@@ -302,7 +319,7 @@ async def bench() -> list[Row]:
 
 
 def _rows(
-    level: int, measured: dict[str, tuple[LoadResult, float, float]], paced_ms: float = 0.0
+    level: int, measured: dict[str, tuple[LoadResult, Cpu, Cpu]], paced_ms: float = 0.0
 ) -> list[Row]:
     direct = measured.get("direct")
     rows = []
@@ -318,8 +335,11 @@ def _rows(
                 failures=result.failures,
                 events_per_s=_rate(result),
                 vs_direct=None if direct is None else _rate(result) / _rate(direct[0]),
-                proxy_cpu_us_per_event=None if name == "direct" else proxy_cpu / events * 1e6,
-                engine_cpu_us_per_event=engine_cpu / events * 1e6,
+                proxy_cpu_us_per_event=None if name == "direct" else proxy_cpu.total / events * 1e6,
+                proxy_user_share=None
+                if name == "direct" or not proxy_cpu.total
+                else proxy_cpu.user / proxy_cpu.total,
+                engine_cpu_us_per_event=engine_cpu.total / events * 1e6,
                 ttft_p50_ms=_p(ttfts, 50) * 1e3,
                 ttft_p99_ms=_p(ttfts, 99) * 1e3,
                 added_ttft_p50_ms=None if added is None else (_p(ttfts, 50) - _p(added, 50)) * 1e3,
@@ -355,16 +375,21 @@ def _report(rows: list[Row]) -> None:
 def _table(rows: list[Row]) -> None:
     print(
         f"  {'streams':>7} {'target':8} {'events/s':>9} {'vs direct':>9} {'proxy us/ev':>11} "
-        f"{'engine us/ev':>12} {'TTFT p50':>9} {'p99':>7} {'added p50':>9} {'p99':>7}"
+        f"{'user':>4} {'engine us/ev':>12} {'TTFT p50':>9} {'p99':>7} {'added p50':>9} {'p99':>7}"
     )
     for r in rows:
         print(
             f"  {r.level:7d} {r.target:8} {r.events_per_s:9.0f} {_fmt(r.vs_direct, '9.2f')} "
-            f"{_fmt(r.proxy_cpu_us_per_event, '11.1f')} {r.engine_cpu_us_per_event:12.1f} "
+            f"{_fmt(r.proxy_cpu_us_per_event, '11.1f')} {_share(r.proxy_user_share)} "
+            f"{r.engine_cpu_us_per_event:12.1f} "
             f"{r.ttft_p50_ms:9.2f} {r.ttft_p99_ms:7.2f} {_fmt(r.added_ttft_p50_ms, '+9.2f')} "
             f"{_fmt(r.added_ttft_p99_ms, '+7.2f')}"
             + (f"  ({r.failures} failed)" * bool(r.failures))
         )
+
+
+def _share(share: float | None) -> str:
+    return f"{share:4.0%}" if share is not None else f"{'-':>4}"
 
 
 def _failed(count: int) -> str:
