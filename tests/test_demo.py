@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -107,6 +109,16 @@ def test_engine_running_without_the_gauge_is_an_error() -> None:
         engine_running("# TYPE other gauge\nother 1.0\n")
 
 
+def _sdk_request() -> Any:
+    """A request of the HTTP library the installed SDK uses (httpx, or httpx2 from openai 3.x):
+    newer SDKs read its headers when an error is made."""
+    try:
+        http = importlib.import_module("httpx2")
+    except ImportError:
+        http = importlib.import_module("httpx")
+    return http.Request("POST", "http://127.0.0.1/v1/chat/completions")
+
+
 @pytest.mark.parametrize(
     ("code", "outcome"),
     [
@@ -118,9 +130,8 @@ def test_engine_running_without_the_gauge_is_an_error() -> None:
 )
 def test_outcome_of_an_sdk_error(code: str | None, outcome: str) -> None:
     """Only the sidecar's busy codes count as fallbacks; any other SDK error is an error."""
-    # The SDK's HTTP library differs between versions (httpx, httpx2); the request is not read.
     body = {"message": "busy", "code": code}
-    exc = openai.APIError("busy", None, body=body)  # type: ignore[arg-type]
+    exc = openai.APIError("busy", _sdk_request(), body=body)
     assert outcome_of(exc) == outcome
 
 
