@@ -383,8 +383,7 @@ def _table(rows: list[Row]) -> None:
             f"{_fmt(r.proxy_cpu_us_per_event, '11.1f')} {_share(r.proxy_user_share)} "
             f"{r.engine_cpu_us_per_event:12.1f} "
             f"{r.ttft_p50_ms:9.2f} {r.ttft_p99_ms:7.2f} {_fmt(r.added_ttft_p50_ms, '+9.2f')} "
-            f"{_fmt(r.added_ttft_p99_ms, '+7.2f')}"
-            + (f"  ({r.failures} failed)" * bool(r.failures))
+            f"{_fmt(r.added_ttft_p99_ms, '+7.2f')}" + _failed(r.failures)
         )
 
 
