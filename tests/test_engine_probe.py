@@ -46,6 +46,14 @@ def test_real_vllm_cache_config_is_read(name: str) -> None:
     )
 
 
+def test_real_vllm_reading_in_the_engine_neutral_terms() -> None:
+    """Pool tokens, block size and bytes per token as every engine's reading states them."""
+    reading = parse_metrics((FIXTURES / "metrics-idle.txt").read_text(), observed_at=0.0)
+    assert (reading.engine, reading.pool_tokens, reading.block_size) == ("vllm", 1_048_576, 128)
+    assert reading.bytes_per_token == 1024
+    assert (reading.slots, reading.max_model_len) == (None, None)
+
+
 def test_series_are_summed_over_engines_and_usage_averaged() -> None:
     """Two data-parallel engines: counts and pools add up, the usage fraction is their mean."""
     reading = parse_metrics(TWO_ENGINES, observed_at=0.0)

@@ -130,19 +130,12 @@ def neighbour_bytes(gpu: GpuReading, engine_pid: int | None) -> int:
 
 def engine_pool_tokens(cache: EngineCacheConfig) -> int | None:
     """The engine's pool in tokens: kv_cache_size_tokens, else num_gpu_blocks x block_size."""
-    if cache.kv_cache_size_tokens is not None:
-        return cache.kv_cache_size_tokens
-    if cache.num_gpu_blocks is not None and cache.block_size is not None:
-        return cache.num_gpu_blocks * cache.block_size
-    return None
+    return cache.pool_tokens
 
 
 def engine_bytes_per_token(cache: EngineCacheConfig) -> int | None:
     """What the engine's allocator spends per token: kv_cache_memory_bytes / its tokens."""
-    tokens = engine_pool_tokens(cache)
-    if cache.kv_cache_memory_bytes is None or not tokens:
-        return None
-    return round(cache.kv_cache_memory_bytes / tokens)
+    return cache.bytes_per_token
 
 
 def engine_pricing(
