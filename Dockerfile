@@ -1,6 +1,5 @@
 # syntax=docker/dockerfile:1
-# The sidecar image: two stages, hash-locked dependencies, the request path compiled (mypyc),
-# non-root, no build tools in the result.
+# The sidecar image: two stages, hash-locked dependencies, non-root, no build tools in the result.
 # NVML (libnvidia-ml.so.1) is not in the image: the NVIDIA runtime injects it into a container
 # that is given a GPU (the DRA overlay); without one the sidecar plans from the engine or declared
 # numbers. Pin the base by digest where you build:
@@ -12,26 +11,16 @@ ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
-# A C compiler for mypyc (the request path compiled: setup.py); this stage is thrown away.
-# hadolint ignore=DL3008
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends gcc libc6-dev \
-    && rm -rf /var/lib/apt/lists/*
 COPY deploy/docker/requirements.lock deploy/docker/build-requirements.lock ./
-# Runtime dependencies, every file checked against its locked hash, into the venv we ship; the
-# same again, with setuptools and mypy, into a throw-away one that builds our wheel (mypyc reads
-# the types of what the compiled modules import).
+# Runtime dependencies, every file checked against its locked hash, into the venv we ship;
+# setuptools (to build our own wheel) into a throw-away one.
 RUN python -m venv /opt/sidecar \
     && /opt/sidecar/bin/pip install --no-cache-dir --require-hashes --no-deps -r requirements.lock \
     && python -m venv /opt/build \
-    && /opt/build/bin/pip install --no-cache-dir --require-hashes --no-deps \
-        -r requirements.lock -r build-requirements.lock
-COPY pyproject.toml setup.py README.md ./
+    && /opt/build/bin/pip install --no-cache-dir --require-hashes --no-deps -r build-requirements.lock
+COPY pyproject.toml README.md ./
 COPY sidecar ./sidecar
-# SIDECAR_COMPILE=1: the request path's modules as C extensions (mypyc), half the instructions per
-# request and per relayed event (docs/performance.md); `sidecar --version` says which build runs.
-RUN SIDECAR_COMPILE=1 /opt/build/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation \
-        --wheel-dir /wheels . \
+RUN /opt/build/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels . \
     && /opt/sidecar/bin/pip install --no-cache-dir --no-deps --no-index /wheels/*.whl
 
 FROM ${PYTHON_IMAGE}

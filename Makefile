@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check docs bench bench-venv bench-compiled soak test-vllm plan clean lock compiled test-compiled
+.PHONY: demo test check docs bench bench-venv soak test-vllm plan clean lock
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,16 +17,6 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
-
-# The compiled build (setup.py, SIDECAR_COMPILE=1: the image's), made in a copy of the tree, and the
-# whole suite run on it; tests/test_compiled_build.py checks that it really is the compiled one.
-COMPILED := .build/compiled
-compiled: $(STAMP)
-	bash scripts/compiled_tree.sh $(COMPILED) $(abspath $(BIN))/python
-
-test-compiled: compiled
-	cd $(COMPILED) && EXPECT_COMPILED_BUILD=1 PYTHONPATH=$(abspath $(COMPILED)) \
-		$(abspath $(BIN))/python -m pytest -q
 
 check: $(STAMP)
 	$(BIN)/ruff check sidecar emulator demo tests benchmarks scripts tests_vllm
@@ -43,29 +33,16 @@ docs: $(STAMP)
 # changes). The image's CPython is built with PGO and LTO; pyenv's default build is not, and that
 # moves the figures by 4-28% (docs/performance.md).
 BENCH_PYTHON ?=
-# BENCH_COMPILED=1: the benchmarks run from a compiled tree, and so does the sidecar they start;
-# their JSON is then under that tree's .bench. The tree is built by the interpreter that runs it:
-# .build/compiled (`make compiled`) for the project's venv, .build/compiled-bench for BENCH_PYTHON's.
-BENCH_COMPILED ?=
 ifeq ($(strip $(BENCH_PYTHON)),)
-BENCH_BIN := $(abspath $(BIN))
+BENCH_BIN := $(BIN)
 BENCH_VENV :=
-BENCH_TREE := $(COMPILED)
 else
-BENCH_BIN := $(abspath .venv-bench)/bin
+BENCH_BIN := .venv-bench/bin
 BENCH_VENV := bench-venv
-BENCH_TREE := .build/compiled-bench
-endif
-ifeq ($(strip $(BENCH_COMPILED)),1)
-BENCH_DEPS := bench-compiled
-BENCH_FROM := cd $(BENCH_TREE) && PYTHONPATH=$(abspath $(BENCH_TREE))
-else
-BENCH_DEPS :=
-BENCH_FROM := true &&
 endif
 
-bench: $(STAMP) $(BENCH_VENV) $(BENCH_DEPS)
-	$(BENCH_FROM) $(BENCH_BIN)/python -m benchmarks
+bench: $(STAMP) $(BENCH_VENV)
+	$(BENCH_BIN)/python -m benchmarks
 
 bench-venv: $(STAMP)
 	@if [ "$$(cat .venv-bench/.python 2>/dev/null)" != "$(BENCH_PYTHON)" ] \
@@ -73,9 +50,6 @@ bench-venv: $(STAMP)
 		$(BENCH_PYTHON) -m venv --clear --without-pip .venv-bench \
 		&& $(BIN)/python -m pip --python .venv-bench/bin/python install -q -e '.[dev,demo]' \
 		&& echo '$(BENCH_PYTHON)' > .venv-bench/.python; fi
-
-bench-compiled: $(STAMP) $(BENCH_VENV)
-	bash scripts/compiled_tree.sh $(BENCH_TREE) $(BENCH_BIN)/python
 
 # Thousands of hostile and faulty requests; SOAK_REQUESTS sets the size (default 10000).
 soak: $(STAMP)
@@ -92,4 +66,4 @@ lock: $(STAMP)
 	$(LOCK) --upgrade --allow-unsafe -o deploy/docker/build-requirements.lock deploy/docker/build-requirements.in
 
 clean:
-	rm -rf $(VENV) .venv-bench .build .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-bench .mypy_cache .ruff_cache .pytest_cache

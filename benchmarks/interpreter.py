@@ -16,8 +16,6 @@ import sysconfig
 from pathlib import Path
 from typing import TypedDict
 
-from sidecar.entry import build as sidecar_build
-
 
 class Build(TypedDict):
     """What a reader needs to compare two runs' interpreters."""
@@ -26,7 +24,6 @@ class Build(TypedDict):
     executable: str
     libpython: str  # "shared" (a .so, called through the PLT) or "linked in"
     configured: list[str]  # the optimisation options of ./configure, as given
-    sidecar: str  # the sidecar's own build: pure Python, or compiled (sidecar/entry/build.py)
 
 
 OPTIONS = ("--enable-optimizations", "--with-lto")
@@ -46,7 +43,6 @@ def build(maps: Path = Path("/proc/self/maps")) -> Build:
         executable=os.path.realpath(sys.executable),  # a venv's python is a link to it
         libpython="shared" if shared else "linked in",
         configured=[option for option in OPTIONS if option in config],
-        sidecar=sidecar_build.describe(),
     )
 
 
@@ -60,5 +56,4 @@ def describe(info: Build | None = None) -> str:
     return (
         f"interpreter: {info['version']} ({info['executable']}), libpython {info['libpython']}, "
         + options
-        + f"; the sidecar {info['sidecar']}"
     )

@@ -40,7 +40,6 @@ from sidecar.edge import proxy
 from sidecar.edge.engine_connection import EngineConnection
 from sidecar.edge.response import StreamResponse
 from sidecar.edge.server import Connection
-from sidecar.entry.build import build_kind
 from sidecar.entry.cli import main as sidecar_main
 from sidecar.limiter.permit import Permit
 
@@ -129,14 +128,6 @@ def spans(row: dict[str, int]) -> dict[str, float]:
 
 def main() -> int:
     path, argv = sys.argv[1], sys.argv[2:]
-    if build_kind() == "compiled":
-        # A compiled module calls its own functions directly: a wrapper put on the module or the
-        # class would never run, and every phase would read as missing.
-        print(
-            "phase_clock: the compiled build cannot be clocked: run it on the pure one",
-            file=sys.stderr,
-        )
-        return 2
     install()
 
     def write() -> None:

@@ -16,8 +16,7 @@ from hypothesis.stateful import (
 
 from sidecar.core.admission import Admission
 from sidecar.core.compartments import DEFAULT, Compartments, parse_compartments
-from sidecar.core.decisions import Granted, Queued, Rejected
-from sidecar.core.errors import UnknownTicketError
+from sidecar.core.decisions import Granted, Queued, Rejected, UnknownTicketError
 
 
 def _ticket(decision: object) -> int:

@@ -7,8 +7,7 @@ import pytest
 from multidict import CIMultiDict
 
 from sidecar.edge.http1 import UnsendableRequestError, encode_request
-from sidecar.edge.response import encode_head
-from sidecar.edge.wire_errors import UnsendableHeadError
+from sidecar.edge.response import UnsendableHeadError, encode_head
 
 BAD_FIELDS = [
     pytest.param("X-A", "1\r\nX-Smuggled: 2", id="crlf-in-a-value"),

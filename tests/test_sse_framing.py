@@ -9,7 +9,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.edge.sse_framing import EventFramer
-from sidecar.entry import build
 
 
 def frame(chunks: list[bytes]) -> list[bytes]:
@@ -90,10 +89,6 @@ class GeneralFramer(EventFramer):
         return self._last_any_event_end(chunk)
 
 
-@pytest.mark.skipif(
-    build.build_kind() == "compiled",
-    reason="subclasses EventFramer, which a compiled build does not allow: `make test` runs it",
-)
 @given(st.lists(st.sampled_from([b"d", b"\n", b"\n", b"\r"]), max_size=40), st.data())
 def test_the_lf_fast_path_cuts_where_the_general_scan_does(
     stream_bytes: list[bytes], data: st.DataObject

@@ -34,10 +34,10 @@ from sidecar.core.decisions import (
     Outcome,
     Queued,
     Rejected,
+    UnknownTicketError,
     Withdrawal,
     WithdrawReason,
 )
-from sidecar.core.errors import UnknownTicketError
 from sidecar.core.outcomes import RejectReason
 
 

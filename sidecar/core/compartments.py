@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-from sidecar.core.errors import ConfigError, caused
+from sidecar.core.errors import ConfigError
 from sidecar.core.exact import exact
 
 DEFAULT = "default"
@@ -106,7 +106,7 @@ def _fraction(text: str, entry: str) -> Fraction:
     try:
         value = Fraction(raw[:-1].strip()) / 100 if raw.endswith("%") else Fraction(raw)
     except (ValueError, ZeroDivisionError):
-        raise caused(ConfigError(f"compartment entry {entry!r}: {raw!r} is not a fraction"), None)
+        raise ConfigError(f"compartment entry {entry!r}: {raw!r} is not a fraction") from None
     if not 0.0 <= value <= 1.0:
         raise ConfigError(f"compartment entry {entry!r}: {raw!r} is outside 0..1 (or 0%..100%)")
     return value

@@ -83,3 +83,7 @@ class AdmissionSnapshot:
     queued_total: int
     rejected: dict[str, int]
     released: dict[str, int]
+
+
+class UnknownTicketError(KeyError):
+    """A ticket released twice, or never granted: a bug in the caller, never a client's fault."""

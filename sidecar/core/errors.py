@@ -17,8 +17,6 @@ SidecarError
 
 from __future__ import annotations
 
-from typing import TypeVar
-
 from sidecar.core.outcomes import (
     EDGE_FAULTS,
     REJECTIONS,
@@ -117,20 +115,3 @@ class UpstreamTimeoutError(UpstreamError):
     """The engine did not answer within the configured timeout (504)."""
 
     failure: UpstreamFailure = "upstream_timeout"
-
-
-class UnknownTicketError(KeyError):
-    """A ticket released twice, or never granted: a bug in the caller, never a client's fault
-    (so not a SidecarError). A KeyError, so it lives here, in a module the compiled build leaves
-    as Python: mypyc cannot compile a subclass of a builtin exception other than Exception."""
-
-
-_Raised = TypeVar("_Raised", bound=BaseException)
-
-
-def caused(error: _Raised, cause: BaseException | None) -> _Raised:
-    """``error`` with ``cause`` as its cause (None: shown without the error it replaced), for
-    ``raise caused(error, exc)``: what ``raise error from exc`` means, in the compiled build too,
-    whose mypyc drops the ``from`` (setup.py; tests/test_compiled_build.py keeps it out)."""
-    error.__cause__ = cause
-    return error

@@ -12,7 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from sidecar.core.errors import ModelConfigError, caused
+from sidecar.core.errors import ModelConfigError
 from sidecar.core.preset_ids import preset_for_hub_id
 
 DTYPE_BYTES = {
@@ -277,7 +277,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise caused(ModelConfigError(f"cannot read {path}: {exc.strerror or exc}"), exc)
+        raise ModelConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
     return _parse_json(text, str(path))
 
 
@@ -285,7 +285,7 @@ def _parse_json(text: str, where: str) -> dict[str, Any]:
     try:
         cfg = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise caused(ModelConfigError(f"{where} is not valid JSON: {exc}"), exc)
+        raise ModelConfigError(f"{where} is not valid JSON: {exc}") from exc
     if not isinstance(cfg, dict):
         raise ModelConfigError(f"{where} is not a JSON object")
     return cfg

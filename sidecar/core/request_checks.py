@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-from sidecar.core.errors import RequestError, caused
+from sidecar.core.errors import RequestError
 
 Endpoint = Literal["chat", "completions", "responses"]
 TOKEN_KEYS = ("max_completion_tokens", "max_tokens")
@@ -116,18 +116,16 @@ def _parse_object(raw: bytes) -> dict[str, Any]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise caused(RequestError("request body is not UTF-8 JSON", code="invalid_json"), exc)
+        raise RequestError("request body is not UTF-8 JSON", code="invalid_json") from exc
     try:
         body = _DECODER.decode(text)
     except RecursionError as exc:
-        raise caused(RequestError("request body is nested too deeply", code="invalid_json"), exc)
+        raise RequestError("request body is nested too deeply", code="invalid_json") from exc
     except ValueError as exc:  # JSONDecodeError, and integers past Python's digit limit
         if text.startswith("\ufeff"):  # json.loads says so; its decoder alone does not
             message = "request body starts with a byte order mark: send JSON without one"
-            raise caused(RequestError(message, code="invalid_json"), exc)
-        raise caused(
-            RequestError(f"request body is not valid JSON: {exc}", code="invalid_json"), exc
-        )
+            raise RequestError(message, code="invalid_json") from exc
+        raise RequestError(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object", code="invalid_json")
     return body
@@ -137,7 +135,7 @@ def _serialise(body: dict[str, Any]) -> bytes:
     try:
         return json.dumps(body).encode()
     except (RecursionError, ValueError) as exc:
-        raise caused(RequestError("request body is nested too deeply", code="invalid_json"), exc)
+        raise RequestError("request body is nested too deeply", code="invalid_json") from exc
 
 
 def _optional_bool(body: dict[str, Any], key: str) -> bool:

@@ -99,5 +99,5 @@ def is_sheddable(
 
 def parse_names(text: str | None) -> frozenset[str]:
     """A comma-separated list of class names, cleaned and lower-cased as requests' are."""
-    names = [_clean(part) for part in (text or "").split(",")]
+    names = (_clean(part) for part in (text or "").split(","))
     return frozenset(name.lower() for name in names if name)

@@ -11,12 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import TracebackType
 
-from sidecar.core.errors import (
-    UpstreamError,
-    UpstreamTimeoutError,
-    UpstreamUnavailableError,
-    caused,
-)
+from sidecar.core.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
 from sidecar.edge.engine_http import EnginePool, EngineResponse
 from sidecar.edge.http1 import EngineProtocolError
 
@@ -49,7 +44,7 @@ class _Translated:
         _tb: TracebackType | None,
     ) -> None:
         if isinstance(exc, UPSTREAM_ERRORS):
-            raise caused(translate(exc), exc)
+            raise translate(exc) from exc
 
 
 _TRANSLATED = _Translated()
@@ -66,7 +61,7 @@ async def read_chunk(response: EngineResponse) -> bytes:
     try:
         return await response.read_chunk()
     except UPSTREAM_ERRORS as exc:
-        raise caused(translate(exc), exc)
+        raise translate(exc) from exc
 
 
 async def read_all(response: EngineResponse) -> bytes:

@@ -28,7 +28,6 @@ from sidecar.edge.http1 import (
     HeadCache,
     framing,
 )
-from sidecar.edge.wire_errors import StaleConnectionError
 
 # Body bytes held for a reader that is slower than the engine before the socket stops reading.
 HIGH_WATER = 256 * 1024
@@ -36,6 +35,10 @@ HIGH_WATER = 256 * 1024
 # untouched, for the next read (and the sink is detached). The second argument, where not None,
 # is the socket read that carried the piece: nothing but whole chunks whose data is the piece.
 Sink = Callable[[bytes, bytes | None], bool]
+
+
+class StaleConnectionError(ConnectionResetError):
+    """A kept-alive connection that the engine had closed before it saw the request."""
 
 
 class EngineConnection(asyncio.Protocol):
@@ -273,7 +276,8 @@ class EngineConnection(asyncio.Protocol):
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     async def _wait(self) -> None:
-        self._raise_error()
+        if self._error is not None:
+            raise self._error
         if self.closed:
             if self.head is None and not self._received:
                 raise StaleConnectionError("the engine closed the connection before answering")
@@ -286,13 +290,7 @@ class EngineConnection(asyncio.Protocol):
             await self._waiter
         finally:
             self._waiter = None
-        self._raise_error()  # a callback's, while this waited
-
-    def _raise_error(self) -> None:
-        """The connection's failure, if any, raised. A call of its own, not written out where it
-        is checked: a compiled build takes an attribute tested before an await as still what the
-        test found after it, so a second test of it in the same function would be trusted blind."""
-        if self._error is not None:
+        if self._error is not None:  # a callback's, while this waited
             raise self._error
 
     def _arm(self, delay: float) -> None:

@@ -19,9 +19,8 @@ import ssl
 from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
-from sidecar.edge.engine_connection import EngineConnection, Sink
+from sidecar.edge.engine_connection import EngineConnection, Sink, StaleConnectionError
 from sidecar.edge.http1 import HeadCache, encode_request
-from sidecar.edge.wire_errors import StaleConnectionError
 
 # Idle kept-alive connections kept; more than the engine's concurrency gains nothing.
 MAX_IDLE = 256

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-from sidecar.core.errors import EdgeRefusedError, RequestError, caused
+from sidecar.core.errors import EdgeRefusedError, RequestError
 from sidecar.core.request_checks import (
     CheckedRequest,
     Endpoint,
@@ -35,7 +35,7 @@ async def read_body(request: Request, timeout_s: float) -> bytes:
                 request.send_continue()
             return await request.read()
     except TimeoutError as exc:
-        raise caused(EdgeRefusedError("body_timeout"), exc)
+        raise EdgeRefusedError("body_timeout") from exc
 
 
 def _check_expectation(expect: str) -> None:

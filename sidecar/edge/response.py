@@ -16,7 +16,6 @@ from http import HTTPStatus
 from multidict import CIMultiDict
 
 from sidecar.edge.request import Request
-from sidecar.edge.wire_errors import UnsendableHeadError
 
 REASONS = {status.value: status.phrase for status in HTTPStatus}
 NO_BODY_STATUSES = frozenset({204, 304})
@@ -24,6 +23,10 @@ NO_BODY_STATUSES = frozenset({204, 304})
 FRAMING_FIELDS = frozenset({"transfer-encoding", "connection", "keep-alive"})
 SIZED_FIELDS = FRAMING_FIELDS | {"content-length"}  # a whole answer's length is its body's
 LAST_CHUNK = b"0\r\n\r\n"
+
+
+class UnsendableHeadError(ValueError):
+    """A status reason or field that HTTP/1.1 cannot carry (a line break)."""
 
 
 class _Date:

@@ -33,8 +33,7 @@ from sidecar.core.errors import SidecarError
 from sidecar.edge.http_errors import error_response
 from sidecar.edge.limits import ConnectionCount, EdgeLimits, raw_answer
 from sidecar.edge.request import Request
-from sidecar.edge.response import Answer, Response, StreamResponse
-from sidecar.edge.wire_errors import UnsendableHeadError
+from sidecar.edge.response import Answer, Response, StreamResponse, UnsendableHeadError
 from sidecar.telemetry.module_log import ModuleLogger
 
 log = ModuleLogger("sidecar.edge.server")

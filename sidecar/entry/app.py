@@ -25,7 +25,6 @@ from sidecar.edge.prompt_count import EnginePromptCounter
 from sidecar.edge.proxy import Proxy, ProxyConfig, proxy_handler
 from sidecar.edge.routes import parse_free_paths
 from sidecar.edge.server import HttpServer
-from sidecar.entry.build import build_kind
 from sidecar.entry.event_loop import running_loop_name
 from sidecar.entry.listen import SHUTDOWN_TIMEOUT_S, bind, reserve_descriptors, serve
 from sidecar.entry.settings import Settings
@@ -231,7 +230,6 @@ class SidecarServer:
             admission=s.admission,
             shadow=s.shadow,
             event_loop=running_loop_name(),
-            build=build_kind(),
         )
 
     async def drain(self, grace_s: float) -> bool:

@@ -16,7 +16,6 @@ from typing import NoReturn
 
 import sidecar
 from sidecar.core.errors import SidecarError
-from sidecar.entry import build
 
 DISTRIBUTION = "gpu-admission-sidecar"
 
@@ -52,9 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(the demo is `python -m demo`).",
         epilog="`sidecar COMMAND --help` shows a command's options.",
     )
-    parser.add_argument(
-        "--version", action="version", version=f"%(prog)s {version()} ({build.describe()})"
-    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     for name, (module_name, help_text) in COMMANDS.items():
         sub = commands.add_parser(

@@ -72,7 +72,7 @@ class Expiry:
         while order and order[0][1] not in live:
             order.popleft()  # a FIFO grant, and any forgotten before it: O(1) each, no rebuild
         if len(order) > 2 * len(live) + _SLACK:
-            self._order = deque([entry for entry in order if entry[1] in live])
+            self._order = deque(entry for entry in order if entry[1] in live)
 
     def _arm(self, deadline: float, delay: float) -> None:
         if self._timer is not None:
