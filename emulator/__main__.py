@@ -30,6 +30,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--block-size", type=int, default=defaults.block_size)
     parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
     parser.add_argument("--tokens-per-s", type=float, default=40.0, help="per stream; 0 = max")
+    parser.add_argument(
+        "--prefill-tokens-per-s",
+        type=float,
+        default=defaults.prefill_tokens_per_s,
+        help="engine compute: each token a step computes adds 1/this to the step; 0 = free",
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens
+    )
     parser.add_argument("--ttft-s", type=float, default=defaults.ttft_s)
     parser.add_argument("--bytes-per-token", type=int, default=defaults.bytes_per_token)
     parser.add_argument("--oom", action="store_true", help="fail streams when KV runs out")
@@ -55,6 +64,8 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,
         tokens_per_s=args.tokens_per_s,
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         ttft_s=args.ttft_s,
         oom=args.oom,
         bytes_per_token=args.bytes_per_token,
@@ -81,6 +92,8 @@ async def serve(config: EmulatorConfig, host: str, port: int) -> None:
             kv_cache_memory_bytes=config.kv_cache_memory_bytes,
             max_num_seqs=config.max_num_seqs,
             tokens_per_s=config.tokens_per_s,
+            prefill_tokens_per_s=config.prefill_tokens_per_s,
+            max_num_batched_tokens=config.max_num_batched_tokens,
             oom=config.oom,
         )
         stop = asyncio.Event()

@@ -16,7 +16,7 @@ from emulator.generation import GenerationHandler, error_response
 from emulator.kv_pool import KVPool
 from emulator.lengths import completion_lengths
 from emulator.metrics import build_registry
-from emulator.runner import EngineRunner, Sleep
+from emulator.runner import EngineRunner, Sleep, StepCost
 
 CONFIG_KEY = web.AppKey("emulator_config", EmulatorConfig)
 RUNNER_KEY = web.AppKey("emulator_runner", EngineRunner)
@@ -36,9 +36,11 @@ def build_app(
         block_size=config.block_size,
         max_num_seqs=config.max_num_seqs,
         oom=config.oom,
+        max_num_batched_tokens=config.max_num_batched_tokens,
     )
-    runner = EngineRunner(pool, sleep=sleep, poll_s=poll_s)
+    runner = EngineRunner(pool, cost=step_cost(config), sleep=sleep, poll_s=poll_s)
     app = web.Application()
+    app.on_cleanup.append(lambda _: runner.close())
     app[CONFIG_KEY] = config
     app[RUNNER_KEY] = runner
     app[REGISTRY_KEY] = build_registry(config, pool.snapshot)
@@ -52,6 +54,16 @@ def build_app(
     app.router.add_get("/metrics", _metrics)
     app.router.add_post("/tokenize", _tokenize)
     return app
+
+
+def step_cost(config: EmulatorConfig) -> StepCost:
+    """Engine time per step: a decode step paces each stream at tokens_per_s; every token
+    computed in the step (a prompt, a recompute, each decode) adds 1 / prefill_tokens_per_s."""
+    decode, prefill = config.tokens_per_s, config.prefill_tokens_per_s
+    return StepCost(
+        step_s=1.0 / decode if decode > 0 else 0.0,
+        token_s=1.0 / prefill if prefill > 0 else 0.0,
+    )
 
 
 async def _health(request: web.Request) -> web.Response:

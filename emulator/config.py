@@ -16,8 +16,14 @@ class EmulatorConfig:
     kv_tokens: int = 16384
     block_size: int = 16
     max_num_seqs: int = 64
-    tokens_per_s: float = 0.0
-    ttft_s: float = 0.0
+    # vLLM's per-step token budget; with chunked prefill a longer prompt takes several steps.
+    # 8192 is vLLM's default for the OpenAI server on a large GPU.
+    max_num_batched_tokens: int = 8192
+    tokens_per_s: float = 0.0  # each stream's decode rate when no prefill shares the step; 0: max
+    # Engine compute: every token a step computes (prompt, recompute, decode) adds 1/this to the
+    # step, so prefills slow every running stream. 0: free (no compute limit).
+    prefill_tokens_per_s: float = 0.0
+    ttft_s: float = 0.0  # a fixed delay before a request reaches the engine's queue
     oom: bool = False
     bytes_per_token: int = 1024
     gpu_memory_utilization: float = 0.9
@@ -28,15 +34,22 @@ class EmulatorConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        positive = ("max_model_len", "kv_tokens", "block_size", "max_num_seqs", "bytes_per_token")
+        positive = (
+            "max_model_len",
+            "kv_tokens",
+            "block_size",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "bytes_per_token",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         ratio = self.completion_median_ratio
         if ratio is not None and not 0 < ratio <= 1:
             raise ValueError(f"completion_median_ratio must be in (0, 1], got {ratio}")
-        if self.tokens_per_s < 0 or self.ttft_s < 0:
-            raise ValueError("tokens_per_s and ttft_s must not be negative")
+        if min(self.tokens_per_s, self.prefill_tokens_per_s, self.ttft_s) < 0:
+            raise ValueError("tokens_per_s, prefill_tokens_per_s and ttft_s must not be negative")
         # vLLM refuses to start when one max_model_len request cannot fit the pool; so do we,
         # which also guarantees a lone request can always make progress.
         if self.kv_cache_size_tokens < self.max_model_len:

@@ -87,11 +87,8 @@ class GenerationHandler:
         return Job(generation, fault, stream, tokens.seed_of(generation.prompt), length)
 
     def _pacing(self, fault: Fault) -> Pacing:
-        rate = self._config.tokens_per_s
-        return Pacing(
-            first_token_delay_s=self._config.ttft_s + fault.slow_first_token_s,
-            token_interval_s=1.0 / rate if rate > 0 else 0.0,
-        )
+        hang_after = None if fault.stall_after is None else fault.stall_after + 1
+        return Pacing(self._config.ttft_s + fault.slow_first_token_s, hang_after)
 
     async def _stream(self, request: web.Request, job: Job) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})

@@ -1,12 +1,18 @@
-"""The async shell around the KV pool: waits for scheduling, paces tokens, frees on exit."""
+"""The async shell around the KV pool: one engine loop steps it, each step takes engine time.
+
+Prefill and decode share the engine's steps, as in vLLM: a step's time is a fixed part (the
+decode of every running stream) plus a part per token it computes, so a long prompt, or a
+preempted request prefilled again, slows every running stream in that step.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from emulator.kv_pool import KVPool, Outcome
+from emulator.kv_pool import KVPool, Step
 
 Sleep = Callable[[float], Awaitable[None]]
 Alive = Callable[[], bool]
@@ -22,21 +28,54 @@ class ClientGoneError(ConnectionError):
 
 @dataclass(frozen=True)
 class Pacing:
-    """How one request's tokens are spaced in time."""
+    """Faults of one request: a delay before it reaches the engine's queue, a hang after N."""
 
     first_token_delay_s: float = 0.0
-    token_interval_s: float = 0.0
+    hang_after: int | None = None  # the engine stops stepping it after this many tokens
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Engine time of one step: ``step_s`` plus ``token_s`` per token computed in it.
+
+    Decode tokens count too (one per running stream), so a full batch is slower than a lone one.
+    """
+
+    step_s: float = 0.0
+    token_s: float = 0.0
+
+    def seconds(self, step: Step) -> float:
+        """How long the engine takes to compute ``step``."""
+        return self.step_s + self.token_s * step.scheduled_tokens
+
+
+@dataclass
+class _Stream:
+    produced: int = 0
+    killed: bool = False
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class EngineRunner:
-    """Drives requests through a ``KVPool``; one per emulated engine."""
+    """Drives requests through a ``KVPool`` with one engine loop; one runner per engine."""
 
-    def __init__(self, pool: KVPool, *, sleep: Sleep = asyncio.sleep, poll_s: float = 0.05) -> None:
+    def __init__(
+        self,
+        pool: KVPool,
+        *,
+        cost: StepCost = StepCost(),
+        sleep: Sleep = asyncio.sleep,
+        poll_s: float = 0.05,
+    ) -> None:
         self.pool = pool
+        self._cost = cost
         self._sleep = sleep
-        # A waiting request has no write to fail on, so it polls for its client going away.
+        # A request has no write to fail on while it waits, so it polls for its client leaving.
         self._poll_s = poll_s
-        self._wakeups: dict[str, asyncio.Event] = {}
+        self._streams: dict[str, _Stream] = {}
+        self._loop_task: asyncio.Task[None] | None = None
+        self._work = asyncio.Event()
+        self.engine_s = 0.0  # engine time spent in steps so far
 
     async def generate(
         self, request_id: str, prompt_tokens: int, max_tokens: int, pacing: Pacing, alive: Alive
@@ -45,46 +84,66 @@ class EngineRunner:
 
         Consume it inside ``contextlib.aclosing`` so an early exit aborts the request at once.
         """
-        finished = False
-        self._wake(self.pool.submit(request_id, prompt_tokens))
-        try:
-            await self._until_running(request_id, alive)
+        if pacing.first_token_delay_s > 0:
             await self._sleep(pacing.first_token_delay_s)
-            index = 0
-            while index < max_tokens:
-                if not alive():
-                    raise ClientGoneError(request_id)
-                outcome = self.pool.advance(request_id)
-                if outcome is Outcome.KILLED:
-                    raise KVCacheExhaustedError(request_id)
-                if outcome is Outcome.PREEMPTED:
-                    await self._until_running(request_id, alive)
-                    continue
+        stream = self._streams[request_id] = _Stream()
+        self.pool.submit(request_id, prompt_tokens, max_tokens, hang_after=pacing.hang_after)
+        self._kick()
+        try:
+            for index in range(max_tokens):
+                while stream.produced <= index:
+                    await self._next(request_id, stream, alive)
                 yield index
-                index += 1
-                await self._sleep(pacing.token_interval_s)
-            self._wake(self.pool.finish(request_id, "length"))
-            finished = True
         finally:
-            self._wakeups.pop(request_id, None)
-            if not finished:
-                self._wake(self.pool.abort(request_id))
+            del self._streams[request_id]
+            if self.pool.phase(request_id) is not None:  # gone early: free its blocks now
+                self.pool.abort(request_id)
+                self._kick()
 
-    async def _until_running(self, request_id: str, alive: Alive) -> None:
-        while not self.pool.is_running(request_id):
-            if self.pool.is_killed(request_id):
-                raise KVCacheExhaustedError(request_id)
-            if not alive():
-                raise ClientGoneError(request_id)
-            wakeup = self._wakeups.setdefault(request_id, asyncio.Event())
-            try:
-                await asyncio.wait_for(wakeup.wait(), self._poll_s)
-            except TimeoutError:
+    async def close(self) -> None:
+        """Stop the engine loop (the app's cleanup)."""
+        task, self._loop_task = self._loop_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _next(self, request_id: str, stream: _Stream, alive: Alive) -> None:
+        if stream.killed:
+            raise KVCacheExhaustedError(request_id)
+        if not alive():
+            raise ClientGoneError(request_id)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stream.ready.wait(), self._poll_s)
+        stream.ready.clear()
+
+    def _kick(self) -> None:
+        self._work.set()
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.get_running_loop().create_task(
+                self._engine_loop(), name="emulator-engine-loop"
+            )
+
+    async def _engine_loop(self) -> None:
+        """Step while there is work; a step that computes nothing waits for a submit or abort."""
+        while self.pool.has_work:
+            self._work.clear()
+            step = self.pool.step()
+            if not step.scheduled_tokens and not step.killed:
+                await self._work.wait()
                 continue
-            wakeup.clear()
+            seconds = self._cost.seconds(step)
+            self.engine_s += seconds
+            await self._sleep(seconds)
+            self._deliver(step)
 
-    def _wake(self, request_ids: tuple[str, ...]) -> None:
-        for request_id in request_ids:
-            wakeup = self._wakeups.get(request_id)
-            if wakeup is not None:
-                wakeup.set()
+    def _deliver(self, step: Step) -> None:
+        for request_id in step.tokens:
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                stream.produced += 1
+                stream.ready.set()
+        for request_id in step.killed:
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                stream.killed = True
+                stream.ready.set()

@@ -87,9 +87,9 @@ def test_gauges_follow_the_pool() -> None:
     """Running, waiting, usage and counters reflect the pool at scrape time."""
     config = EmulatorConfig(max_model_len=16, kv_tokens=64, block_size=16, max_num_seqs=1)
     pool = make_pool(config)
-    pool.submit("a", 20)
-    pool.submit("b", 1)
-    pool.advance("a")
+    pool.submit("a", 20, 5)
+    pool.submit("b", 1, 5)
+    pool.step()  # a's prompt, 2 blocks, and its first token; b waits (max_num_seqs=1)
     values = {s.name: s.value for _, samples in scrape(config, pool).values() for s in samples
               if "finished_reason" not in s.labels}  # fmt: skip
     assert values["vllm:num_requests_running"] == 1

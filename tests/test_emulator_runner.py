@@ -1,25 +1,33 @@
-"""The emulated engine's async shell: queue waits, pacing, aborts and OOM, with a fake sleep."""
+"""The emulated engine's async shell: engine time per step, preemption's cost, aborts and OOM."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 
 import pytest
 
 from emulator.kv_pool import KVPool
-from emulator.runner import ClientGoneError, EngineRunner, KVCacheExhaustedError, Pacing
+from emulator.runner import ClientGoneError, EngineRunner, KVCacheExhaustedError, Pacing, StepCost
 
 
-class RecordingSleep:
-    """Records requested delays and only yields to the loop: no real time passes."""
+class EngineClock:
+    """A fake clock that the runner's sleeps move: engine time without real time passing.
+
+    A sleep lets the loop run a few rounds, so consumers woken by the last step read their
+    token before the clock moves on (as they would while a real engine computes).
+    """
 
     def __init__(self) -> None:
+        self.now = 0.0
         self.delays: list[float] = []
 
-    async def __call__(self, delay: float) -> None:
+    async def sleep(self, delay: float) -> None:
         self.delays.append(delay)
-        await asyncio.sleep(0)
+        for _ in range(4):
+            await asyncio.sleep(0)
+        self.now += delay
 
 
 def always() -> bool:
@@ -27,11 +35,24 @@ def always() -> bool:
 
 
 def make_runner(
-    *, num_blocks: int = 8, max_num_seqs: int = 4, oom: bool = False
-) -> tuple[EngineRunner, RecordingSleep]:
-    sleep = RecordingSleep()
-    pool = KVPool(num_blocks=num_blocks, block_size=2, max_num_seqs=max_num_seqs, oom=oom)
-    return EngineRunner(pool, sleep=sleep, poll_s=0.01), sleep
+    *,
+    num_blocks: int = 8,
+    block_size: int = 2,
+    max_num_seqs: int = 4,
+    oom: bool = False,
+    cost: StepCost | None = None,
+) -> tuple[EngineRunner, EngineClock]:
+    clock = EngineClock()
+    pool = KVPool(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs, oom=oom)
+    runner = EngineRunner(pool, cost=cost or StepCost(), sleep=clock.sleep, poll_s=0.01)
+    return runner, clock
+
+
+async def token_times(
+    runner: EngineRunner, clock: EngineClock, request_id: str, prompt: int, length: int
+) -> list[float]:
+    """The engine-clock time at which each of the request's tokens reached its consumer."""
+    return [clock.now async for _ in runner.generate(request_id, prompt, length, Pacing(), always)]
 
 
 async def test_generates_max_tokens_and_frees_the_blocks() -> None:
@@ -41,29 +62,80 @@ async def test_generates_max_tokens_and_frees_the_blocks() -> None:
     assert out == [0, 1, 2, 3, 4]
     snap = runner.pool.snapshot()
     assert (snap.used_blocks, snap.running, snap.finished["length"]) == (0, 0, 1)
+    await runner.close()
 
 
-async def test_pacing_sleeps_for_ttft_then_per_token() -> None:
-    """The first token waits the TTFT delay, each later one the token interval."""
-    runner, sleep = make_runner()
-    pacing = Pacing(first_token_delay_s=0.5, token_interval_s=0.025)
-    assert [i async for i in runner.generate("a", 1, 3, pacing, always)] == [0, 1, 2]
-    assert sleep.delays == [0.5, 0.025, 0.025, 0.025]
+async def test_a_step_takes_its_fixed_time_plus_its_tokens() -> None:
+    """The prefill step of a 10-token prompt costs 10 tokens of compute; each decode step one."""
+    runner, clock = make_runner(num_blocks=16, cost=StepCost(step_s=0.02, token_s=0.001))
+    times = await token_times(runner, clock, "a", 10, 3)
+    assert clock.delays == pytest.approx([0.02 + 0.010, 0.02 + 0.001, 0.02 + 0.001])
+    assert times == pytest.approx([0.030, 0.051, 0.072])
+    assert runner.engine_s == pytest.approx(0.072)
 
 
-async def test_queued_request_starts_when_the_running_one_finishes() -> None:
-    """With max_num_seqs=1 a second request waits (TTFT grows) until the first ends."""
+async def test_first_token_delay_comes_before_the_queue() -> None:
+    """A slow-first-token delay passes before the request reaches the engine."""
+    runner, clock = make_runner(cost=StepCost(step_s=0.025))
+    assert [i async for i in runner.generate("a", 1, 2, Pacing(0.5), always)] == [0, 1]
+    assert clock.delays == [0.5, 0.025, 0.025]
+
+
+async def test_long_prompt_slows_the_stream_running_beside_it() -> None:
+    """A new prompt prefilled in the same step delays the running stream's next token."""
+    cost = StepCost(step_s=0.01, token_s=0.001)
+    runner, clock = make_runner(num_blocks=64, cost=cost)
+    running = runner.generate("a", 2, 6, Pacing(), always)
+    times = [clock.now for _ in [await anext(running)]]
+    newcomer = asyncio.create_task(token_times(runner, clock, "b", 50, 1))
+    times += [clock.now async for _ in running]
+    await newcomer
+    gaps = [round(later - earlier, 6) for earlier, later in itertools.pairwise(times)]
+    assert max(gaps) == pytest.approx(0.01 + 0.001 * (50 + 1))  # b's prompt, a's decode
+    assert min(gaps) == pytest.approx(0.01 + 0.001)
+
+
+async def preempted_run(num_blocks: int) -> tuple[list[float], EngineRunner]:
+    """old (4 tokens, 12 to generate), short (4, 2) and new (8, 12) with 4-token blocks."""
+    runner, clock = make_runner(
+        num_blocks=num_blocks, block_size=4, cost=StepCost(step_s=0.01, token_s=0.001)
+    )
+    old = asyncio.create_task(token_times(runner, clock, "old", 4, 12))
+    short = asyncio.create_task(token_times(runner, clock, "short", 4, 2))
+    new = asyncio.create_task(token_times(runner, clock, "new", 8, 12))
+    old_times, *_ = await asyncio.gather(old, short, new)
+    return old_times, runner
+
+
+async def test_preempted_request_recompute_takes_engine_time_from_the_others() -> None:
+    """With 6 blocks `new` is preempted (twice); resumed, it prefills its 8 prompt tokens and its
+    generated one again in old's step, so old's stream and the whole run take longer than with
+    room to spare."""
+    crowded, crowded_runner = await preempted_run(num_blocks=6)
+    roomy, roomy_runner = await preempted_run(num_blocks=64)
+    crowded_snap = crowded_runner.pool.snapshot()
+    assert (crowded_snap.preemptions, crowded_snap.recomputed_tokens) == (2, 9 + 13)
+    assert roomy_runner.pool.snapshot().preemptions == 0
+    gaps = [later - earlier for earlier, later in itertools.pairwise(crowded)]
+    assert max(gaps) == pytest.approx(0.01 + 0.001 * (9 + 1))  # the recompute, old's decode
+    assert crowded[-1] > roomy[-1]
+    assert crowded_runner.engine_s > roomy_runner.engine_s
+
+
+async def test_queued_request_starts_when_the_running_one_leaves() -> None:
+    """With max_num_seqs=1 a second request waits (TTFT grows) until the first one is gone."""
     runner, _ = make_runner(max_num_seqs=1)
-    first = runner.generate("a", 1, 2, Pacing(), always)
+    first = runner.generate("a", 1, 5, Pacing(hang_after=1), always)
     second = runner.generate("b", 1, 2, Pacing(), always)
     assert await anext(first) == 0
     waiting = asyncio.create_task(anext(second))
     await asyncio.sleep(0.03)
     assert not waiting.done()
     assert runner.pool.snapshot().waiting == 1
-    assert [i async for i in first] == [1]
+    await first.aclose()
     assert await asyncio.wait_for(waiting, 1) == 0
     await second.aclose()
+    await runner.close()
 
 
 async def test_closing_the_stream_early_aborts_and_frees_at_once() -> None:
@@ -76,12 +148,13 @@ async def test_closing_the_stream_early_aborts_and_frees_at_once() -> None:
                 break
     snap = runner.pool.snapshot()
     assert (snap.used_blocks, snap.running, sum(snap.finished.values())) == (0, 0, 0)
+    await runner.close()
 
 
 async def test_client_gone_while_queued_is_noticed_and_aborted() -> None:
     """A waiting request whose client disconnects leaves the queue without a write to fail."""
     runner, _ = make_runner(max_num_seqs=1)
-    holder = runner.generate("a", 1, 10, Pacing(), always)
+    holder = runner.generate("a", 1, 10, Pacing(hang_after=1), always)
     await anext(holder)
     gone = asyncio.Event()
     queued = runner.generate("b", 1, 10, Pacing(), lambda: not gone.is_set())
@@ -92,17 +165,20 @@ async def test_client_gone_while_queued_is_noticed_and_aborted() -> None:
         await asyncio.wait_for(waiting, 1)
     assert runner.pool.snapshot().waiting == 0
     await holder.aclose()
+    await runner.close()
 
 
 async def test_oom_mode_fails_streams_when_kv_runs_out() -> None:
-    """In oom mode a stream that needs a block the pool lacks raises KVCacheExhaustedError."""
+    """In oom mode every running stream raises KVCacheExhaustedError when a block is missing."""
     runner, _ = make_runner(num_blocks=3, oom=True)
-    other = runner.generate("a", 2, 10, Pacing(), always)
-    assert await anext(other) == 0  # a now holds 2 of the 3 blocks
-    victim = runner.generate("b", 1, 10, Pacing(), always)
+    first = runner.generate("a", 2, 10, Pacing(), always)
+    assert await anext(first) == 0  # a holds 1 of the 3 blocks
+    second = runner.generate("b", 3, 10, Pacing(), always)
     with pytest.raises(KVCacheExhaustedError):
-        async for _ in victim:
+        async for _ in second:
             pass
     with pytest.raises(KVCacheExhaustedError):
-        await anext(other)
+        async for _ in first:
+            pass
     assert runner.pool.snapshot().used_blocks == 0
+    await runner.close()
