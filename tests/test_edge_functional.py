@@ -19,6 +19,7 @@ __all__ = ["double"]
 
 Start = Callable[..., Awaitable[SidecarServer]]
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+COMPLETION = {"model": "m", "prompt": "hi", "max_tokens": 5}
 
 
 @pytest.fixture
@@ -501,27 +502,103 @@ async def test_malformed_requests_get_json_400s_that_echo_nothing(
     assert double.generating() == 0
 
 
-async def test_pre_admission_work_is_capped(edge: Start) -> None:
-    """With one slot for reading bodies, a second request meanwhile is refused 503 at once."""
-    server = await edge(SIDECAR_MAX_PRE_ADMISSION="1", SIDECAR_BODY_TIMEOUT_MS="2000")
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.proxy_port)
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{")
+async def test_stalled_bodies_hold_no_slot_of_the_port(edge: Start, double: EngineDouble) -> None:
+    """Audit finding 1: 32 connections that declare a body and never send it hold only their own
+    connections; every other request on the port is served at once, none gets edge_busy."""
+    server = await edge(SIDECAR_BODY_TIMEOUT_MS="30000")
+    stalled = [await asyncio.open_connection("127.0.0.1", server.proxy_port) for _ in range(32)]
     try:
-        assert await until(lambda: _gate_held(server, 1))
-        async with (
-            aiohttp.ClientSession() as s,
-            s.post(proxy_url(server) + "/v1/completions", json={"prompt": "hi"}) as r,
-        ):
-            assert r.status == 503
-            assert error_of(await r.read())["code"] == "edge_busy"
-            assert r.headers["Retry-After"] == "1"
+        for _reader, writer in stalled:
+            writer.write(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n")
+        assert await until(lambda: _seen_heads(server, 32))
+        async with aiohttp.ClientSession() as s:
+            async with s.get(proxy_url(server) + "/v1/models") as r:
+                assert r.status == 200
+            async with s.post(proxy_url(server) + "/v1/completions", json=COMPLETION) as r:
+                assert r.status == 200
+        assert server.gate.refused == 0
+        assert double.seen == [("GET", "/v1/models"), ("POST", "/v1/completions")]
     finally:
-        writer.close()
-        del reader
+        for _reader, writer in stalled:
+            writer.close()
+
+
+async def _seen_heads(server: SidecarServer, n: int) -> bool:
+    return server.proxy_connections is not None and server.proxy_connections.open >= n
+
+
+async def test_prompt_counting_is_capped_by_the_gate(edge: Start, double: EngineDouble) -> None:
+    """With one slot for checking and counting, a second priced request while the engine still
+    counts the first one's prompt is refused 503 edge_busy at once."""
+    server = await edge(SIDECAR_MAX_PRE_ADMISSION="1", SIDECAR_PROMPT_TOKENS="engine")
+    async with aiohttp.ClientSession() as s:
+        held = asyncio.create_task(
+            s.post(proxy_url(server) + "/v1/completions", json=COMPLETION,
+                   headers={"x-double": "held"})
+        )  # fmt: skip
+        try:
+            assert await until(lambda: _gate_held(server, 1))
+            async with s.post(proxy_url(server) + "/v1/completions", json=COMPLETION) as r:
+                assert r.status == 503
+                assert error_of(await r.read())["code"] == "edge_busy"
+                assert r.headers["Retry-After"] == "1"
+        finally:
+            double.released.set()
+            (await held).release()
+    assert await until(lambda: _gate_held(server, 0))
 
 
 async def _gate_held(server: SidecarServer, n: int) -> bool:
     return server.gate.held == n
+
+
+async def test_a_trickled_body_is_cut_at_its_floor_with_a_408(
+    edge: Start, double: EngineDouble
+) -> None:
+    """A byte every 50 ms (20 B/s) under a 1,000 B/s floor is cut once the grace is over, long
+    before the 30 s body timeout; nothing reaches the engine."""
+    server = await edge(
+        SIDECAR_BODY_TIMEOUT_MS="30000", SIDECAR_BODY_MIN_RATE="1000",
+        SIDECAR_BODY_RATE_GRACE_MS="300",
+    )  # fmt: skip
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.proxy_port)
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n")
+
+    async def trickle() -> None:
+        for _ in range(500):
+            writer.write(b" ")
+            await asyncio.sleep(0.05)
+
+    trickling = asyncio.create_task(trickle())
+    try:
+        async with asyncio.timeout(5):
+            answer = await reader.readuntil(b"}}")
+    finally:
+        trickling.cancel()
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 408")
+    assert b'"body_timeout"' in answer
+    assert double.seen == []
+
+
+async def test_a_body_above_its_floor_is_read_whole(edge: Start, double: EngineDouble) -> None:
+    """A body sent in pieces far above the floor (100 B every 10 ms against 100 B/s) is read to
+    its end and forwarded."""
+    server = await edge(SIDECAR_BODY_MIN_RATE="100", SIDECAR_BODY_RATE_GRACE_MS="200")
+    body = json.dumps(COMPLETION).encode() + b" " * 2000  # JSON may end in white space
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.proxy_port)
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    try:
+        for start in range(0, len(body), 100):
+            writer.write(body[start : start + 100])
+            await asyncio.sleep(0.01)
+        async with asyncio.timeout(5):
+            assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+    finally:
+        writer.close()
+    assert double.seen == [("POST", "/v1/completions")]
 
 
 async def test_drain_past_its_grace_ends_streams_in_band(edge: Start) -> None:

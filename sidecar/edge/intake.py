@@ -1,6 +1,7 @@
-"""The work done before admission: reading the body (bounded in size and time), checking it and,
-where configured, counting its prompt at the engine. All of it runs inside the edge's Gate, so
-only so many requests are ever buffered and parsed at once."""
+"""The work done before admission: reading the body (bounded in size, time and pace), then checking
+it and, where configured, counting its prompt at the engine. Only the checking and the counting run
+inside the edge's Gate: a body is awaited outside it, so a client that never sends one holds its
+own connection and nothing else."""
 
 from __future__ import annotations
 
@@ -16,26 +17,34 @@ from sidecar.core.request_checks import (
     enforce_prompt_budget,
     with_prompt_tokens,
 )
+from sidecar.edge.limits import BodyLimits
 from sidecar.edge.prompt_count import EnginePromptCounter
 from sidecar.edge.request import Request
 
 
-async def read_body(request: Request, timeout_s: float) -> bytes:
-    """The whole body, within the size limit and ``timeout_s``; RequestError/EdgeRefusedError."""
+async def read_body(request: Request, limits: BodyLimits) -> bytes:
+    """The whole body, within the size limit, ``limits.timeout_s`` and the floor on its pace;
+    RequestError, or EdgeRefusedError ``body_timeout`` (408) when it is too late or too slow."""
     expect = request.headers.get("Expect")
     if expect is not None:
         _check_expectation(expect)
     if request.complete or request.fault is not None:  # read() cannot wait: no timer
         return await request.read()
-    try:
-        async with asyncio.timeout(timeout_s):
-            # Only now, once the request was routed and let through the gate, so a refused one
-            # never makes its client send the body.
-            if expect is not None and request.version >= (1, 1):
-                request.send_continue()
-            return await request.read()
-    except TimeoutError as exc:
-        raise EdgeRefusedError("body_timeout") from exc
+    # Only now, once the request was routed and checked, so a refused one never makes its
+    # client send the body.
+    if expect is not None and request.version >= (1, 1):
+        request.send_continue()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while True:
+        check_at = limits.check_at(started, request.received)
+        try:
+            async with asyncio.timeout_at(check_at):
+                return await request.read()
+        except TimeoutError as exc:
+            # More bytes may have come since the check was set: it moves on if so.
+            if loop.time() >= limits.check_at(started, request.received):
+                raise EdgeRefusedError("body_timeout") from exc
 
 
 def _check_expectation(expect: str) -> None:
@@ -63,17 +72,15 @@ def require_json(request: Request) -> None:
 
 
 async def checked_request(
-    request: Request,
+    body: bytes,
     endpoint: Endpoint,
     budget: TokenPolicy,
     *,
-    body_timeout_s: float,
     counter: EnginePromptCounter | None,
     headers: Mapping[str, str],
 ) -> CheckedRequest:
-    """The request, validated and budgeted; its prompt counted by the engine where configured."""
-    require_json(request)
-    checked = check_request(await read_body(request, body_timeout_s), endpoint, budget)
+    """The body, validated and budgeted; its prompt counted by the engine where configured."""
+    checked = check_request(body, endpoint, budget)
     if checked.tokenize is None or counter is None:
         return checked
     tokens = await counter.count(checked.tokenize, headers)

@@ -1,6 +1,6 @@
 """The bounded edge, in plain values: the bounds of a port (its connection cap, deadlines and
-head sizes, enforced by sidecar.edge.server), the answers given at the door, and the cap on the
-work done before admission."""
+head sizes, enforced by sidecar.edge.server), the pace a request body must keep, the answers given
+at the door, and the cap on the work done before admission."""
 
 from __future__ import annotations
 
@@ -22,6 +22,26 @@ class EdgeLimits:
     max_line_size: int = 8190
     max_field_size: int = 8190
     max_headers: int = 64
+
+
+@dataclass(frozen=True, slots=True)
+class BodyLimits:
+    """How long a request body may take: ``timeout_s`` in all, and after ``grace_s`` never less
+    than ``min_rate`` bytes a second on average since it began (0: no floor). The floor is what
+    keeps a client from holding a connection with a trickle (Apache's mod_reqtimeout has the same
+    pair: a timeout and a MinRate)."""
+
+    timeout_s: float = 30.0
+    min_rate: int = 500
+    grace_s: float = 5.0
+
+    def check_at(self, started: float, received: int) -> float:
+        """When a body that began at ``started`` falls under the floor with ``received`` bytes,
+        if no more come; the overall deadline where there is no floor."""
+        deadline = started + self.timeout_s
+        if self.min_rate <= 0:
+            return deadline
+        return min(deadline, started + max(self.grace_s, received / self.min_rate))
 
 
 @dataclass(slots=True)
@@ -50,13 +70,8 @@ def raw_answer(fault: EdgeFault) -> bytes:
 
 
 class Gate:
-    """At most ``limit`` requests being read, parsed or counted at once (``with gate:``); the
-    next one is refused at once (503 ``edge_busy``), never queued.
-
-    Its own context manager, with no state per entry: ``@contextmanager`` cost ~1.5 us a request.
-    """
-
-    __slots__ = ("_limit", "held", "refused")
+    """At most ``limit`` requests being parsed, checked or counted at once (``with gate:``); the
+    next one is refused at once (503 ``edge_busy``), never queued."""
 
     def __init__(self, limit: int) -> None:
         self._limit = limit

@@ -28,8 +28,8 @@ from sidecar.edge.engine_http import EngineResponse
 from sidecar.edge.http1 import end_to_end
 from sidecar.edge.http_errors import error_response
 from sidecar.edge.in_flight import InFlight, Stop
-from sidecar.edge.intake import checked_request, read_body
-from sidecar.edge.limits import Gate
+from sidecar.edge.intake import checked_request, read_body, require_json
+from sidecar.edge.limits import BodyLimits, Gate
 from sidecar.edge.prompt_count import EnginePromptCounter
 from sidecar.edge.relay import RelayResult, relay_stream
 from sidecar.edge.request import Request
@@ -57,7 +57,7 @@ class ProxyConfig:
     tenant_of: Callable[[Mapping[str, str]], str | None]
     flat_price: Callable[[], int] = lambda: 1
     free_paths: frozenset[str] = frozenset(DEFAULT_FREE_PATHS)
-    body_timeout_s: float = 30.0
+    body: BodyLimits = field(default_factory=BodyLimits)
     write_timeout_s: float = 30.0
     sheddable: Callable[[Mapping[str, str]], bool] = lambda _headers: False
     # Adaptive admission: a request's live footprint, and what a completed one teaches.
@@ -99,7 +99,7 @@ def proxy_handler(proxy: Proxy) -> Handler:
 
 
 async def handle(proxy: Proxy, request: Request) -> Answer:
-    """Route, read and check (inside the gate), admit, forward, relay."""
+    """Route, read, check (inside the gate), admit, forward, relay."""
     # 32 hex digits like uuid4().hex, without its getrandom syscall: an id must be unique, not
     # unpredictable (a client may send its own).
     request_id = request.headers.get("X-Request-Id") or f"{random_bits(128):032x}"
@@ -131,21 +131,19 @@ def _refused(proxy: Proxy, exc: RequestError | EdgeRefusedError, started: float)
 
 
 async def _intake(request: Request, proxy: Proxy, target: Target, request_id: str) -> Job:
-    """Everything before admission, bounded by the gate: body, checks, engine prompt count."""
+    """Everything before admission: the body (outside the gate: a client that is slow to send it
+    holds only its own connection), then the checks and the engine's prompt count (inside it)."""
     config = proxy.config
+    if target.endpoint is None:
+        body = await read_body(request, config.body) if request.body_exists else None
+        return Job(target, body, config.flat_price(), stream=False, whole=False)
+    require_json(request)
+    body = await read_body(request, config.body)
+    # Built here only where the engine counts the prompt; else once, in _forward.
+    headers = _upstream_headers(request, request_id) if proxy.counter is not None else None
     with proxy.gate:
-        if target.endpoint is None:
-            body = await read_body(request, config.body_timeout_s) if request.body_exists else None
-            return Job(target, body, config.flat_price(), stream=False, whole=False)
-        # Built here only where the engine counts the prompt; else once, in _forward.
-        headers = _upstream_headers(request, request_id) if proxy.counter is not None else None
         checked = await checked_request(
-            request,
-            target.endpoint,
-            config.budget,
-            body_timeout_s=config.body_timeout_s,
-            counter=proxy.counter,
-            headers=headers or {},
+            body, target.endpoint, config.budget, counter=proxy.counter, headers=headers or {}
         )
     return Job(
         target, checked.body, config.price(checked), checked.stream, not checked.stream,
@@ -318,9 +316,7 @@ def _log_usage(body: bytes) -> int | None:
 async def passthrough(request: Request, proxy: Proxy, target: Target, request_id: str) -> Answer:
     """A free path (GET, HEAD, OPTIONS, or a configured cheap POST): forwarded without a permit."""
     try:
-        with proxy.gate:
-            timeout = proxy.config.body_timeout_s
-            body = await read_body(request, timeout) if request.body_exists else None
+        body = await read_body(request, proxy.config.body) if request.body_exists else None
         upstream = await proxy.upstream.send(
             request.method, target.path_qs, _upstream_headers(request, request_id), body
         )

@@ -37,7 +37,6 @@ class Request:
         "_chunks",
         "_continued",
         "_fault",
-        "_size",
         "_waiter",
         "body_exists",
         "client_max_size",
@@ -46,6 +45,7 @@ class Request:
         "keep_alive",
         "method",
         "raw_path",
+        "received",
         "started",
         "task",
         "transport",
@@ -76,7 +76,7 @@ class Request:
         self.started = False  # a streamed answer was begun
         self.task: asyncio.Task[None] | None = None  # the handler's, once it runs
         self._chunks: list[bytes] = []
-        self._size = 0
+        self.received = 0  # body bytes so far
         self._fault: BodyFault | None = None
         self._waiter: asyncio.Future[None] | None = None
 
@@ -101,8 +101,8 @@ class Request:
     def feed(self, data: bytes) -> None:
         if self._fault is not None:
             return
-        self._size += len(data)
-        if self._size > self.client_max_size:
+        self.received += len(data)
+        if self.received > self.client_max_size:
             self._chunks.clear()
             self.fail("too_large")
             return
@@ -133,7 +133,7 @@ class Request:
                 self._waiter = None
         if self._fault is not None:
             raise _body_error(self._fault, self.client_max_size)
-        return self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
+        return b"".join(self._chunks)
 
     def send_continue(self) -> None:
         """Tell a client that waits (curl does, for bodies over 1 KiB) to send its body."""

@@ -20,7 +20,7 @@ from sidecar.core.tenancy import compartment_key, is_sheddable, parse_names, ten
 from sidecar.edge.admin import Admin, admin_handler
 from sidecar.edge.engine_client import Upstream
 from sidecar.edge.in_flight import InFlight
-from sidecar.edge.limits import ConnectionCount, EdgeLimits, Gate
+from sidecar.edge.limits import BodyLimits, ConnectionCount, EdgeLimits, Gate
 from sidecar.edge.prompt_count import EnginePromptCounter
 from sidecar.edge.proxy import Proxy, ProxyConfig, proxy_handler
 from sidecar.edge.routes import parse_free_paths
@@ -138,7 +138,7 @@ class SidecarServer:
             price=self._price,
             flat_price=self._flat_price,
             free_paths=parse_free_paths(s.free_paths),
-            body_timeout_s=s.body_timeout_ms / 1000,
+            body=BodyLimits(s.body_timeout_ms / 1000, s.body_min_rate, s.body_rate_grace_ms / 1000),
             write_timeout_s=s.client_write_timeout_ms / 1000,
             compartment_of=partial(
                 compartment_key, by=s.compartment_by, priority_header=s.priority_header

@@ -107,11 +107,21 @@ class Settings(BaseSettings):
     body_timeout_ms: PositiveInt = Field(
         30_000, description="A request body that has not fully arrived in this time gets a 408."
     )
+    body_min_rate: NonNegativeInt = Field(
+        500,
+        description="Bytes a second a request body must average once its grace is over; a "
+        "slower one gets a 408 (0: no floor, only the body timeout).",
+    )
+    body_rate_grace_ms: PositiveInt = Field(
+        5_000, description="How long a request body may arrive slower than its floor at first."
+    )
     max_connections: PositiveInt = Field(
         512, description="Open client connections on the proxy port; more are refused with 503."
     )
     max_pre_admission: PositiveInt = Field(
-        32, description="Requests read, parsed and counted at once before admission; more: 503."
+        32,
+        description="Request bodies checked and prompts counted at once before admission (a "
+        "body is awaited outside this cap); more: 503.",
     )
     probe_timeout_ms: PositiveInt = Field(
         2_000, description="Each GPU or engine probe read is abandoned after this time."
