@@ -138,7 +138,7 @@ async def openai_client() -> AsyncIterator[OpenAIFactory]:
 
     def make(base: str, **kwargs: Any) -> openai.AsyncOpenAI:
         client = openai.AsyncOpenAI(
-            base_url=f"{base}/v1", api_key="sk-test-secret", max_retries=0, **kwargs
+            base_url=f"{base}/v1", api_key="sk-test-secret", **{"max_retries": 0, **kwargs}
         )
         clients.append(client)
         return client

@@ -341,12 +341,13 @@ class AdmissionMachine(RuleBasedStateMachine):
 
     @invariant()
     def no_waiter_that_can_never_fit(self) -> None:
-        """After any step, nothing queued is bigger than its compartment's ceiling (limit > 0)."""
+        """After any step, nothing queued is bigger than its compartment's ceiling (limit > 0);
+        one unit (a count-mode request of one sequence) is never too large: it waits."""
         if self.core.limit == 0:
             return
         caps = self._caps()
         for name, queue in self.pending.items():
-            assert all(self.cost[t][1] <= caps[name] for t in queue), "head of line blocked"
+            assert all(self.cost[t][1] <= max(1, caps[name]) for t in queue), "head of line blocked"
 
     @invariant()
     def in_flight_within_limit_except_after_a_shrink(self) -> None:

@@ -108,7 +108,9 @@ async def test_responses_budget_is_enforced(edge: Start, double: EngineDouble) -
 
 
 UNPRICEABLE = [
-    pytest.param(b'{"model":"m","prompt":"\\ud800","max_tokens":2}', 200, id="lone-surrogate"),
+    pytest.param(b'{"model":"m","prompt":"\\ud800","max_tokens":2}', 400, id="lone-surrogate"),
+    pytest.param(b'{"model":"m","prompt":"\\udc00x","max_tokens":2}', 400, id="lone-low-surrogate"),
+    pytest.param(b'{"prompt":"\\ud83d\\ude00","max_tokens":2}', 200, id="surrogate-pair"),
     pytest.param(b'{"prompt":"hi","max_tokens":' + b"9" * 5000 + b"}", 400, id="5000-digits"),
     pytest.param(b"[" * 100_000 + b"]" * 100_000, 400, id="nested-100000"),
     pytest.param(b'{"prompt": "hi", "max_tokens": 1e999}', 400, id="infinite-number"),
@@ -144,6 +146,33 @@ async def test_chat_part_text_that_is_not_a_string_is_a_400(edge: Start) -> None
     ):
         assert r.status == 400
         assert error_of(await r.read())["param"] == "messages"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param([1], id="number"),
+        pytest.param([None], id="null"),
+        pytest.param([["nested"]], id="array"),
+        pytest.param([{"type": "text", "text": "ok"}, True], id="object-then-bool"),
+    ],
+)
+async def test_chat_content_arrays_of_non_objects_are_a_400_and_reach_nothing(
+    edge: Start, double: EngineDouble, content: list[object]
+) -> None:
+    """A content array whose items are not content parts is refused; the engine never sees it."""
+    server = await edge()
+    body = {"model": "m", "messages": [{"role": "user", "content": content}]}
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(proxy_url(server) + "/v1/chat/completions", json=body) as r,
+    ):
+        assert r.status == 400
+        error = error_of(await r.read())
+    assert (error["param"], error["code"], error["type"]) == (
+        "messages", "invalid_type", "invalid_request_error",
+    )  # fmt: skip
+    assert double.seen == []
 
 
 async def test_a_declared_non_utf8_charset_is_a_415(edge: Start, double: EngineDouble) -> None:

@@ -42,7 +42,7 @@ EXPECTED = {
     "queue_full": (429, "rate_limit_error", "admission_rejected"),
     "shed": (429, "rate_limit_error", "admission_rejected"),
     "timeout": (429, "rate_limit_error", "admission_rejected"),
-    "too_large": (429, "rate_limit_error", "admission_rejected"),
+    "too_large": (400, "invalid_request_error", "admission_rejected"),
     "draining": (503, "service_unavailable", "admission_rejected"),
     "no_capacity": (503, "service_unavailable", "admission_rejected"),
     "upstream_unavailable": (502, "upstream_error", "upstream_failed"),
@@ -83,7 +83,50 @@ def test_every_row_is_declared_as_expected() -> None:
     assert all(code == row.code for code, row in table.items())
 
 
+# What each refusal tells a client about retrying, by hand: (x-should-retry, llm-d's reason).
+ADVICE = {
+    "queue_full": ("true", "rejected-saturated"),
+    "shed": ("true", "rejected-saturated"),
+    "timeout": ("true", "rejected-ttl-expired"),
+    "too_large": ("false", None),
+    "draining": ("true", "rejected-saturated"),
+    "no_capacity": ("true", "rejected-saturated"),
+}
+RETRYABLE = [reason for reason, (should, _) in ADVICE.items() if should == "true"]
+
+
 @pytest.mark.parametrize("reason", list(REJECTIONS), ids=str)
+async def test_rejection_advice_headers(answer: Fetch, reason: RejectReason) -> None:
+    """Each refusal says whether to retry, and when, in the headers the openai SDK reads."""
+    exc = AdmissionRejectedError(reason, 2.2)
+    _status, headers, _body = await answer(lambda _r: busy_response(exc, stream=False, mode="sse"))
+    should, dropped = ADVICE[reason]
+    assert headers["x-should-retry"] == should
+    assert headers.get("x-llm-d-request-dropped-reason") == dropped
+    delays = (headers.get("Retry-After"), headers.get("retry-after-ms"))
+    assert delays == (("3", "2200") if should == "true" else (None, None))
+
+
+@pytest.mark.parametrize(
+    ("estimate_s", "seconds", "millis"),
+    [
+        pytest.param(0.0004, "1", "1", id="under-a-millisecond"),
+        pytest.param(0.5, "1", "500", id="half-a-second"),
+        pytest.param(59.9991, "60", "60000", id="just-under-the-cap"),
+        pytest.param(61.0, "60", "60000", id="over-the-cap"),
+        pytest.param(3600.0, "60", "60000", id="an-hour"),
+    ],
+)
+async def test_retry_delays_agree_and_stay_within_the_sdk_limit(
+    answer: Fetch, estimate_s: float, seconds: str, millis: str
+) -> None:
+    """Both delays come from one estimate, rounded up, never 0, never past 60 s."""
+    exc = AdmissionRejectedError("queue_full", estimate_s)
+    _status, headers, _body = await answer(lambda _r: busy_response(exc, stream=False, mode="sse"))
+    assert (headers["Retry-After"], headers["retry-after-ms"]) == (seconds, millis)
+
+
+@pytest.mark.parametrize("reason", RETRYABLE, ids=str)
 async def test_rejection_as_plain_http(answer: Fetch, reason: RejectReason) -> None:
     """A rejection answers with its row's status, OpenAI body and a Retry-After."""
     exc = AdmissionRejectedError(reason, 2.2)
@@ -99,9 +142,20 @@ async def test_rejection_as_plain_http(answer: Fetch, reason: RejectReason) -> N
     assert headers["Retry-After"] == "3"
 
 
-@pytest.mark.parametrize("reason", list(REJECTIONS), ids=str)
+async def test_a_request_too_large_to_ever_run_is_a_plain_400_for_streams_too(
+    answer: Fetch,
+) -> None:
+    """Retrying cannot help a too_large request: no fallback stream, no delay, x-should-retry
+    false."""
+    exc = AdmissionRejectedError("too_large", 60.0)
+    status, headers, body = await answer(lambda _r: busy_response(exc, stream=True, mode="sse"))
+    assert (status, headers["x-should-retry"], "Retry-After" in headers) == (400, "false", False)
+    assert json.loads(body)["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("reason", RETRYABLE, ids=str)
 async def test_rejection_as_sse_fallback(answer: Fetch, reason: RejectReason) -> None:
-    """A streaming rejection is a 200 fallback event carrying the same error object."""
+    """A streaming rejection is a 200 fallback event carrying the same error object and advice."""
     exc = AdmissionRejectedError(reason, 0.6)
     status, headers, body = await answer(lambda _r: busy_response(exc, stream=True, mode="sse"))
     fallback, done, rest = body.decode().split("\n\n")
@@ -110,6 +164,8 @@ async def test_rejection_as_sse_fallback(answer: Fetch, reason: RejectReason) ->
     assert (status, headers["X-Sidecar-Outcome"], event) == (200, reason, "event: fallback")
     assert (payload["error"]["code"], payload["error"]["type"]) == (reason, EXPECTED[reason][1])
     assert payload["retry_after_s"] == 0.6
+    assert (payload["error"]["should_retry"], payload["error"]["retry_after_ms"]) == (True, 600)
+    assert (headers["retry-after-ms"], headers["x-should-retry"]) == ("600", "true")
     assert (done, rest) == ("data: [DONE]", "")
 
 

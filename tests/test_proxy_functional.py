@@ -349,7 +349,7 @@ async def test_token_mode_rejects_a_request_larger_than_the_pool(
             json={"model": "tiny-llama", "prompt": "x" * 400, "n": 3},  # 3 x 128 tokens > 256
         ) as response,
     ):
-        assert response.status == 429
+        assert (response.status, response.headers["x-should-retry"]) == (400, "false")
         assert error_of(await response.read())["code"] == "too_large"
 
 

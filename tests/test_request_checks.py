@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sidecar.core.errors import RequestError
-from sidecar.core.request_checks import TokenPolicy, check_request
+from sidecar.core.request_checks import MESSAGE_OVERHEAD_TOKENS, TokenPolicy, check_request
 
 BUDGET = TokenPolicy(max_prompt_tokens=100, max_completion_tokens=50)
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
@@ -190,3 +192,83 @@ def test_chat_prompt_counts_message_overhead_and_parts() -> None:
     ]
     checked = check_request(raw({"model": "m", "messages": messages}), "chat", BUDGET)
     assert checked.prompt_tokens == (4 + 1) + (4 + 2)
+
+
+# --- text the engine cannot take: lone surrogates, content arrays of non-objects ---------------
+
+HIGH = st.integers(0xD800, 0xDBFF)
+LOW = st.integers(0xDC00, 0xDFFF)
+
+
+def _escape(code: int) -> str:
+    return f"\\u{code:04x}"
+
+
+@given(
+    lone=st.one_of(HIGH, LOW),
+    before=st.text(max_size=8),
+    where=st.sampled_from(["prompt", "model", "key", "content"]),
+)
+def test_a_lone_surrogate_anywhere_in_the_body_is_a_400(lone: int, before: str, where: str) -> None:
+    """A JSON string holding an unpaired surrogate is refused, wherever it sits."""
+    text = json.dumps(before)[1:-1] + _escape(lone)
+    bodies = {
+        "prompt": f'{{"prompt": "{text}"}}',
+        "model": f'{{"prompt": "hi", "model": "{text}"}}',
+        "key": f'{{"prompt": "hi", "{text}": 1}}',
+        "content": f'{{"prompt": "hi", "metadata": {{"a": ["{text}"]}}}}',
+    }
+    with pytest.raises(RequestError) as caught:
+        check_request(bodies[where].encode(), "completions", BUDGET)
+    assert caught.value.code == "invalid_json"
+    assert "surrogate" in caught.value.message
+
+
+@given(high=HIGH, low=LOW)
+def test_a_surrogate_pair_is_text_and_passes(high: int, low: int) -> None:
+    """An escaped pair is one character outside the BMP: it is forwarded as it came."""
+    body = f'{{"prompt": "{_escape(high)}{_escape(low)}", "max_tokens": 5}}'.encode()
+    assert check_request(body, "completions", BUDGET).body == body
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b'{"prompt": "\\\\ud800"}', id="escaped-backslash-not-an-escape"),
+        pytest.param(b'{"prompt": "\\ud7ff\\ue000"}', id="either-side-of-the-range"),
+    ],
+)
+def test_text_that_only_looks_like_a_surrogate_passes(body: bytes) -> None:
+    """The quick scan may suspect these; the exact check lets them through."""
+    assert check_request(body, "completions", BUDGET).prompt_tokens >= 1
+
+
+@pytest.mark.parametrize(
+    ("content", "endpoint"),
+    [
+        pytest.param([1], "chat", id="chat-number"),
+        pytest.param([None], "chat", id="chat-null"),
+        pytest.param([[{"type": "text", "text": "x"}]], "chat", id="chat-nested-array"),
+        pytest.param([{"type": "text", "text": "x"}, 2.5], "chat", id="chat-part-then-float"),
+        pytest.param([False], "responses", id="responses-bool"),
+    ],
+)
+def test_content_arrays_of_non_objects_are_a_400(content: list[object], endpoint: str) -> None:
+    """Each item of a content array must be a content part (an object) or, as vLLM takes, text."""
+    if endpoint == "chat":
+        body = {"messages": [{"role": "user", "content": content}]}
+        param = "messages"
+    else:
+        body = {"input": [{"role": "user", "content": content}]}
+        param = "input"
+    with pytest.raises(RequestError) as caught:
+        check_request(raw(body), endpoint, BUDGET)  # type: ignore[arg-type]
+    assert (caught.value.code, caught.value.param) == ("invalid_type", param)
+
+
+def test_a_string_content_part_is_priced_as_text() -> None:
+    """vLLM reads a bare string in a content array as a text part: it passes, and is priced."""
+    content = ["x" * 40, {"type": "text", "text": "y" * 40}]
+    parts = {"messages": [{"role": "user", "content": content}]}
+    checked = check_request(raw(parts), "chat", BUDGET)
+    assert checked.prompt_tokens == MESSAGE_OVERHEAD_TOKENS + 20

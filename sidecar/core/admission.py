@@ -1,7 +1,7 @@
 """The admission state machine: limit, in-flight work, bounded FIFO queues; no clock, no I/O.
 
 Every call returns what happened as frozen values; the asyncio layer (``bulkhead``) turns them into
-woken waiters and timers. Costs are permits (count mode: 1 each) or bytes (token mode).
+woken waiters and timers. Costs are permits (count mode: one per sequence) or bytes (token mode).
 
 Compartments borrow: capacity another compartment leaves idle, its reserve included, may be used
 up to the borrower's cap. Nothing is revoked, so borrowed capacity comes back as that work ends;
@@ -66,7 +66,8 @@ class Admission:
         self._compartments = compartments or Compartments()
         self._set_limit(limit)
         self._max_in_flight = max_in_flight
-        # Token mode knows a request bigger than all reachable bytes can never run.
+        # A request bigger than its compartment's whole reach can never run at this limit. One
+        # unit is never refused so: in count mode it is one request, which waits as it always has.
         self._reject_oversize = reject_oversize
         names = self._compartments.names
         self._queues: dict[str, deque[_Waiter]] = {n: deque() for n in names}
@@ -292,7 +293,7 @@ class Admission:
             return "too_large"
         if cost <= self._cap[name]:
             return None
-        if self._reject_oversize and self._limit > 0 and self._ceiling is None:
+        if self._reject_oversize and self._limit > 0 and self._ceiling is None and cost > 1:
             return "too_large"
         # Cannot run at the present limit; waiting only makes sense if a queue is allowed.
         return "no_capacity" if self._max_queue == 0 else None
@@ -305,7 +306,7 @@ class Admission:
         if not self._reject_oversize or self._limit == 0 or self._ceiling is not None:
             return
         for waiter in [
-            w for w in self._queued_tickets.values() if w.cost > self._cap[w.compartment]
+            w for w in self._queued_tickets.values() if w.cost > max(1, self._cap[w.compartment])
         ]:
             self._remove_queued(waiter)
             self._rejected["too_large"] += 1

@@ -3,7 +3,8 @@
 Each refusal (the bulkhead said no) and each upstream failure (the engine let us down) is declared
 once, here, with everything that hangs off it: the HTTP status and the OpenAI error type of its
 answer, its error code (also the ``outcome`` label of ``sidecar_requests`` and the
-``X-Sidecar-Outcome`` header of a fallback), its message, and the log event that reports it.
+``X-Sidecar-Outcome`` header of a fallback), its message, the log event that reports it, and
+whether a client retrying the same request could ever succeed (``x-should-retry``).
 """
 
 from __future__ import annotations
@@ -29,11 +30,22 @@ class Refusal:
     error_type: str
     message: str
     log_event: str
+    should_retry: bool = True
+    # The value of llm-d's DROPPED_REASON_HEADER on this refusal; None: not a flow-control drop.
+    dropped_reason: str | None = None
 
 
-def _busy(code: str, status: int, message: str) -> Refusal:
+# llm-d's router says why it dropped a request in this response header, with these values
+# (llm-d-inference-scheduler pkg/common/error/error.go, commit 520af47): the sidecar's busy
+# answers use the same words, so a client behind either sees one vocabulary.
+DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
+SATURATED = "rejected-saturated"
+TTL_EXPIRED = "rejected-ttl-expired"
+
+
+def _busy(code: str, status: int, message: str, dropped: str = SATURATED) -> Refusal:
     error_type = "rate_limit_error" if status == 429 else "service_unavailable"
-    return Refusal(code, status, error_type, message, "admission_rejected")
+    return Refusal(code, status, error_type, message, "admission_rejected", dropped_reason=dropped)
 
 
 def _upstream(code: str, status: int, message: str) -> Refusal:
@@ -48,14 +60,19 @@ REJECTIONS: Mapping[RejectReason, Refusal] = {
         "shed", 429, "the server is at capacity and does not queue this priority class; retry later"
     ),
     "timeout": _busy(
-        "timeout", 429, "the request waited the maximum time for capacity; retry later"
+        "timeout", 429, "the request waited the maximum time for capacity; retry later",
+        TTL_EXPIRED,
     ),
-    "too_large": _busy(
-        "too_large", 429, "the request needs more KV cache than this server can ever hold at once"
+    # The same request can never run here: a client error, and retrying is pointless.
+    "too_large": Refusal(
+        "too_large", 400, "invalid_request_error",
+        "the request needs more capacity than this server can ever hold at once (KV cache, or a "
+        "permit per sequence: lower n, the prompt or max_tokens)",
+        "admission_rejected", should_retry=False,
     ),
     "draining": _busy("draining", 503, "the server is shutting down; retry on another replica"),
     "no_capacity": _busy("no_capacity", 503, "the server has no capacity at present; retry later"),
-}
+}  # fmt: skip
 
 UPSTREAM_FAILURES: Mapping[UpstreamFailure, Refusal] = {
     "upstream_unavailable": _upstream(

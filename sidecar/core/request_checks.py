@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -24,6 +25,9 @@ ECHO_DIGITS = 24
 MESSAGE_OVERHEAD_TOKENS = 4
 # json.loads(text) with no options is this decoder's decode(): called straight, a frame fewer.
 _DECODER = json.JSONDecoder()
+# A \uD800-\uDFFF escape: only a body with one can hold a lone surrogate (raw UTF-8 cannot encode
+# one: the strict decode refuses it), so only such bodies pay for the exact check.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,21 @@ def _parse_object(raw: bytes) -> dict[str, Any]:
         raise RequestError(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object", code="invalid_json")
+    if _SURROGATE_ESCAPE.search(text):
+        _refuse_lone_surrogates(body)
     return body
+
+
+def _refuse_lone_surrogates(body: dict[str, Any]) -> None:
+    """A string with an unpaired surrogate (``"\\ud800"``) is valid JSON but no text: engines fail
+    on it with a 500 (UTF-8 cannot encode it), so it is the client's error, told here."""
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        message = "request body holds a lone UTF-16 surrogate (e.g. \\ud800): send valid Unicode"
+        raise RequestError(message, code="invalid_json") from exc
+    except (RecursionError, ValueError) as exc:
+        raise RequestError("request body is nested too deeply", code="invalid_json") from exc
 
 
 def _serialise(body: dict[str, Any]) -> bytes:
@@ -223,11 +241,21 @@ def _message_text(message: dict[str, Any], param: str = "messages") -> str:
     if content is None or isinstance(content, str):
         return content or ""
     if isinstance(content, list):
-        return "".join(_part_text(part, param) for part in content if isinstance(part, dict))
+        return "".join(_part_text(part, param) for part in content)
     raise RequestError("message 'content' must be a string or an array", param=param)
 
 
-def _part_text(part: dict[str, Any], param: str) -> str:
+def _part_text(part: object, param: str) -> str:
+    """A content part is an object (``{"type": "text", "text": ...}``, an image...); vLLM also
+    takes a bare string as a text part. Anything else never reaches the engine."""
+    if isinstance(part, str):
+        return part
+    if not isinstance(part, dict):
+        raise RequestError(
+            "each item of a message's 'content' array must be an object (a content part)",
+            param=param,
+            code="invalid_type",
+        )
     text = part.get("text")
     if text is None or isinstance(text, str):
         return text or ""
@@ -278,5 +306,5 @@ def _is_token_id(item: object) -> bool:
 def _text_tokens(text: str, budget: TokenPolicy) -> int:
     if not text:
         return 0
-    # surrogatepass: a lone surrogate ("\ud800" in the JSON) is priced, not a crash.
+    # surrogatepass: a lone surrogate was refused already, but pricing must never crash on one.
     return math.ceil(len(text.encode("utf-8", "surrogatepass")) / budget.prompt_bytes_per_token)

@@ -12,30 +12,43 @@ import json
 from typing import Literal
 
 from sidecar.core.errors import AdmissionRejectedError
-from sidecar.edge.http_errors import error_response, refusal_body, retry_after_header
+from sidecar.edge.http_errors import (
+    SDK_MAX_RETRY_S,
+    error_response,
+    refusal_body,
+    refusal_headers,
+    retry_headers,
+)
 from sidecar.edge.response import Response
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def fallback_event(exc: AdmissionRejectedError) -> bytes:
-    """The SSE bytes of a fallback: one ``fallback`` event, then ``[DONE]``."""
+    """The SSE bytes of a fallback: one ``fallback`` event, then ``[DONE]``.
+
+    The error object carries the same retry advice as the HTTP answer's headers (an SDK raises
+    on the event; these fields are for the code that catches it): ``should_retry``, and where it
+    is true ``retry_after_ms``; ``retry_after_s`` stays beside the error for older readers.
+    """
     payload = refusal_body(exc.refusal, exc.message)
-    data = {**payload, "retry_after_s": round(exc.retry_after_s, 1)}
+    should = exc.refusal.should_retry
+    advice = retry_headers(exc.retry_after_s, should_retry=should)
+    payload["error"]["should_retry"] = should
+    if should:
+        payload["error"]["retry_after_ms"] = int(advice["retry-after-ms"])
+    data = {**payload, "retry_after_s": round(min(exc.retry_after_s, SDK_MAX_RETRY_S), 1)}
     return f"event: fallback\ndata: {json.dumps(data)}\n\ndata: [DONE]\n\n".encode()
 
 
 def busy_response(
     exc: AdmissionRejectedError, *, stream: bool, mode: Literal["sse", "http"]
 ) -> Response:
-    """The whole busy answer for a rejected request."""
-    if not stream or mode == "http":
+    """The whole busy answer for a rejected request; a refusal that is the request's own fault
+    (``too_large``, a 4xx) is a plain HTTP error for streams too: no retry can help it."""
+    if not stream or mode == "http" or not exc.refusal.should_retry:
         return error_response(exc)
-    headers = {
-        **SSE_HEADERS,
-        "Retry-After": retry_after_header(exc.retry_after_s),
-        "X-Sidecar-Outcome": exc.refusal.code,
-    }
+    headers = {**SSE_HEADERS, **refusal_headers(exc), "X-Sidecar-Outcome": exc.refusal.code}
     return Response(
         200, fallback_event(exc), headers, content_type="text/event-stream; charset=utf-8"
     )

@@ -18,7 +18,7 @@ from sidecar.core.errors import (
     SidecarError,
     UpstreamError,
 )
-from sidecar.core.outcomes import Refusal
+from sidecar.core.outcomes import DROPPED_REASON_HEADER, Refusal
 from sidecar.edge.response import Response
 
 
@@ -29,9 +29,31 @@ def error_body(
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
+# The longest wait we ask for. The openai SDK honours a server's delay only within
+# 0 < delay <= its limit (60 s in openai 1.x, MAX_RETRY_AFTER_DELAY = 120 s in 3.x), beyond which it
+# falls back to its own backoff (1.x) or gives up (3.x): 60 s is inside both.
+SDK_MAX_RETRY_S = 60.0
+
+
 def retry_after_header(retry_after_s: float) -> str:
     """``Retry-After`` takes whole seconds; round up so a client never comes back too early."""
-    return str(max(1, math.ceil(retry_after_s)))
+    return str(max(1, math.ceil(min(retry_after_s, SDK_MAX_RETRY_S))))
+
+
+def retry_headers(retry_after_s: float, *, should_retry: bool) -> dict[str, str]:
+    """What tells a client (and the openai SDK, which reads them) whether and when to retry.
+
+    ``retry-after-ms`` (read first by the SDK) and ``Retry-After`` come from the same estimate;
+    ``x-should-retry: false`` where the same request can never succeed, and then no delay at all.
+    """
+    if not should_retry:
+        return {"x-should-retry": "false"}
+    wait_ms = max(1, math.ceil(min(retry_after_s, SDK_MAX_RETRY_S) * 1000))
+    return {
+        "Retry-After": retry_after_header(retry_after_s),
+        "retry-after-ms": str(wait_ms),
+        "x-should-retry": "true",
+    }
 
 
 def json_error(
@@ -56,18 +78,26 @@ def error_response(exc: SidecarError) -> Response:
     """Map a sidecar error to its HTTP answer; unknown errors are a 500, never a traceback."""
     if isinstance(exc, RequestError):
         return json_error(
-            exc.status, exc.message, type_="invalid_request_error", code=exc.code, param=exc.param
-        )
+            exc.status, exc.message, type_="invalid_request_error", code=exc.code, param=exc.param,
+            headers=retry_headers(0.0, should_retry=False),
+        )  # fmt: skip
     if isinstance(exc, AdmissionRejectedError):
-        return _refusal_response(
-            exc.refusal, exc.message, {"Retry-After": retry_after_header(exc.retry_after_s)}
-        )
+        return _refusal_response(exc.refusal, exc.message, refusal_headers(exc))
     if isinstance(exc, UpstreamError):
         return _refusal_response(exc.refusal, str(exc), {})
     if isinstance(exc, EdgeRefusedError):
-        retry = {"Retry-After": "1"} if exc.refusal.status == 503 else {}
+        retry = retry_headers(1.0, should_retry=True) if exc.refusal.status == 503 else {}
         return _refusal_response(exc.refusal, exc.refusal.message, retry)
     return json_error(500, "internal sidecar error", type_="server_error", code="internal_error")
+
+
+def refusal_headers(exc: AdmissionRejectedError) -> dict[str, str]:
+    """The retry advice and llm-d's dropped-reason header of an admission refusal."""
+    refusal = exc.refusal
+    headers = retry_headers(exc.retry_after_s, should_retry=refusal.should_retry)
+    if refusal.dropped_reason is not None:
+        headers[DROPPED_REASON_HEADER] = refusal.dropped_reason
+    return headers
 
 
 def _refusal_response(refusal: Refusal, message: str, headers: dict[str, str]) -> Response:

@@ -104,10 +104,10 @@ class SidecarServer:
                 self.metrics.shadow_rejected(event.reason)
 
     def _price(self, request: CheckedRequest) -> int:
-        """Token mode: every sequence's own worst case in KV bytes. Count mode: one permit per
-        request, as the plan counts them (use token mode where `n` > 1 or batches are common)."""
+        """Token mode: every sequence's own worst case in KV bytes. Count mode: a permit per
+        sequence (`n`, a batch's prompts), since each pins a worst-case request's KV cache."""
         if self.settings.admission == "count":
-            return 1
+            return request.sequences
         per_sequence = self.controller.cost.request_bytes(
             request.prompt_tokens + request.completion_tokens
         )

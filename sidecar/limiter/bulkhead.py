@@ -51,7 +51,7 @@ class Bulkhead:
             max_queue=max_queue,
             compartments=compartments,
             max_in_flight=max_in_flight,
-            reject_oversize=mode != "count",
+            reject_oversize=True,
         )
         self._ledger = Ledger()
         self._mode: Mode = mode
@@ -147,7 +147,7 @@ class Bulkhead:
             self.sync()
         usage = permit._asked
         decision = self._core.request(
-            permit.cost if self._mode != "count" else 1,
+            permit.cost,
             permit.compartment,
             usage.worst() if usage is not None else None,
             may_wait=permit._may_wait,
@@ -297,7 +297,7 @@ class Bulkhead:
 
     def _return_grant(self, ticket: int, cost: int, outcome: Outcome) -> None:
         if self._core.is_granted(ticket):
-            amount = 1 if self._mode == "count" else cost
+            amount = cost
             if self._ledger.streams:  # adaptive with streams open; else no ledger work at all
                 self.sync()
                 usage = self._ledger.close(ticket)
