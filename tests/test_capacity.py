@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -10,14 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.core.capacity import Budget, KvCost, MemoryInputs, Source, Term, make_plan
+from sidecar.core.config_json import LayerKind, ModelSpec, spec_from_config
 from sidecar.core.errors import ConfigError, PlanError
-from sidecar.core.model_spec import (
-    LayerKind,
-    ModelSpec,
-    load_model_spec,
-    preset_names,
-    spec_from_config,
-)
+from sidecar.core.model_spec import load_model_spec, preset_names
+from sidecar.core.parallelism import valid_tp_sizes
 
 CONFIGS = Path(__file__).parent / "configs"
 GiB = 1024**3
@@ -70,6 +67,16 @@ def memory(vram: int, weights: int, overhead: int, neighbours: int = 0) -> Memor
         pytest.param("nemotron-h-8b", "auto", 1, 16_384, 16_384, id="nemotron-h-4-attention"),
         pytest.param("qwen3-next-80b-a3b", "auto", 1, 24_576, 24_576, id="qwen3-next-12-full"),
         pytest.param("tiny-llama", "auto", 1, 1_024, 1_024, id="vllm-tiny-llama-fp32"),
+        # the large presets: 2 x layers x KV heads x head_dim x 2 B (bf16)
+        pytest.param("llama-3.1-70b", "auto", 1, 327_680, 327_680, id="llama-70b-80x8x128"),
+        pytest.param("llama-3.1-70b", "auto", 8, 40_960, 327_680, id="llama-70b-tp8-one-head"),
+        pytest.param("qwen2.5-72b", "auto", 4, 81_920, 327_680, id="qwen2.5-72b-tp4"),
+        pytest.param("qwen3-32b", "auto", 1, 262_144, 262_144, id="qwen3-32b-64x8x128"),
+        pytest.param("qwen3-30b-a3b", "auto", 1, 98_304, 98_304, id="qwen3-moe-48x4x128"),
+        pytest.param("gpt-oss-20b", "auto", 1, 49_152, 49_152, id="gpt-oss-20b-24x8x64"),
+        pytest.param("gpt-oss-120b", "auto", 1, 73_728, 73_728, id="gpt-oss-120b-36x8x64"),
+        pytest.param("gpt-oss-120b", "fp8", 2, 18_432, 36_864, id="gpt-oss-120b-fp8-tp2"),
+        pytest.param("mistral-small-3.1-24b", "auto", 2, 81_920, 163_840, id="mistral-small-tp2"),
     ],
 )
 def test_bytes_per_token(name: str, kv_dtype: str, tp: int, per_gpu: int, whole: int) -> None:
@@ -99,6 +106,13 @@ def test_bytes_per_token(name: str, kv_dtype: str, tp: int, per_gpu: int, whole:
         # 1000 tokens take 8 blocks of 128 = 1024 slots
         pytest.param("tiny-llama", 128, 1_000, 1_048_576, id="tiny-llama-block-rounding"),
         pytest.param("tiny-llama", 128, 1_024, 1_048_576, id="tiny-llama-exact-blocks"),
+        # 18 full x 1000 + 18 sliding x 128 slots, 2 x 8 x 64 x 2 = 2048 B per layer-token
+        pytest.param("gpt-oss-120b", None, 1_000, 20_304 * 2_048, id="gpt-oss-120b-window-128"),
+        # blocks of 16: a 128-token window may straddle 9 blocks = 144 slots; 1000 -> 1008
+        pytest.param(
+            "gpt-oss-120b", 16, 1_000, (18 * 1_008 + 18 * 144) * 2_048, id="gpt-oss-blocks"
+        ),
+        pytest.param("qwen3-30b-a3b", None, 4_000, 4_000 * 98_304, id="qwen3-moe-no-window"),
     ],
 )
 def test_request_bytes(name: str, block: int | None, tokens: int, expected: int) -> None:
@@ -117,13 +131,15 @@ PRICED = [
     name=st.sampled_from(PRICED),
     tokens=st.integers(min_value=1, max_value=300_000),
     block=st.one_of(st.none(), st.sampled_from([1, 16, 32, 128, 256])),
-    tp=st.sampled_from([1, 2, 8]),
+    data=st.data(),
 )
 def test_request_bytes_is_every_attention_layer_summed(
-    name: str, tokens: int, block: int | None, tp: int
+    name: str, tokens: int, block: int | None, data: st.DataObject
 ) -> None:
     """Priced per layer kind, a request costs what summing its slots layer by layer gives."""
-    cost = KvCost(model(name), block_size=block, tp=tp)
+    spec = model(name)
+    tp = data.draw(st.sampled_from([t for t in valid_tp_sizes(spec) if t <= 16]), label="tp")
+    cost = KvCost(spec, block_size=block, tp=tp)
     per_layer = sum(
         cost.tokens_held(kind, tokens)
         for kind in cost.spec.layers
@@ -282,3 +298,67 @@ def test_permits_never_fall_when_the_budget_shrinks(
     full = make_plan(cost, declared("kv_pool_per_gpu", pool), Budget(tokens, 0), alpha)
     less = make_plan(cost, declared("kv_pool_per_gpu", pool), Budget(smaller, 0), alpha)
     assert less.permits >= full.permits
+
+
+@pytest.mark.parametrize(
+    ("name", "tp", "broken"),
+    [
+        # vllm/config/model.py verify_with_parallel_config: 32 % 3 != 0; and the KV rule
+        # (vllm/model_executor/layers/linear.py QKVParallelLinear): 8 % 3 != 0, 3 % 8 != 0
+        pytest.param("llama-3.1-8b", 3, ["attention heads", "KV heads"], id="llama-tp3-both"),
+        # 28 % 7 == 0, but 4 KV heads neither split over 7 GPUs nor replicate evenly on them
+        pytest.param("qwen2.5-7b", 7, ["KV heads"], id="qwen-tp7-kv-only"),
+        pytest.param("qwen2.5-7b", 8, ["attention heads"], id="qwen-tp8-heads-only"),
+        pytest.param("llama-3.1-8b", 16, [], id="llama-tp16-replicates-kv"),
+        pytest.param("qwen2.5-7b", 28, [], id="qwen-tp28-replicates-kv-7x"),
+        pytest.param("gpt-oss-120b", 8, [], id="gpt-oss-tp8"),
+        pytest.param("deepseek-v3", 3, ["attention heads"], id="mla-tp3-heads"),
+        pytest.param("deepseek-v3", 16, [], id="mla-tp16"),
+    ],
+)
+def test_tensor_parallel_sizes_vllm_refuses(name: str, tp: int, broken: list[str]) -> None:
+    """A TP size vLLM refuses is refused with each broken rule named; one it accepts prices."""
+    if not broken:
+        assert KvCost(model(name), tp=tp).tp == tp
+        return
+    with pytest.raises(ConfigError) as refused:
+        KvCost(model(name), tp=tp)
+    message = str(refused.value)
+    assert message.startswith(f"vLLM refuses tensor parallel size {tp} for {name}: ")
+    assert [rule for rule in ("attention heads", "KV heads") if rule in message] == broken
+
+
+def test_mla_has_no_kv_heads_to_split() -> None:
+    """MLA keeps one latent per layer: a KV-head count TP could not split does not matter."""
+    preset = resources.files("sidecar.core") / "presets" / "deepseek-v3.json"
+    cfg = json.loads(preset.read_text(encoding="utf-8"))
+    spec = spec_from_config(cfg | {"num_key_value_heads": 6}, "deepseek-v3-kv6")
+    assert KvCost(spec, tp=8).bytes_per_token_per_gpu == 70_272
+
+
+@pytest.mark.parametrize(
+    ("name", "sizes"),
+    [
+        pytest.param("llama-3.1-8b", [1, 2, 4, 8, 16, 32], id="llama-32-heads-8-kv"),
+        pytest.param("qwen2.5-7b", [1, 2, 4, 28], id="qwen-28-heads-4-kv"),
+        pytest.param("qwen3-30b-a3b", [1, 2, 4, 8, 16, 32], id="qwen3-moe-32-heads-4-kv"),
+        pytest.param("falcon-7b", [1, 71], id="falcon-71-heads-mqa"),
+    ],
+)
+def test_valid_tp_sizes(name: str, sizes: list[int]) -> None:
+    """The sizes the error offers are exactly those both of vLLM's rules accept."""
+    assert valid_tp_sizes(model(name)) == sizes
+
+
+def test_undeclared_neighbours_are_a_default() -> None:
+    """Memory inputs that name no neighbours say so: 0 B by default, not a declared 0."""
+    plan = make_plan(
+        KvCost(model("qwen2.5-7b")),
+        MemoryInputs(
+            declared("vram_total", 8 * GiB), declared("weights", 5 * GiB), declared("overhead", GiB)
+        ),
+        Budget(3_000, 1_000),
+        0.8,
+    )
+    neighbours = next(t for t in plan.terms if t.name == "neighbours")
+    assert (neighbours.bytes, neighbours.source) == (0, Source.DEFAULT)

@@ -1,20 +1,26 @@
-"""Tests for sidecar.core.model_spec: reading KV-cache shapes from real-shaped config.json files."""
+"""Tests for sidecar.core.config_json and model_spec: KV-cache shapes from real-shaped config.json
+files, and finding a model's config and weights (path, directory, Hugging Face cache, preset)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sidecar.core.capacity import Source, Term
+from sidecar.core.config_json import LayerKind, ModelSpec, spec_from_config
 from sidecar.core.errors import ModelConfigError
+from sidecar.core.hub_cache import hub_cache_dir
 from sidecar.core.model_spec import (
-    LayerKind,
-    ModelSpec,
+    SAFETENSORS_INDEX,
+    load_model,
     load_model_spec,
     preset_names,
-    spec_from_config,
     weights_bytes_in,
 )
 
@@ -258,3 +264,221 @@ def test_other_versions_do_not_borrow_a_preset() -> None:
     """Mistral v0.3 (no sliding window) must not silently use the v0.1 preset."""
     with pytest.raises(ModelConfigError, match="no preset"):
         load_model_spec("mistralai/Mistral-7B-Instruct-v0.3")
+
+
+# Each preset's weight bytes, with where the figure was published. The Hub's safetensors index
+# gives "metadata": {"total_size": N}; where it could not be found, parameters x 2 B (bfloat16).
+PRESET_WEIGHTS = [
+    pytest.param("deepseek-v3", 688_586_727_753, "index.json total_size", id="deepseek-v3-index"),
+    pytest.param("gemma-2-9b", 18_483_411_968, "index.json total_size", id="gemma-2-9b-index"),
+    # the Hub counts 12,187,325,040 safetensors parameters for google/gemma-3-12b-it
+    pytest.param(
+        "gemma-3-12b", 24_374_650_080, "estimated from 12,187,325,040", id="gemma-3-12b-params"
+    ),
+    pytest.param("gpt-oss-20b", 13_761_264_768, "openai/gpt-oss-20b", id="gpt-oss-20b-index"),
+    pytest.param("gpt-oss-120b", 65_248_815_744, "openai/gpt-oss-120b", id="gpt-oss-120b-index"),
+    pytest.param("jamba-1.5-mini", 103_140_646_656, "index.json", id="jamba-mini-index"),
+    pytest.param("llama-3.1-8b", 16_060_522_496, "index.json", id="llama-8b-index"),
+    # 70,553,706,496 parameters x 2 B: 80 x (Q,K,V,O + 3 x 8192 x 28672 + norms) + 2 x embeddings
+    pytest.param("llama-3.1-70b", 141_107_412_992, "Llama-3.1-70B", id="llama-70b-index"),
+    pytest.param("mistral-7b", 14_483_464_192, "index.json", id="mistral-7b-index"),
+    pytest.param(
+        "mistral-small-3.1-24b",
+        48_022_722_560,
+        "estimated from 24,011,361,280 parameters x 2 B",
+        id="mistral-small-params",
+    ),
+    pytest.param("qwen2.5-7b", 15_231_233_024, "index.json", id="qwen2.5-7b-index"),
+    pytest.param("qwen2.5-72b", 145_412_407_296, "Qwen2.5-72B", id="qwen2.5-72b-index"),
+    pytest.param("qwen3-8b", 16_381_470_720, "index.json", id="qwen3-8b-index"),
+    pytest.param("qwen3-32b", 65_524_246_528, "Qwen3-32B", id="qwen3-32b-index"),
+    pytest.param("qwen3-30b-a3b", 61_064_245_248, "Qwen3-30B-A3B", id="qwen3-30b-a3b-index"),
+]
+
+
+@pytest.mark.parametrize(("name", "size", "said"), PRESET_WEIGHTS)
+def test_presets_carry_their_weight_bytes(name: str, size: int, said: str) -> None:
+    """A preset knows its weights and says where the figure came from."""
+    weights = load_model(name).weights
+    assert weights is not None
+    assert (weights.bytes, weights.source) == (size, Source.PRESET)
+    assert weights.detail is not None
+    assert said in weights.detail
+
+
+def test_every_preset_has_a_weight_figure() -> None:
+    """A preset added without its weights would make `--model NAME --vram X` ask for them."""
+    assert sorted(str(p.values[0]) for p in PRESET_WEIGHTS) == preset_names()
+
+
+@pytest.mark.parametrize(
+    ("name", "layers", "experts"),
+    [
+        pytest.param("gpt-oss-20b", 24, 32, id="gpt-oss-20b"),
+        pytest.param("gpt-oss-120b", 36, 128, id="gpt-oss-120b"),
+    ],
+)
+def test_gpt_oss_presets_alternate_windowed_and_full_layers(
+    name: str, layers: int, experts: int
+) -> None:
+    """gpt-oss: sliding (128) then full attention, 8 KV heads of 64; no dtype in its config.json,
+    so the preset says bfloat16 as vLLM reads it from the safetensors."""
+    raw = json.loads((resources.files("sidecar.core") / "presets" / f"{name}.json").read_text())
+    assert "torch_dtype" not in raw
+    assert (raw["num_local_experts"], raw["quantization_config"]["quant_method"]) == (
+        experts,
+        "mxfp4",
+    )
+    got = load_model(name).spec
+    assert got.layers == (SLIDING, FULL) * (layers // 2)
+    assert (got.sliding_window, got.num_kv_heads, got.head_dim) == (128, 8, 64)
+    assert (got.num_attention_heads, got.dtype) == (64, "bfloat16")
+
+
+def _blob(cache: Path, repo: str, text: str | bytes) -> Path:
+    """Store content as the Hub cache does, under blobs/, named for its hash."""
+    data = text.encode() if isinstance(text, str) else text
+    blob = cache / repo / "blobs" / hashlib.sha256(data).hexdigest()
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    blob.write_bytes(data)
+    return blob
+
+
+def fake_hub_cache(
+    cache: Path, hub_id: str, files: dict[str, str | bytes], *, commit: str = "a" * 40
+) -> Path:
+    """A model in the real cache layout: refs/main names the commit, snapshots/<commit>/ links
+    each file to its blob. Returns the snapshot directory."""
+    repo = "models--" + hub_id.replace("/", "--")
+    snapshot = cache / repo / "snapshots" / commit
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        (snapshot / name).symlink_to(os.path.relpath(_blob(cache, repo, content), snapshot))
+    refs = cache / repo / "refs"
+    refs.mkdir(exist_ok=True)
+    (refs / "main").write_text(commit)
+    return snapshot
+
+
+TINY = (CONFIGS / "tiny-llama.json").read_text()
+INDEX = json.dumps({"metadata": {"total_size": 1_234_567}, "weight_map": {}})
+
+
+def test_hub_id_found_in_the_local_cache(tmp_path: Path) -> None:
+    """An id in the cache loads the cached config and measures the weights from its index,
+    ahead of the preset the same id answers to."""
+    fake_hub_cache(
+        tmp_path,
+        "Qwen/Qwen2.5-7B-Instruct",
+        {
+            "config.json": TINY,
+            SAFETENSORS_INDEX: INDEX,
+            "model-00001-of-00001.safetensors": b"\0" * 100,
+        },
+    )
+    got = load_model("Qwen/Qwen2.5-7B-Instruct", tmp_path)
+    assert (got.spec.name, got.spec.num_kv_heads, got.spec.attention_layers) == (
+        "Qwen/Qwen2.5-7B-Instruct",
+        2,
+        2,
+    )
+    assert got.weights == Term(
+        "weights",
+        1_234_567,
+        Source.MEASURED,
+        None,
+        f"{SAFETENSORS_INDEX} total_size in {tmp_path}/models--Qwen--Qwen2.5-7B-Instruct/"
+        f"snapshots/{'a' * 40}",
+    )
+    assert got.found.startswith("local Hugging Face cache: ")
+
+
+@pytest.mark.parametrize(
+    ("files", "size", "said"),
+    [
+        pytest.param(
+            {
+                "model-00001-of-00002.safetensors": b"x" * 300,
+                "model-00002-of-00002.safetensors": b"y" * 200,
+            },
+            500,
+            "2 *.safetensors files",
+            id="shards-summed-through-blob-links",
+        ),
+        pytest.param(
+            {SAFETENSORS_INDEX: INDEX, "consolidated.safetensors": b"z" * 999},
+            1_234_567,
+            "total_size",
+            id="index-ignores-consolidated-copy",
+        ),
+        pytest.param({"model.gguf": b"g" * 42}, 42, "1 *.gguf files", id="gguf"),
+    ],
+)
+def test_cached_weights_are_measured(
+    tmp_path: Path, files: dict[str, bytes], size: int, said: str
+) -> None:
+    """Weights come from the index's total_size, else the weight files' real (blob) sizes."""
+    fake_hub_cache(tmp_path, "org/model", {"config.json": TINY, **files})
+    weights = load_model("org/model", tmp_path).weights
+    assert weights is not None
+    assert (weights.bytes, weights.source) == (size, Source.MEASURED)
+    assert weights.detail is not None
+    assert said in weights.detail
+
+
+def test_cache_lookup_ignores_letter_case(tmp_path: Path) -> None:
+    """The Hub does not tell ids apart by case; neither does the lookup."""
+    fake_hub_cache(tmp_path, "Org/Model-7B", {"config.json": TINY})
+    assert load_model("org/model-7b", tmp_path).spec.num_kv_heads == 2
+
+
+def test_cache_without_refs_main_uses_its_only_snapshot(tmp_path: Path) -> None:
+    """Fetched by commit, a model has no refs/main; its one snapshot is the model."""
+    snapshot = fake_hub_cache(tmp_path, "org/model", {"config.json": TINY})
+    (snapshot.parent.parent / "refs" / "main").unlink()
+    assert load_model("org/model", tmp_path).directory == snapshot
+    fake_hub_cache(tmp_path, "org/model", {"config.json": TINY}, commit="b" * 40)
+    (snapshot.parent.parent / "refs" / "main").unlink()
+    with pytest.raises(ModelConfigError, match="several snapshots"):
+        load_model("org/model", tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("ref", "found"),
+    [
+        pytest.param("Qwen/Qwen2.5-7B-Instruct", "preset qwen2.5-7b", id="uncached-id-preset"),
+        pytest.param("qwen2.5-7b", "preset qwen2.5-7b", id="preset-name"),
+    ],
+)
+def test_uncached_ids_fall_back_to_presets(tmp_path: Path, ref: str, found: str) -> None:
+    """Not in the cache (or not an id at all): the presets answer, as before."""
+    fake_hub_cache(tmp_path, "other/model", {"config.json": TINY})
+    assert load_model(ref, tmp_path).found == found
+
+
+def test_broken_index_is_named(tmp_path: Path) -> None:
+    """An index without a usable total_size is an error, not a silent guess."""
+    fake_hub_cache(
+        tmp_path, "org/model", {"config.json": TINY, SAFETENSORS_INDEX: '{"metadata": {}}'}
+    )
+    with pytest.raises(ModelConfigError, match=r"no positive metadata\.total_size"):
+        load_model("org/model", tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        pytest.param(
+            {"HF_HUB_CACHE": "/a", "HUGGINGFACE_HUB_CACHE": "/b", "HF_HOME": "/c"},
+            "/a",
+            id="hf-hub-cache-first",
+        ),
+        pytest.param({"HUGGINGFACE_HUB_CACHE": "/b", "HF_HOME": "/c"}, "/b", id="legacy-hub-cache"),
+        pytest.param({"HF_HOME": "/c", "XDG_CACHE_HOME": "/x"}, "/c/hub", id="hf-home"),
+        pytest.param({"XDG_CACHE_HOME": "/x", "HOME": "/h"}, "/x/huggingface/hub", id="xdg"),
+        pytest.param({"HOME": "/h"}, "/h/.cache/huggingface/hub", id="home"),
+    ],
+)
+def test_hub_cache_dir_follows_huggingface_hub(env: dict[str, str], expected: str) -> None:
+    """The same variables, in the same order, as huggingface_hub's constants."""
+    assert hub_cache_dir(env) == Path(expected)

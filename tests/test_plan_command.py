@@ -18,6 +18,16 @@ BRIEF_8GIB += ["--overhead", "1.5GiB", "--max-prompt-tokens", "3000"]
 BRIEF_8GIB += ["--max-completion-tokens", "1000", "--alpha", "0.8"]
 
 
+@pytest.fixture(autouse=True)
+def empty_hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No test reads the developer's own Hugging Face cache: ids resolve to presets unless a test
+    puts the model in this empty one."""
+    cache = tmp_path / "hub-cache"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    return cache
+
+
 def plan_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
     """Run `sidecar plan --json` and parse what it printed."""
     assert main(["plan", *args, "--json"]) == 0
@@ -140,9 +150,9 @@ def test_bad_model_is_one_clear_line(
 
 
 def test_missing_memory_is_one_clear_line(capsys: pytest.CaptureFixture[str]) -> None:
-    """Without --vram/--weights or --kv-pool the user is told what to give."""
+    """Without --vram or --kv-pool the user is told what to give."""
     assert main(["plan", "--model", "qwen2.5-7b"]) == 2
-    assert "give --vram and --weights" in capsys.readouterr().err
+    assert "give --vram (and --overhead), or --kv-pool" in capsys.readouterr().err
 
 
 def test_argparse_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -172,3 +182,166 @@ def test_python_m_sidecar_plan_runs_without_traceback() -> None:
     assert bad.returncode == 2
     assert "Traceback" not in bad.stderr
     assert "cannot read size 'lots'" in bad.stderr
+
+
+def test_preset_weights_need_no_weights_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--model llama-3.1-8b --vram 80GiB` plans with the preset's published weights, and says so.
+
+    80 GiB - 16,060,522,496 B - 2 GiB = 67,691,339,776 B; 4,000 x 131,072 B = 524,288,000 B
+    per request; 67,691,339,776 / 524,288,000 x 0.8 = 103.29 -> 103."""
+    assert main(["plan", "--model", "llama-3.1-8b", "--vram", "80GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "- weights                  14.96 GiB (16,060,522,496 B)  preset" in out
+    assert "- overhead                   2.00 GiB (2,147,483,648 B)  default" in out
+    assert "weights: model.safetensors.index.json total_size of meta-llama/Llama-3.1-8B" in out
+    assert "floor(67,691,339,776 / 524,288,000 x 0.8) = floor(103.29) = 103" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "sources"),
+    [
+        pytest.param(
+            [],
+            {"weights": "preset", "overhead": "default", "neighbours": "default"},
+            id="preset-weights-default-overhead",
+        ),
+        pytest.param(
+            ["--weights", "15GB", "--overhead", "2GiB"],
+            {"weights": "declared", "overhead": "declared", "vram_total": "declared"},
+            id="typed-is-declared-even-at-the-default-value",
+        ),
+        pytest.param(
+            ["--tp", "2"],
+            {"weights": "preset", "weights_per_gpu": "derived", "kv_pool_per_gpu": "derived"},
+            id="split-weights-derived",
+        ),
+    ],
+)
+def test_each_term_says_where_it_came_from(
+    capsys: pytest.CaptureFixture[str], extra: list[str], sources: dict[str, str]
+) -> None:
+    """A typed value is declared, an untouched default is default, a preset's figure preset,
+    a computed one derived."""
+    out = plan_json(capsys, "--model", "llama-3.1-8b", "--vram", "80GiB", *extra)
+    got = {t["name"]: t["source"] for t in out["terms"]}
+    assert {name: got[name] for name in sources} == sources
+
+
+@pytest.mark.parametrize(
+    ("extra", "sources"),
+    [
+        pytest.param(
+            [],
+            {
+                "kv_dtype": "default",
+                "tensor_parallel_size": "default",
+                "max_prompt_tokens": "default",
+                "max_completion_tokens": "default",
+                "alpha": "default",
+            },
+            id="all-defaults",
+        ),
+        pytest.param(
+            ["--alpha", "0.8", "--tp", "1", "--kv-dtype", "auto", "--max-tokens", "4000"],
+            {
+                "kv_dtype": "declared",
+                "tensor_parallel_size": "declared",
+                "max_tokens": "declared",
+                "alpha": "declared",
+            },
+            id="typed-defaults-are-declared",
+        ),
+    ],
+)
+def test_inputs_say_whether_they_were_given(
+    capsys: pytest.CaptureFixture[str], extra: list[str], sources: dict[str, str]
+) -> None:
+    """--json's input_sources tell a typed input from a default one, even at the same value."""
+    out = plan_json(capsys, "--model", "qwen2.5-7b", "--kv-pool", "10GiB", *extra)
+    assert out["input_sources"] == sources
+
+
+def test_defaults_are_listed_in_the_derivation(capsys: pytest.CaptureFixture[str]) -> None:
+    """The readable form names every input nobody gave."""
+    assert main(["plan", "--model", "qwen2.5-7b", "--kv-pool", "10GiB", "--tp", "2"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == (
+        "defaults     --kv-dtype auto, --max-prompt-tokens 3000, "
+        "--max-completion-tokens 1000, --alpha 0.8 (not given)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "tp", "rule"),
+    [
+        pytest.param(
+            "llama-3.1-8b",
+            "3",
+            "the 8 KV heads must divide evenly over the GPUs or the GPUs over them",
+            id="tp3-8-kv-heads",
+        ),
+        pytest.param(
+            "qwen2.5-7b",
+            "7",
+            "(4 % 7 = 4, 7 % 4 = 3; vLLM QKVParallelLinear). Sizes it accepts: 1, 2, 4, 28",
+            id="tp7-4-kv-heads",
+        ),
+        pytest.param(
+            "gpt-oss-20b",
+            "3",
+            "the 64 attention heads must divide evenly over the GPUs (64 % 3 = 1",
+            id="tp3-64-heads",
+        ),
+    ],
+)
+def test_tp_vllm_refuses_is_one_clear_line(model: str, tp: str, rule: str) -> None:
+    """A TP size vLLM refuses exits 2 with one line naming the rule, never a traceback."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sidecar",
+            "plan",
+            "--model",
+            model,
+            "--kv-pool",
+            "1GiB",
+            "--tp",
+            tp,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.startswith(f"sidecar plan: error: vLLM refuses tensor parallel size {tp} ")
+    assert done.stderr.count("\n") == 1
+    assert rule in done.stderr
+
+
+def test_hub_id_from_the_local_cache(
+    capsys: pytest.CaptureFixture[str], empty_hub_cache: Path
+) -> None:
+    """An id in HF_HUB_CACHE plans with its cached config and measured weights, and says where."""
+    snapshot = empty_hub_cache / "models--acme--tiny" / "snapshots" / ("c" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text((CONFIGS / "tiny-llama.json").read_text())
+    (snapshot / "model.safetensors").write_bytes(b"\0" * 4096)
+    out = plan_json(capsys, "--model", "acme/tiny", "--vram", "1MiB", "--overhead", "0")
+    weights = next(t for t in out["terms"] if t["name"] == "weights")
+    assert (weights["bytes"], weights["source"]) == (4096, "measured")
+    assert out["model_found"] == f"local Hugging Face cache: {snapshot}"
+    assert main(["plan", "--model", "acme/tiny", "--vram", "1MiB", "--overhead", "0"]) == 0
+    assert f"found        local Hugging Face cache: {snapshot}" in capsys.readouterr().out
+
+
+def test_config_without_weights_asks_for_them(capsys: pytest.CaptureFixture[str]) -> None:
+    """A bare config.json tells no weight size: the error says to give --weights."""
+    tiny = str(CONFIGS / "tiny-llama.json")
+    assert main(["plan", "--model", tiny, "--vram", "1GiB"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err
+        == f"sidecar plan: error: give --weights: {tiny} tells no weight size (or give --kv-pool)\n"
+    )

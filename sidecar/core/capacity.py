@@ -11,18 +11,21 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Any
 
+from sidecar.core.config_json import DTYPE_BYTES, LayerKind, ModelSpec
 from sidecar.core.errors import ConfigError, PlanError
 from sidecar.core.exact import exact
-from sidecar.core.model_spec import DTYPE_BYTES, LayerKind, ModelSpec
+from sidecar.core.parallelism import check_tensor_parallel
 
 
 class Source(StrEnum):
-    """Where a number in the plan came from."""
+    """Where a number in the plan came from; docs/capacity-math.md explains each word."""
 
-    MEASURED = "measured"
-    ENGINE = "engine"
-    DECLARED = "declared"
-    DERIVED = "derived"
+    DECLARED = "declared"  # the user gave it: a flag or a SIDECAR_* setting
+    DEFAULT = "default"  # nobody gave it: the built-in default stands in
+    PRESET = "preset"  # a built-in preset's published figure
+    MEASURED = "measured"  # read from this machine: NVML, or the model's files on disk
+    ENGINE = "engine"  # the inference engine reported it
+    DERIVED = "derived"  # computed from other terms
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class Term:
     bytes: int
     source: Source
     observed_at: float | None = None
+    detail: str | None = None  # which file, preset or figure the number was taken from
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -40,6 +44,7 @@ class Term:
             "name": self.name,
             "bytes": self.bytes,
             "source": str(self.source),
+            "detail": self.detail,
             "observed_at": self.observed_at,
         }
 
@@ -103,6 +108,7 @@ class KvCost:
             raise ConfigError(f"tensor parallel size must be at least 1, got {self.tp}")
         if self.block_size is not None and self.block_size < 1:
             raise ConfigError(f"block size must be at least 1 token, got {self.block_size}")
+        check_tensor_parallel(self.spec, self.tp)
         object.__setattr__(self, "element_bytes", kv_dtype_bytes(self.kv_dtype, self.spec))
         object.__setattr__(self, "_full_layers", self.spec.layers.count(LayerKind.FULL))
         object.__setattr__(self, "_sliding_layers", self.spec.layers.count(LayerKind.SLIDING))
@@ -173,6 +179,7 @@ def engine_cost(bytes_per_token: int, block_size: int | None, name: str = "engin
         name=name,
         model_type="engine",
         layers=(LayerKind.FULL,),
+        num_attention_heads=1,
         num_kv_heads=1,
         head_dim=max(1, bytes_per_token),
         mla_latent_dim=max(1, bytes_per_token),
@@ -184,7 +191,7 @@ def engine_cost(bytes_per_token: int, block_size: int | None, name: str = "engin
     return KvCost(spec, "auto", 1, block_size)
 
 
-_NO_NEIGHBOURS = Term("neighbours", 0, Source.DECLARED)
+_NO_NEIGHBOURS = Term("neighbours", 0, Source.DEFAULT)
 
 
 @dataclass(frozen=True)
