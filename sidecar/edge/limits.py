@@ -53,13 +53,18 @@ class ConnectionCount:
     head_timeouts: int = 0
 
 
-def raw_answer(fault: EdgeFault) -> bytes:
-    """A complete HTTP/1.1 answer for ``fault``: OpenAI-shaped JSON, then the connection closes."""
+def raw_answer(fault: EdgeFault, message: str | None = None) -> bytes:
+    """A complete HTTP/1.1 answer for ``fault``: OpenAI-shaped JSON, then the connection closes.
+
+    ``message`` (our own words, never the client's bytes) says more than the fault's own."""
     refusal = EDGE_FAULTS[fault]
-    body = json.dumps(
-        {"error": {"message": refusal.message, "type": refusal.error_type, "param": None,
-                   "code": refusal.code}}
-    ).encode()  # fmt: skip
+    error = {
+        "message": message or refusal.message,
+        "type": refusal.error_type,
+        "param": None,
+        "code": refusal.code,
+    }
+    body = json.dumps({"error": error}).encode()
     retry = b"Retry-After: 1\r\n" if refusal.status == 503 else b""
     head = (
         f"HTTP/1.1 {refusal.status} {HTTPStatus(refusal.status).phrase}\r\n"

@@ -2,7 +2,8 @@
 
 Heads and bodies are parsed by llhttp, the C parser Node.js uses (through httptools), strictly:
 both Content-Length and Transfer-Encoding, two Content-Lengths, a bad chunk size or a bare LF are
-refused, never guessed at (request smuggling). Around it, the edge's bounds:
+refused, never guessed at (request smuggling); RFC 9112's rules on the head beyond llhttp's are
+sidecar.edge.conformance's. Around it, the edge's bounds:
 
 - at most ``max_connections`` open connections; the next gets a minimal 503 and is closed;
 - every request head must be complete within ``header_timeout_s`` of its first byte (the first
@@ -30,6 +31,7 @@ import httptools
 from multidict import CIMultiDict
 
 from sidecar.core.errors import SidecarError
+from sidecar.edge.conformance import HeadRefusedError, check_head
 from sidecar.edge.http_errors import error_response
 from sidecar.edge.limits import ConnectionCount, EdgeLimits, raw_answer
 from sidecar.edge.request import Request
@@ -41,21 +43,12 @@ log = ModuleLogger("sidecar.edge.server")
 Handler = Callable[[Request], Awaitable[Answer]]
 Due = Literal["head", "idle", "linger"]
 
-VERSIONS = {"1.1": (1, 1), "1.0": (1, 0)}
 # How long a connection closed with its request body unread keeps reading it off.
 LINGER_S = 1.0
 # A deadline's timer fires up to this early and is not re-armed for it.
 TIMER_SLACK_S = 0.001
 # A handler that failed, or an answer that cannot be sent: the same 500 as any unknown error.
 INTERNAL_ERROR = error_response(SidecarError())
-
-
-class _HeadRefusedError(Exception):
-    """A head past the edge's bounds, or one this server does not take."""
-
-
-def _codings(headers: CIMultiDict[str]) -> list[str]:
-    return [c.strip().lower() for v in headers.getall("Transfer-Encoding") for c in v.split(",")]
 
 
 class HttpServer:
@@ -156,7 +149,7 @@ class Connection(asyncio.Protocol):
         if self._in_head:
             self._head_bytes += len(data)
             if self._head_bytes > self._server.max_head_bytes:
-                self._parse_failed(_HeadRefusedError("the request head is too large"))
+                self._parse_failed(HeadRefusedError("the request head is too large"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -196,50 +189,45 @@ class Connection(asyncio.Protocol):
     def on_url(self, url: bytes) -> None:
         self._url += url
         if len(self._url) > self._limits.max_line_size:
-            raise _HeadRefusedError("the request line is too long")
+            raise HeadRefusedError("the request line is too long")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         # A call per field (~10 a request from an SDK): counted here, so that what one read can
         # pile up stays bounded; measured and decoded once, when the head is whole.
         fields = self._fields
         if len(fields) >= self._limits.max_headers:
-            raise _HeadRefusedError("too many header fields")
+            raise HeadRefusedError("too many header fields")
         fields.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         parser = self._parser
-        version = VERSIONS.get(parser.get_http_version())
-        if version is None:
-            raise _HeadRefusedError("only HTTP/1.0 and HTTP/1.1 are served")
         longest, fields = self._limits.max_field_size, []
         for name, value in self._fields:
             if len(name) + len(value) > longest:
-                raise _HeadRefusedError("a header field is too long")
+                raise HeadRefusedError("a header field is too long")
             fields.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
         headers = CIMultiDict(fields)
-        chunked = "Transfer-Encoding" in headers
-        if chunked and _codings(headers) != ["chunked"]:
-            # llhttp takes `gzip, chunked` and undoes only the chunking: the body would go on
-            # still coded, with nothing saying so (RFC 9112 6.1: a coding not understood).
-            raise _HeadRefusedError("a transfer coding other than chunked")
-        body_exists = chunked or headers.get("Content-Length", "0") != "0"
-        if body_exists and parser.should_upgrade():
-            # llhttp would hand the body over as the new protocol's bytes; there is no new one.
-            raise _HeadRefusedError("an Upgrade request with a body")
+        head = check_head(
+            parser.get_http_version(),
+            self._url.decode("utf-8", "surrogateescape"),
+            headers,
+            keep_alive=parser.should_keep_alive(),
+            upgrade=parser.should_upgrade(),
+        )
         limit = self._server.max_body_bytes
         request = Request(
             parser.get_method().decode("ascii"),
-            self._url.decode("utf-8", "surrogateescape"),
-            version,
+            head.target,
+            head.version,
             headers,
             transport=self._transport(),
             wire=self,
             client_max_size=limit,
-            keep_alive=parser.should_keep_alive(),
-            body_exists=body_exists,
+            keep_alive=head.keep_alive,
+            body_exists=head.body_exists,
         )
-        self._parsing = request if body_exists else None
+        self._parsing = request if head.body_exists else None
         declared = headers.get("Content-Length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             request.fail("too_large")  # refused at once: no 100 Continue, no wait for the body
@@ -362,12 +350,14 @@ class Connection(asyncio.Protocol):
         self._unusable = True
         reason = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else exc
         log.info("bad_request", status=400, error=type(reason or exc).__name__)
+        # A rule of ours says which one it was, in our words; llhttp's errors quote the bytes.
+        message = str(reason) if isinstance(reason, HeadRefusedError) else None
         if self._parsing is not None:  # its handler answers (a 400 for its body), then we close
             self._parsing.fail("bad_framing")
             self._parsing = None
             return
         if self.task is None and not self._queue:
-            self._transport().write(raw_answer("bad_request"))
+            self._transport().write(raw_answer("bad_request", message))
             self._end(unread=True)
 
     # One timer per connection for its deadline, moved only when a nearer one is set. It is set
