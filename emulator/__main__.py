@@ -13,7 +13,7 @@ import structlog
 from aiohttp import web
 
 from emulator.app import build_app
-from emulator.config import EmulatorConfig
+from emulator.config import ENGINES, EmulatorConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,6 +22,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m emulator", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default=defaults.engine,
+        help="whose /metrics to speak (llamacpp adds /props and /slots, and fails on overflow)",
+    )
     parser.add_argument("--model-name", default=defaults.model_name)
     parser.add_argument("--max-model-len", type=int, default=defaults.max_model_len)
     pool = parser.add_mutually_exclusive_group()
@@ -58,6 +64,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
     if args.num_gpu_blocks is not None:
         kv_tokens = args.num_gpu_blocks * args.block_size
     return EmulatorConfig(
+        engine=args.engine,
         model_name=args.model_name,
         max_model_len=args.max_model_len,
         kv_tokens=kv_tokens,
@@ -85,6 +92,7 @@ async def serve(config: EmulatorConfig, host: str, port: int) -> None:
         structlog.get_logger("emulator").info(
             "emulator_ready",
             url=f"http://{host}:{runner.addresses[0][1]}",  # the bound port, also for --port 0
+            engine=config.engine,
             model_name=config.model_name,
             num_gpu_blocks=config.num_gpu_blocks,
             block_size=config.block_size,
@@ -94,7 +102,7 @@ async def serve(config: EmulatorConfig, host: str, port: int) -> None:
             tokens_per_s=config.tokens_per_s,
             prefill_tokens_per_s=config.prefill_tokens_per_s,
             max_num_batched_tokens=config.max_num_batched_tokens,
-            oom=config.oom,
+            oom=config.fails_on_overflow,
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

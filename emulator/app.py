@@ -1,4 +1,5 @@
-"""The emulated engine's aiohttp application: vLLM's OpenAI routes, /health, /metrics, /tokenize."""
+"""The emulated engine's aiohttp application: vLLM's OpenAI routes, /health, /metrics, /tokenize;
+as llama.cpp also /props and /slots."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from emulator import tokens
+from emulator import llamacpp, tokens
 from emulator.config import EmulatorConfig
 from emulator.generation import GenerationHandler, error_response
 from emulator.kv_pool import KVPool
@@ -35,7 +36,7 @@ def build_app(
         num_blocks=config.num_gpu_blocks,
         block_size=config.block_size,
         max_num_seqs=config.max_num_seqs,
-        oom=config.oom,
+        oom=config.fails_on_overflow,
         max_num_batched_tokens=config.max_num_batched_tokens,
     )
     runner = EngineRunner(pool, cost=step_cost(config), sleep=sleep, poll_s=poll_s)
@@ -51,8 +52,14 @@ def build_app(
     app.router.add_post("/v1/completions", completion.handle)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
-    app.router.add_get("/metrics", _metrics)
+    if config.engine == "llamacpp":
+        app.router.add_get("/metrics", llamacpp.metrics_handler(pool.snapshot))
+    else:
+        app.router.add_get("/metrics", _metrics)
     app.router.add_post("/tokenize", _tokenize)
+    if config.engine == "llamacpp":
+        app.router.add_get("/props", llamacpp.props_handler(config))
+        app.router.add_get("/slots", llamacpp.slots_handler(config, pool.snapshot))
     return app
 
 
@@ -76,7 +83,7 @@ async def _models(request: web.Request) -> web.Response:
         "id": config.model_name,
         "object": "model",
         "created": 0,
-        "owned_by": "vllm",
+        "owned_by": config.engine,
         "root": config.model_name,
         "parent": None,
         "max_model_len": config.max_model_len,

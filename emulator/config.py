@@ -6,11 +6,20 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+# The engines whose metrics the emulator speaks (--engine).
+ENGINES = ("vllm", "sglang", "llamacpp")
+
 
 @dataclass(frozen=True)
 class EmulatorConfig:
-    """What the emulated engine looks like; derived KV figures follow vLLM's cache_config_info."""
+    """What the emulated engine looks like; derived KV figures follow vLLM's cache_config_info.
 
+    ``engine`` is whose metrics and endpoints it speaks. As llama.cpp, ``max_num_seqs`` is its
+    slot count (-np), ``max_model_len`` the context of one slot, and it never preempts: a pool
+    that runs dry fails its requests, as ``oom`` does.
+    """
+
+    engine: str = "vllm"
     model_name: str = "emulated-llama"
     max_model_len: int = 4096
     kv_tokens: int = 16384
@@ -34,6 +43,8 @@ class EmulatorConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         positive = (
             "max_model_len",
             "kv_tokens",
@@ -66,6 +77,11 @@ class EmulatorConfig:
     def replace(self, **changes: Any) -> EmulatorConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
+
+    @property
+    def fails_on_overflow(self) -> bool:
+        """True where a dry pool fails requests instead of preempting (--oom, llama.cpp)."""
+        return self.oom or self.engine == "llamacpp"
 
     @property
     def num_gpu_blocks(self) -> int:

@@ -1,4 +1,5 @@
-"""The emulated engine's /metrics: vLLM's family names and labels, read from the pool at scrape."""
+"""The emulated engine's /metrics: vLLM's or SGLang's family names and labels, read from the pool
+at scrape (llama.cpp's hand-written text is :mod:`emulator.llamacpp`'s)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ class EngineCollector(Collector):
              snap.generation_tokens),
         )  # fmt: skip
         for name, documentation, value in counters:
-            if name == "vllm:num_preemptions" and self._config.oom:
+            if name == "vllm:num_preemptions" and self._config.fails_on_overflow:
                 continue  # an engine that fails on overflow never preempts: no such series
             counter = CounterMetricFamily(name, documentation, labels=labels)
             counter.add_metric(values, value)
@@ -89,8 +90,65 @@ class EngineCollector(Collector):
         return family
 
 
+class SglangCollector(Collector):
+    """SGLang's families (``--enable-metrics``), as SGLang 0.5.23 declares them in
+    ``sglang/srt/observability/metrics_collector.py`` (PyPI wheel sglang-0.5.23): one scheduler,
+    TP rank 0, no data parallelism, so no ``dp_rank`` label."""
+
+    def __init__(self, config: EmulatorConfig, snapshot: Callable[[], Snapshot]) -> None:
+        self._config = config
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """The load gauges, the constants emit_constants sets, the retraction counter."""
+        snap, config = self._snapshot(), self._config
+        used = snap.used_blocks * config.block_size
+        gauges = (
+            ("sglang:num_running_reqs", "The number of running requests.", snap.running),
+            ("sglang:num_queue_reqs", "The number of requests in the waiting queue.",
+             snap.waiting),
+            ("sglang:token_usage", "The token usage.", snap.kv_usage),
+            ("sglang:num_used_tokens", "The number of used tokens.", used),
+            ("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.",
+             config.kv_cache_size_tokens),
+            ("sglang:kv_cache_memory_usage_gb", "Memory used by the KV cache pools in GB.",
+             config.kv_cache_memory_bytes / 1024**3),
+            ("sglang:page_size", "KV cache page size in tokens.", config.block_size),
+            ("sglang:num_pages", "Number of KV cache pages.", config.num_gpu_blocks),
+            ("sglang:context_len", "Maximum context length.", config.max_model_len),
+        )  # fmt: skip
+        for name, documentation, value in gauges:
+            gauge = GaugeMetricFamily(name, documentation, labels=list(self._labels()))
+            gauge.add_metric(list(self._labels().values()), value)
+            yield gauge
+        counters = (
+            ("sglang:num_retracted_requests", "Total number of retracted requests.",
+             snap.preemptions),
+            ("sglang:prompt_tokens", "Number of prefill tokens processed.", snap.prompt_tokens),
+            ("sglang:generation_tokens", "Number of generation tokens processed.",
+             snap.generation_tokens),
+        )  # fmt: skip
+        for name, documentation, value in counters:
+            if name == "sglang:num_retracted_requests" and config.fails_on_overflow:
+                continue  # an engine that fails on overflow never retracts: no such series
+            counter = CounterMetricFamily(name, documentation, labels=list(self._labels()))
+            counter.add_metric(list(self._labels().values()), value)
+            yield counter
+
+    def _labels(self) -> dict[str, str]:
+        # SchedulerMetricsCollector.init_new's labels, for one unified (not disaggregated) engine.
+        return {
+            "model_name": self._config.model_name,
+            "engine_type": "unified",
+            "tp_rank": "0",
+            "pp_rank": "0",
+            "moe_ep_rank": "0",
+        }
+
+
 def build_registry(config: EmulatorConfig, snapshot: Callable[[], Snapshot]) -> CollectorRegistry:
     """A registry of its own, so several emulators can share one process."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(EngineCollector(config, snapshot))
+    collector = SglangCollector if config.engine == "sglang" else EngineCollector
+    registry.register(collector(config, snapshot))
     return registry

@@ -10,7 +10,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from sidecar.core.errors import ProbeTemporaryError
-from sidecar.live.probes.engine import VllmMetricsProbe, parse_families, parse_metrics
+from sidecar.live.probes.engine import parse_families, parse_metrics
+from sidecar.live.probes.engine_probe import EngineMetricsProbe
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "vllm-0.32"  # captured from vLLM 0.32
 
@@ -131,11 +132,11 @@ async def test_scraper_reads_a_live_endpoint() -> None:
     """Over a real socket, with its own session and with a shared one."""
     server = await serve()
     url = str(server.make_url("/metrics"))
-    probe = VllmMetricsProbe(url, clock=lambda: 3.0)
+    probe = EngineMetricsProbe(url, clock=lambda: 3.0)
     try:
         own = await probe.read()
         async with aiohttp.ClientSession() as session:
-            shared = await VllmMetricsProbe(url, session=session).read()
+            shared = await EngineMetricsProbe(url, session=session).read()
     finally:
         await probe.close()
         await server.close()
@@ -152,7 +153,7 @@ async def test_failing_engine_is_a_temporary_probe_error(status: int, message: s
     """A non-200 answer is worth retrying next tick."""
     server = await serve(status=status)
     try:
-        probe = VllmMetricsProbe(str(server.make_url("/metrics")))
+        probe = EngineMetricsProbe(str(server.make_url("/metrics")))
         with pytest.raises(ProbeTemporaryError, match=message):
             await probe.read()
         await probe.close()
@@ -162,7 +163,7 @@ async def test_failing_engine_is_a_temporary_probe_error(status: int, message: s
 
 async def test_unreachable_engine_is_a_temporary_probe_error() -> None:
     """Nothing listening: a clear temporary error naming the URL."""
-    probe = VllmMetricsProbe("http://127.0.0.1:9/metrics")
+    probe = EngineMetricsProbe("http://127.0.0.1:9/metrics")
     with pytest.raises(ProbeTemporaryError, match=r"127\.0\.0\.1:9/metrics unreachable"):
         await probe.read()
     await probe.close()
@@ -172,7 +173,7 @@ async def test_every_scrape_reuses_one_kept_alive_connection() -> None:
     """Ticks after the first open no new connection; close() ends the probe's own session."""
     peers: list[object] = []
     server = await serve(peers=peers)
-    probe = VllmMetricsProbe(str(server.make_url("/metrics")))
+    probe = EngineMetricsProbe(str(server.make_url("/metrics")))
     try:
         for _ in range(3):
             await probe.read()

@@ -92,6 +92,8 @@ def capacity_document(admin: Admin) -> dict[str, Any]:
         "plan_age_s": state["plan_age_s"],
         "warnings": state["warnings"],
         "served_model": state["served_model"],
+        "engine": (state["engine"] or {}).get("engine"),
+        "engine_slots": (state["engine"] or {}).get("slots"),
         "engine_kv_usage_ratio": (state["engine"] or {}).get("kv_usage_ratio"),
         "adaptive": adaptive_json(admin.adaptive, snap) if admin.adaptive is not None else None,
         "compartments": [asdict(part) for part in snap.compartments],

@@ -62,6 +62,7 @@ def describe(doc: dict[str, Any]) -> list[str]:
             f"  pid {p['pid']}: {'?' if p['used_bytes'] is None else format_size(p['used_bytes'])}"
             for p in gpu["processes"]
         ]
+    lines += _engine_lines(doc["engine"])
     cache = (doc["engine"] or {}).get("cache")
     if cache:
         lines.append("engine cache: " + ", ".join(f"{k}={v}" for k, v in cache.items()))
@@ -80,3 +81,18 @@ def describe(doc: dict[str, Any]) -> list[str]:
     if doc["error"]:
         lines.append(f"error: {doc['error']}")
     return lines
+
+
+def _engine_lines(engine: dict[str, Any] | None) -> list[str]:
+    """Which engine answered, its model, and the limits it states (slots: llama.cpp's -np)."""
+    if engine is None:
+        return []
+    said = {
+        "model": engine.get("served_model"),
+        "max_model_len": engine.get("max_model_len"),
+        "slots": engine.get("slots"),
+        "running": engine.get("requests_running"),
+        "waiting": engine.get("requests_waiting"),
+    }
+    facts = ", ".join(f"{k}={v}" for k, v in said.items() if v is not None)
+    return [f"engine: {engine['engine']}" + (f" ({facts})" if facts else "")]

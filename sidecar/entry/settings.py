@@ -128,9 +128,10 @@ class Settings(BaseSettings):
     )
 
     # --- capacity ------------------------------------------------------------------------------
-    capacity_source: Literal["auto", "nvml", "vllm", "static"] = Field(
+    capacity_source: Literal["auto", "nvml", "vllm", "sglang", "llamacpp", "static"] = Field(
         "auto",
-        description="where the KV pool comes from: auto, nvml (GPU), vllm (engine's pool), static",
+        description="where the KV pool comes from: auto (the engine's, told by its metrics, else "
+        "GPU, else static), nvml (GPU), vllm, sglang or llamacpp (that engine's pool), static",
     )
     model: str | None = Field(
         None,
@@ -173,6 +174,11 @@ class Settings(BaseSettings):
     )
     engine_metrics_url: str | None = Field(
         None, description="the engine's Prometheus endpoint; unset: SIDECAR_UPSTREAM_URL + /metrics"
+    )
+    llamacpp_kv_unified: bool = Field(
+        True,
+        description="llama.cpp: its slots share one KV pool (-kvu, the default with -np auto); "
+        "false for -np N without -kvu, where each slot owns -c / N tokens",
     )
     engine_pid: PositiveInt | None = Field(
         None,

@@ -24,7 +24,7 @@ from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.live.adaptive import AdaptiveCapacity
 from sidecar.live.control_loop import CapacityController, Floor
 from sidecar.live.probes import GpuProbe
-from sidecar.live.probes.engine import VllmMetricsProbe
+from sidecar.live.probes.engine_probe import ENGINES, EngineMetricsProbe
 from sidecar.live.probes.nvml import NvmlProbe, parse_gpu_selection
 from sidecar.live.probes.static import Declared
 from sidecar.live.sources import static_memory
@@ -79,7 +79,7 @@ def model_cost(settings: Settings) -> KvCost | None:
             msg = (
                 f"SIDECAR_MODEL is required with SIDECAR_CAPACITY_SOURCE="
                 f"{settings.capacity_source} (a model directory or a preset): only the engine "
-                "(auto or vllm) can price a token without it"
+                "(auto, vllm, sglang or llamacpp) can price a token without it"
             )
             raise ConfigError(msg)
         return None
@@ -124,8 +124,13 @@ def build_controller(
         gpu_probe=(nvml or NvmlProbe(parse_gpu_selection(settings.gpus), clock=clock))
         if live
         else None,
-        engine_probe=VllmMetricsProbe(
-            metrics_url, session=http_session, clock=clock, models_url=upstream + "/v1/models"
+        engine_probe=EngineMetricsProbe(
+            metrics_url,
+            engine=settings.capacity_source if settings.capacity_source in ENGINES else "auto",
+            base_url=upstream,
+            session=http_session,
+            clock=clock,
+            llamacpp_kv_unified=settings.llamacpp_kv_unified,
         )
         if live
         else None,
@@ -137,6 +142,7 @@ def build_controller(
         feedback=adaptive.observe if adaptive is not None else None,
         available=available,
         probe_timeout_s=settings.probe_timeout_ms / 1000,
+        cap_at_engine_slots=settings.admission == "count",
     )
 
 

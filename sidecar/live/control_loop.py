@@ -116,8 +116,10 @@ class CapacityController:
         probe_timeout_s: float = 2.0,
         feedback: Callable[[Readings], tuple[ConfigWarning, ...]] | None = None,
         available: Callable[[bool], None] | None = None,
+        cap_at_engine_slots: bool = False,
     ) -> None:
         self._wanted, self._cost, self._budget, self._alpha = source, cost, budget, alpha
+        self._cap_at_slots = cap_at_engine_slots
         self._declared, self._resize, self._limit_of, self._floor = (
             declared,
             resize,
@@ -149,7 +151,7 @@ class CapacityController:
 
     @property
     def requested_source(self) -> str:
-        """The capacity source the operator asked for (auto, nvml, vllm or static)."""
+        """The capacity source the operator asked for (auto, nvml, an engine's name, static)."""
         return self._wanted
 
     @property
@@ -188,7 +190,7 @@ class CapacityController:
             new = CapacityState(
                 plan=plan,
                 source=inputs.source,
-                limit=self._limit_of(plan),
+                limit=self._limit(plan, readings),
                 planned_at=now,
                 readings=readings,
                 disagreements=inputs.disagreements,
@@ -196,6 +198,13 @@ class CapacityController:
             )
         self._publish(new)
         return new
+
+    def _limit(self, plan: Plan, readings: Readings) -> int:
+        """The limit rule's, and in count mode never more than the engine's fixed slots (llama.cpp's
+        -np): a request past them would only wait at the engine, outside the sidecar's queue."""
+        limit = self._limit_of(plan)
+        slots = readings.engine.slots if readings.engine is not None else None
+        return min(limit, slots) if self._cap_at_slots and slots is not None else limit
 
     def _empty(self, plan: Plan) -> tuple[ConfigWarning, ...]:
         """A no_capacity warning, with its arithmetic, when not one request fits."""

@@ -1,8 +1,10 @@
-"""Turn probe readings into plan inputs, per ``SIDECAR_CAPACITY_SOURCE`` (auto|nvml|vllm|static).
+"""Turn probe readings into plan inputs, per ``SIDECAR_CAPACITY_SOURCE``
+(auto|nvml|vllm|sglang|llamacpp|static).
 
 Pure: readings in, :class:`PlanInputs` out; every term names where its number came from.
 - nvml:   pool = total - weights - overhead - neighbours, on the fullest GPU of the group;
-- vllm:   pool = the engine's own KV pool, cross-checked against what NVML sees it hold;
+- vllm, sglang, llamacpp: pool = the engine's own KV pool, cross-checked against what NVML sees
+  it hold (auto names the engine the probe found);
 - static: the declared numbers.
 """
 
@@ -15,6 +17,8 @@ from sidecar.core.errors import ProbeError, ProbeTemporaryError, ProbeUnavailabl
 from sidecar.core.warnings import ConfigWarning, model_mismatch
 from sidecar.live.probes import EngineCacheConfig, EngineReading, GpuReading, GpuSnapshot
 from sidecar.live.probes.static import Declared
+
+ENGINE_SOURCES = ("vllm", "sglang", "llamacpp")
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ def pick_source(wanted: str, readings: Readings) -> str:
     if wanted != "auto":
         return wanted
     if readings.engine is not None and readings.engine.cache is not None:
-        return "vllm"
+        return readings.engine.engine
     if readings.gpus is not None and readings.declared.weights_bytes is not None:
         return "nvml"
     if readings.declared.plannable:
@@ -79,7 +83,7 @@ def plan_inputs(
     numbers can size requests then).
     """
     source = pick_source(wanted, readings)
-    if source == "vllm":
+    if source in ENGINE_SOURCES:
         return _from_engine(readings, cost, engine_pid, tolerance)
     if cost is None:
         msg = f"the {source} capacity source needs SIDECAR_MODEL to price a token"
@@ -169,10 +173,10 @@ def _from_engine(
     priced, warnings = engine_pricing(engine.cache, cost, tolerance)
     pool = engine_pool_per_gpu(engine.cache, priced)
     if pool is None:
-        raise ProbeTemporaryError("the engine's cache_config_info carries no pool size")
+        raise ProbeTemporaryError(f"{engine.engine} states no KV pool size")
     checks = _cross_check(readings, priced, pool, engine_pid, tolerance)
     term = Term("kv_pool", pool, Source.ENGINE, engine.observed_at)
-    return PlanInputs("vllm", term, priced, checks, warnings)
+    return PlanInputs(engine.engine, term, priced, checks, warnings)
 
 
 def _cross_check(

@@ -1,24 +1,19 @@
-"""The engine's own view: scrape vLLM's ``/metrics`` and read its KV cache configuration and load.
+"""vLLM's ``/metrics`` read into the engine-neutral reading: its KV cache configuration and load.
 
 :func:`parse_metrics` is pure (text in, reading out, parsed by ``prometheus_client.parser``);
-:class:`VllmMetricsProbe` only fetches the text and translates HTTP failures in one place.
+:mod:`sidecar.live.probes.engine_probe` fetches the text. The Prometheus helpers here
+(:func:`samples_of`, :func:`unread_lines`) serve the other engines' dialects too.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
 import re
-import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Iterable
 
-import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from sidecar.core.errors import ProbeTemporaryError
 from sidecar.live.probes import EngineCacheConfig, EngineReading
 
 _SUMMED = {
@@ -33,15 +28,21 @@ _CACHE_INFO = "vllm:cache_config_info"
 # Family and sample names the probe reads; a counter's family may be named without its _total.
 _WANTED = frozenset({*_SUMMED, _CACHE_INFO, "vllm:num_preemptions"})
 _NAME_CHARS = "a-zA-Z0-9_:"
-# A sample, HELP or TYPE line of a family the probe never reads, with its newline. A line is kept
-# when its name (the longest run of name characters) is one of _WANTED, or when it does not start
-# with a name: a comment, a blank line, or text that is not Prometheus at all.
-_UNREAD_LINE = re.compile(
-    rf"^(?:# (?:HELP|TYPE) )?"
-    rf"(?!(?:{'|'.join(map(re.escape, sorted(_WANTED)))})(?![{_NAME_CHARS}]))"
-    rf"[a-zA-Z_:][{_NAME_CHARS}]*.*\n?",
-    re.MULTILINE,
-)
+
+
+def unread_lines(wanted: Iterable[str]) -> re.Pattern[str]:
+    """A sample, HELP or TYPE line of a family not in ``wanted``, with its newline. A line is
+    kept when its name (the longest run of name characters) is wanted, or when it does not start
+    with a name: a comment, a blank line, or text that is not Prometheus at all."""
+    return re.compile(
+        rf"^(?:# (?:HELP|TYPE) )?"
+        rf"(?!(?:{'|'.join(map(re.escape, sorted(wanted)))})(?![{_NAME_CHARS}]))"
+        rf"[a-zA-Z_:][{_NAME_CHARS}]*.*\n?",
+        re.MULTILINE,
+    )
+
+
+_UNREAD_LINE = unread_lines(_WANTED)
 # A sample line of the cache configuration, with its newline.
 _CACHE_INFO_SAMPLE = re.compile(rf"^{re.escape(_CACHE_INFO)}(?![{_NAME_CHARS}]).*\n?", re.MULTILINE)
 
@@ -67,26 +68,27 @@ def parse_metrics(text: str, observed_at: float) -> EngineReading:
     """
     kept = relevant_lines(text)
     info = tuple(_CACHE_INFO_SAMPLE.findall(kept))
-    samples = _samples(_CACHE_INFO_SAMPLE.sub("", kept))
+    samples = samples_of(_CACHE_INFO_SAMPLE.sub("", kept))
     return _reading(samples, _cache_config_of(info), observed_at)
 
 
 def parse_families(text: str, observed_at: float) -> EngineReading:
     """:func:`parse_metrics` without dropping the families it never reads first."""
-    samples = _samples(text)
+    samples = samples_of(text)
     return _reading(
         samples, _cache_config(s for s in samples if s.name == _CACHE_INFO), observed_at
     )
 
 
-def _samples(text: str) -> list[Sample]:
+def samples_of(text: str) -> list[Sample]:
+    """Every sample of the exposition text, parsed by ``prometheus_client.parser``."""
     return [s for family in text_string_to_metric_families(text) for s in family.samples]
 
 
 @functools.lru_cache(maxsize=8)
 def _cache_config_of(lines: tuple[str, ...]) -> EngineCacheConfig | None:
     """The cache configuration in these sample lines; the parser's ValueError is never kept."""
-    return _cache_config(s for s in _samples("".join(lines)) if s.name == _CACHE_INFO)
+    return _cache_config(s for s in samples_of("".join(lines)) if s.name == _CACHE_INFO)
 
 
 def _reading(
@@ -146,77 +148,3 @@ def _float(value: str | None) -> float | None:
         return float(text)
     except ValueError:
         return None
-
-
-def served_model_of(body: Any) -> str | None:
-    """The first model id of an OpenAI ``/v1/models`` answer."""
-    data = body.get("data") if isinstance(body, dict) else None
-    if isinstance(data, list) and data and isinstance(data[0], dict):
-        name = data[0].get("id")
-        return name if isinstance(name, str) else None
-    return None
-
-
-class VllmMetricsProbe:
-    """Fetches ``url`` (the engine's /metrics) over one kept-alive session: ``session``, or one of
-    its own opened on the first read and closed by ``close()``."""
-
-    def __init__(
-        self,
-        url: str,
-        *,
-        session: aiohttp.ClientSession | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        timeout_s: float = 2.0,
-        models_url: str | None = None,
-    ) -> None:
-        self._url = url
-        self._models_url = models_url
-        self._served: str | None = None
-        self._session = session
-        self._owned: aiohttp.ClientSession | None = None
-        self._clock = clock
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-
-    async def read(self) -> EngineReading:
-        """Scrape and parse; an unreachable or failing engine raises ProbeTemporaryError."""
-        text = await self._fetch(self._url)
-        try:
-            reading = parse_metrics(text, self._clock())
-        except ValueError as exc:
-            msg = f"engine metrics at {self._url} are not Prometheus text: {exc}"
-            raise ProbeTemporaryError(msg) from exc
-        return dataclasses.replace(reading, served_model=await self._served_model())
-
-    async def close(self) -> None:
-        """Close the session this probe opened (a session it was given is its owner's)."""
-        owned, self._owned = self._owned, None
-        if owned is not None:
-            await owned.close()
-
-    async def _served_model(self) -> str | None:
-        """The engine's model name, asked once (until an answer); a failure is not an error."""
-        if self._served is None and self._models_url is not None:
-            try:
-                self._served = served_model_of(json.loads(await self._fetch(self._models_url)))
-            except (ProbeTemporaryError, ValueError):
-                return None
-        return self._served
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is not None:
-            return self._session
-        if self._owned is None or self._owned.closed:
-            self._owned = aiohttp.ClientSession()
-        return self._owned
-
-    async def _fetch(self, url: str) -> str:
-        try:
-            async with self._client().get(url, timeout=self._timeout) as response:
-                if response.status != 200:
-                    msg = f"engine at {url} answered HTTP {response.status}"
-                    raise ProbeTemporaryError(msg)
-                return await response.text()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            msg = f"engine at {url} unreachable: {exc or type(exc).__name__}"
-            raise ProbeTemporaryError(msg) from exc
