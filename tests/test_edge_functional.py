@@ -437,13 +437,16 @@ async def test_an_expectation_never_sends_a_refused_request_on(
     assert double.seen == []
 
 
-async def test_idle_connections_past_the_cap_are_refused_and_admin_still_answers(
+async def test_busy_connections_past_the_cap_are_refused_and_admin_still_answers(
     edge: Start,
 ) -> None:
-    """An idle flood up to the cap: the next connection gets a 503, /healthz keeps answering."""
+    """A flood of half-sent heads up to the cap (none idle): the next connection gets a 503,
+    /healthz keeps answering."""
     server = await edge(SIDECAR_MAX_CONNECTIONS="20")
-    idle = [await asyncio.open_connection("127.0.0.1", server.proxy_port) for _ in range(20)]
+    busy = [await asyncio.open_connection("127.0.0.1", server.proxy_port) for _ in range(20)]
     try:
+        for _reader, writer in busy:
+            writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")
         assert await until(lambda: _open(server, 20))
         answer = await exchange(server.proxy_port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
         assert answer.startswith(b"HTTP/1.1 503")
@@ -451,9 +454,82 @@ async def test_idle_connections_past_the_cap_are_refused_and_admin_still_answers
         async with aiohttp.ClientSession() as s, s.get(admin_url(server) + "/healthz") as r:
             assert r.status == 200
     finally:
-        for _reader, writer in idle:
+        for _reader, writer in busy:
             writer.close()
     assert await until(lambda: _open(server, 0))
+
+
+async def test_idle_connections_past_the_cap_make_room_longest_idle_first(
+    edge: Start, double: EngineDouble
+) -> None:
+    """Audit finding 2: 20 idle sockets at a cap of 20 no longer refuse everyone new. Each new
+    connection closes the longest idle one (here the keep-alive one that was served first) and
+    is served."""
+    server = await edge(SIDECAR_MAX_CONNECTIONS="20")
+    kept = await asyncio.open_connection("127.0.0.1", server.proxy_port)
+    kept[1].write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert (await kept[0].readline()).startswith(b"HTTP/1.1 200")
+    idle = [await asyncio.open_connection("127.0.0.1", server.proxy_port) for _ in range(19)]
+    try:
+        assert await until(lambda: _open(server, 20))
+        answer = await exchange(server.proxy_port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200")
+        async with asyncio.timeout(3):
+            rest = await kept[0].read()  # the rest of the first answer, then the close
+        assert rest.endswith(b"0\r\n\r\n")  # the first answer's end, then the close
+        assert server.proxy_server is not None
+        assert (server.proxy_server.count.evicted, server.proxy_server.count.refused) == (1, 0)
+        assert all(not reader.at_eof() for reader, _writer in idle)
+    finally:
+        kept[1].close()
+        for _reader, writer in idle:
+            writer.close()
+
+
+async def test_one_address_is_held_to_its_own_cap(edge: Start, double: EngineDouble) -> None:
+    """Past its own cap with no idle connection, a client address is refused 503
+    too_many_client_connections, while another address is still served."""
+    server = await edge(SIDECAR_MAX_CONNECTIONS_PER_CLIENT="3")
+    busy = [await asyncio.open_connection("127.0.0.1", server.proxy_port) for _ in range(3)]
+    try:
+        for _reader, writer in busy:
+            writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")
+        assert await until(lambda: _open(server, 3))
+        answer = await exchange(server.proxy_port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 503")
+        assert error_of(answer.partition(b"\r\n\r\n")[2])["code"] == "too_many_client_connections"
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", server.proxy_port, local_addr=("127.0.0.2", 0)
+        )
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        async with asyncio.timeout(3):
+            assert (await reader.read()).startswith(b"HTTP/1.1 200")
+        writer.close()
+    finally:
+        for _reader, writer in busy:
+            writer.close()
+
+
+async def test_a_client_at_its_cap_reuses_its_own_idle_connection(
+    edge: Start, double: EngineDouble
+) -> None:
+    """At its own cap, a client's new connection closes that client's longest idle one, never
+    another client's."""
+    server = await edge(SIDECAR_MAX_CONNECTIONS_PER_CLIENT="2")
+    other = await asyncio.open_connection(
+        "127.0.0.1", server.proxy_port, local_addr=("127.0.0.2", 0)
+    )
+    mine = [await asyncio.open_connection("127.0.0.1", server.proxy_port) for _ in range(2)]
+    try:
+        assert await until(lambda: _open(server, 3))
+        answer = await exchange(server.proxy_port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200")
+        async with asyncio.timeout(3):
+            assert await mine[0][0].read() == b""  # closed to make room
+        assert not other[0].at_eof()
+    finally:
+        for _reader, writer in [other, *mine]:
+            writer.close()
 
 
 async def _open(server: SidecarServer, n: int) -> bool:

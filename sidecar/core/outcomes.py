@@ -16,8 +16,8 @@ from typing import Literal
 RejectReason = Literal["queue_full", "shed", "timeout", "too_large", "draining", "no_capacity"]
 UpstreamFailure = Literal["upstream_unavailable", "upstream_timeout"]
 EdgeFault = Literal[
-    "edge_busy", "too_many_connections", "header_timeout", "body_timeout", "bad_request",
-    "client_stalled",
+    "edge_busy", "too_many_connections", "too_many_client_connections", "header_timeout",
+    "body_timeout", "bad_request", "client_stalled",
 ]  # fmt: skip
 
 
@@ -97,6 +97,10 @@ EDGE_FAULTS: Mapping[EdgeFault, Refusal] = {
     "too_many_connections": _edge(
         "too_many_connections", 503, "service_unavailable",
         "the server holds its maximum number of client connections; retry shortly",
+    ),
+    "too_many_client_connections": _edge(
+        "too_many_client_connections", 503, "service_unavailable",
+        "this client address holds its maximum number of connections; reuse one or retry shortly",
     ),
     "header_timeout": _edge(
         "header_timeout", 408, "invalid_request_error", "the request headers took too long"

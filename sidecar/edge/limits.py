@@ -17,6 +17,7 @@ class EdgeLimits:
     """The edge's bounds, in plain values (built from the settings in the entry layer)."""
 
     max_connections: int = 512
+    max_connections_per_client: int = 256
     header_timeout_s: float = 10.0
     keepalive_timeout_s: float = 15.0
     max_line_size: int = 8190
@@ -50,6 +51,7 @@ class ConnectionCount:
 
     open: int = 0
     refused: int = 0
+    evicted: int = 0  # idle ones closed to make room for a new one
     head_timeouts: int = 0
 
 

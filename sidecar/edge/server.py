@@ -5,7 +5,9 @@ both Content-Length and Transfer-Encoding, two Content-Lengths, a bad chunk size
 refused, never guessed at (request smuggling); RFC 9112's rules on the head beyond llhttp's are
 sidecar.edge.conformance's. Around it, the edge's bounds:
 
-- at most ``max_connections`` open connections; the next gets a minimal 503 and is closed;
+- at most ``max_connections`` open connections, ``max_connections_per_client`` from one address;
+  at the first cap the longest idle connection is closed to make room, and only where none is
+  idle does the new one get a minimal 503 and close;
 - every request head must be complete within ``header_timeout_s`` of its first byte (the first
   one: of the connection's start), else a 408; an idle kept-alive connection is closed after
   ``keepalive_timeout_s``;
@@ -32,8 +34,9 @@ from multidict import CIMultiDict
 
 from sidecar.core.errors import SidecarError
 from sidecar.edge.conformance import HeadRefusedError, check_head
+from sidecar.edge.connections import ConnectionTable
 from sidecar.edge.http_errors import error_response
-from sidecar.edge.limits import ConnectionCount, EdgeLimits, raw_answer
+from sidecar.edge.limits import EdgeLimits, raw_answer
 from sidecar.edge.request import Request
 from sidecar.edge.response import Answer, Response, StreamResponse, UnsendableHeadError
 from sidecar.telemetry.module_log import ModuleLogger
@@ -51,13 +54,20 @@ TIMER_SLACK_S = 0.001
 INTERNAL_ERROR = error_response(SidecarError())
 
 
+def _client_address(transport: asyncio.BaseTransport) -> str:
+    peer = transport.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else ""
+
+
 class HttpServer:
     """The listening side: every connection's :class:`Connection`, and the shutdown."""
 
     def __init__(self, handler: Handler, limits: EdgeLimits, *, max_body_bytes: int) -> None:
         self.handler, self.limits, self.max_body_bytes = handler, limits, max_body_bytes
-        self.count = ConnectionCount()
-        self.connections: set[Connection] = set()
+        self.connections: ConnectionTable[Connection] = ConnectionTable(
+            limits.max_connections, limits.max_connections_per_client
+        )
+        self.count = self.connections.count
         self.closing = False
         # Head bytes past which a head that is still not complete is refused.
         self.max_head_bytes = limits.max_line_size + limits.max_headers * (
@@ -119,15 +129,12 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport; not isinstance-checked: uvloop's do not subclass asyncio's.
         self.transport = cast(asyncio.Transport, transport)
-        count = self._server.count
-        if count.open >= self._limits.max_connections:
-            count.refused += 1
-            self.transport.write(raw_answer("too_many_connections"))
+        refused = self._server.connections.open(self, _client_address(transport))
+        if refused is not None:
+            self.transport.write(raw_answer(refused))
             self.transport.close()
             return
         self._counted = True
-        count.open += 1
-        self._server.connections.add(self)
         # asyncio sets TCP_NODELAY only on sockets made with IPPROTO_TCP, which a listening
         # socket's accepted ones are not: without it a head sent alone holds back the first
         # event for the client's delayed ACK (40 ms).
@@ -156,8 +163,7 @@ class Connection(asyncio.Protocol):
         if not self._counted:
             return  # refused at the door
         self._counted = False
-        self._server.count.open -= 1
-        self._server.connections.discard(self)
+        self._server.connections.close(self)
         if self._timer is not None:
             self._timer.cancel()
         if self.task is not None:
@@ -181,6 +187,7 @@ class Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._in_head, self._head_bytes, self._url, self._fields = True, 0, b"", []
+        self._server.connections.set_idle(self, idle=False)
         if self.task is not None:
             self._transport().pause_reading()  # pipelined: it waits for the answer before it
         elif self._due != "head":
@@ -268,6 +275,11 @@ class Connection(asyncio.Protocol):
             and not self._server.closing
         )
 
+    def evict(self) -> None:
+        """Closed while idle to make room for a new connection (RFC 9112 §9.5 lets a server
+        close an idle connection at any time; a client retries on a new one)."""
+        self._transport().close()
+
     def close_if_idle(self) -> None:
         if self.task is None and self.transport is not None:
             self.transport.close()
@@ -333,6 +345,7 @@ class Connection(asyncio.Protocol):
         elif self._in_head:  # the next head has begun
             self._arm("head", self._limits.header_timeout_s)
         else:
+            self._server.connections.set_idle(self, idle=True)
             self._arm("idle", self._limits.keepalive_timeout_s)
 
     def _end(self, *, unread: bool) -> None:

@@ -116,7 +116,15 @@ class Settings(BaseSettings):
         5_000, description="How long a request body may arrive slower than its floor at first."
     )
     max_connections: PositiveInt = Field(
-        512, description="Open client connections on the proxy port; more are refused with 503."
+        512,
+        description="Open client connections on the proxy port. At the cap the longest idle "
+        "one is closed to make room; only where none is idle is a new one refused with 503.",
+    )
+    max_connections_per_client: PositiveInt = Field(
+        256,
+        description="Open proxy-port connections from one client address; more are refused "
+        "with 503. Behind a gateway that speaks HTTP/1.1 to the sidecar (one connection per "
+        "concurrent request), raise it to SIDECAR_MAX_CONNECTIONS.",
     )
     max_pre_admission: PositiveInt = Field(
         32,
