@@ -167,3 +167,11 @@ def test_a_usage_error_is_one_line(
     status, text = _run(argv, capsys)
     assert status == 2
     assert text.strip().splitlines() == [expected]
+
+
+def test_plan_help_says_ids_are_looked_up_locally(capsys: pytest.CaptureFixture[str]) -> None:
+    """The help tells where a Hugging Face id is looked for, and that the network is not."""
+    status, text = _run(["plan", "--help"], capsys)
+    assert status == 0
+    assert "looked up in the local cache first (HF_HUB_CACHE, HF_HOME," in text
+    assert "never on the network" in text

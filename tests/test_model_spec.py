@@ -482,3 +482,53 @@ def test_broken_index_is_named(tmp_path: Path) -> None:
 def test_hub_cache_dir_follows_huggingface_hub(env: dict[str, str], expected: str) -> None:
     """The same variables, in the same order, as huggingface_hub's constants."""
     assert hub_cache_dir(env) == Path(expected)
+
+
+def safetensors(**tensors: str) -> bytes:
+    """A real safetensors file: 8 bytes of header length, the JSON header, then the data
+    (one element of each tensor, of its dtype's size)."""
+    sizes = {"BF16": 2, "F16": 2, "F32": 4, "U8": 1, "F8_E4M3": 1}
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, dtype in tensors.items():
+        header[name] = {
+            "dtype": dtype,
+            "shape": [1],
+            "data_offsets": [offset, offset + sizes[dtype]],
+        }
+        offset += sizes[dtype]
+    text = json.dumps(header).encode()
+    return len(text).to_bytes(8, "little") + text + b"\0" * offset
+
+
+NO_DTYPE = json.dumps({k: v for k, v in config("tiny-llama").items() if "dtype" not in k})
+
+
+@pytest.mark.parametrize(
+    ("tensors", "dtype"),
+    [
+        # gpt-oss: attention and router in BF16, MoE experts as U8 MXFP4 blocks and scales
+        pytest.param({"attn": "BF16", "blocks": "U8", "scales": "U8"}, "bfloat16", id="gpt-oss"),
+        pytest.param({"w": "F8_E4M3", "scale": "BF16"}, "bfloat16", id="fp8-with-bf16"),
+        pytest.param({"a": "F16", "b": "BF16"}, "float32", id="mixed-floats-promote"),
+        pytest.param({"a": "U8"}, None, id="no-floats"),
+    ],
+)
+def test_config_without_dtype_takes_the_weights_dtype(
+    tmp_path: Path, tensors: dict[str, str], dtype: str | None
+) -> None:
+    """A config.json naming no dtype (as gpt-oss's) gets the one its safetensors hold, as vLLM's
+    _find_dtype reads it."""
+    fake_hub_cache(
+        tmp_path,
+        "openai/gpt-oss-20b",
+        {"config.json": NO_DTYPE, "model-00000-of-00001.safetensors": safetensors(**tensors)},
+    )
+    assert load_model("openai/gpt-oss-20b", tmp_path).spec.dtype == dtype
+
+
+def test_not_a_safetensors_file_is_named(tmp_path: Path) -> None:
+    """A weight file whose header length is nonsense is reported, not read as a dtype."""
+    fake_hub_cache(tmp_path, "org/model", {"config.json": NO_DTYPE, "x.safetensors": b"\xff" * 16})
+    with pytest.raises(ModelConfigError, match="is not a safetensors file"):
+        load_model("org/model", tmp_path)

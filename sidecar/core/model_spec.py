@@ -52,18 +52,16 @@ def load_model(ref: str, hub_cache: Path | None = None) -> Model:
     at `hub_cache` (when given), or a preset (by name, or by an id it answers to)."""
     path = Path(ref)
     if path.is_dir():
-        spec = _spec_at(path / "config.json", path.name)
-        return Model(spec, _weights_or_none(path), str(path), path)
+        return Model(_spec_in(path, path.name), _weights_or_none(path), str(path), path)
+    if path.is_file() and path.name == "config.json":  # a model directory's own config
+        name = path.parent.name or path.stem
+        return Model(_spec_in(path.parent, name), _weights_or_none(path.parent), ref, path.parent)
     if path.is_file():
-        beside = path.name == "config.json"  # a model directory's own config: weights beside it
-        name = path.parent.name if beside and path.parent.name else path.stem
-        weights = _weights_or_none(path.parent) if beside else None
-        return Model(_spec_at(path, name), weights, str(path), path.parent)
+        return Model(spec_from_config(_read_json(path), path.stem), None, ref, path.parent)
     snapshot = cached_snapshot(ref, hub_cache) if hub_cache and is_hub_id(ref) else None
     if snapshot is not None:
-        spec = _spec_at(snapshot / "config.json", ref)
         found = f"local Hugging Face cache: {snapshot}"
-        return Model(spec, _weights_or_none(snapshot), found, snapshot)
+        return Model(_spec_in(snapshot, ref), _weights_or_none(snapshot), found, snapshot)
     key = _preset_key(ref)
     if key in preset_names():
         return _preset(key)
@@ -72,8 +70,17 @@ def load_model(ref: str, hub_cache: Path | None = None) -> Model:
     raise ModelConfigError(msg)
 
 
-def _spec_at(path: Path, name: str) -> ModelSpec:
-    return spec_from_config(_read_json(path), name)
+def _spec_in(folder: Path, name: str) -> ModelSpec:
+    """A model directory's spec. Where config.json names no dtype (gpt-oss), the weights' own
+    dtypes stand in, as vLLM reads them (vllm/config/model.py, _find_dtype)."""
+    cfg = _read_json(folder / "config.json")
+    nested = cfg.get("text_config")
+    parts = (cfg, nested) if isinstance(nested, dict) else (cfg,)
+    if not any(part.get(k) for part in parts for k in ("torch_dtype", "dtype")):
+        dtype = _safetensors_dtype(folder)
+        if dtype is not None:
+            cfg["torch_dtype"] = dtype
+    return spec_from_config(cfg, name)
 
 
 def _preset_key(ref: str) -> str:
@@ -159,6 +166,36 @@ def _weights_or_none(folder: Path) -> Term | None:
             detail = f"{len(files)} *{suffixes[0]} files in {folder}"
             return Term("weights", size, Source.MEASURED, None, detail)
     return None
+
+
+# Floating dtypes as safetensors headers spell them; any two together promote to float32 in torch.
+_SAFETENSORS_FLOATS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+_MAX_HEADER = 100 * 1024 * 1024  # the format's own limit on a header
+
+
+def _safetensors_dtype(folder: Path) -> str | None:
+    """The dtype the model's floating tensors share (BF16 beside U8 MXFP4 blocks or FP8 weights
+    is bfloat16); None without safetensors or floating tensors."""
+    floats = {
+        _SAFETENSORS_FLOATS[entry["dtype"]]
+        for file in sorted(folder.glob("*.safetensors"))
+        for name, entry in _safetensors_header(file).items()
+        if name != "__metadata__"
+        and isinstance(entry, dict)
+        and entry.get("dtype") in _SAFETENSORS_FLOATS
+    }
+    if not floats:
+        return None
+    return floats.pop() if len(floats) == 1 else "float32"
+
+
+def _safetensors_header(file: Path) -> dict[str, Any]:
+    """A safetensors file's header: 8 bytes of little-endian length, then that much JSON."""
+    with file.open("rb") as stream:
+        size = int.from_bytes(stream.read(8), "little")
+        if not 2 <= size <= _MAX_HEADER:
+            raise ModelConfigError(f"{file} is not a safetensors file (header of {size} B)")
+        return _parse_json(stream.read(size).decode("utf-8", "replace"), str(file))
 
 
 def _index_total(index: Path) -> int | None:
