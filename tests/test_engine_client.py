@@ -11,7 +11,12 @@ from multidict import CIMultiDict
 
 from sidecar.core.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
 from sidecar.edge.engine_client import translated
-from sidecar.edge.http1 import EngineProtocolError, UnsendableRequestError, end_to_end
+from sidecar.edge.engine_errors import (
+    EngineProtocolError,
+    StaleConnectionError,
+    UnsendableRequestError,
+)
+from sidecar.edge.http1 import end_to_end
 
 Make = Callable[[], BaseException]
 OFF, LATE = UpstreamUnavailableError, UpstreamTimeoutError
@@ -29,6 +34,7 @@ FAILURES: list[tuple[Make, type[UpstreamError]]] = [
     (lambda: OSError(113, "no route to host"), OFF),
     (lambda: EngineProtocolError("the engine's status line is not HTTP/1.x"), OFF),
     (lambda: UnsendableRequestError("a header field holds a line break"), OFF),
+    (lambda: StaleConnectionError("closed before answering"), OFF),
 ]
 
 

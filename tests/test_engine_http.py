@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import socket
 import struct
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -19,9 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.core.errors import UpstreamTimeoutError, UpstreamUnavailableError
-from sidecar.edge.chunked import ChunkedBody
-from sidecar.edge.engine_client import Upstream, finish, read_all, read_chunk
-from sidecar.edge.engine_connection import HIGH_WATER, EngineConnection
+from sidecar.edge.engine_client import Upstream, read_all, read_chunk, release
+from sidecar.edge.engine_connection import HIGH_WATER, EngineConnection, Phase
 from sidecar.edge.engine_http import EngineResponse
 
 # One scripted answer: given the request's bytes (head and body), the bytes to send back, and
@@ -127,7 +126,7 @@ async def _get_body(upstream: Upstream, method: str = "POST") -> tuple[EngineRes
     try:
         return response, await read_all(response)
     finally:
-        finish(response)
+        release(response)
 
 
 async def test_a_kept_alive_connection_is_reused(engine: Engine, upstream: Upstream) -> None:
@@ -150,7 +149,7 @@ async def test_the_request_goes_out_as_the_sidecar_means_it(engine: Engine) -> N
             "Expect": "100-continue",
         }
         response = await upstream.send("POST", "/v1/chat/completions?x=1", headers, b'{"a":1}')
-        finish(response)
+        release(response)
     head, _, body = engine.requests[0].partition(b"\r\n\r\n")
     lines = head.split(b"\r\n")
     assert lines[0] == b"POST /engine/v1/chat/completions?x=1 HTTP/1.1"
@@ -209,11 +208,8 @@ async def test_a_body_without_length_ends_at_close_and_is_not_reused(
     [
         b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}",
         b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n{}",
-        # Both framings: chunked wins (RFC 9112 6.3), and the connection is never reused.
-        b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\nTransfer-Encoding: chunked\r\n\r\n"
-        b"2\r\n{}\r\n0\r\n\r\n",
     ],
-    ids=["connection-close", "http-1.0", "length-and-chunked"],
+    ids=["connection-close", "http-1.0"],
 )
 async def test_answers_that_end_their_connection(
     engine: Engine, upstream: Upstream, head: bytes
@@ -255,7 +251,8 @@ async def test_answers_without_a_body(
 async def test_a_head_request_has_no_body_where_the_same_head_had_one_before(
     engine: Engine, upstream: Upstream
 ) -> None:
-    """The pool keeps heads it parsed (HeadCache); a HEAD request's answer still has no body."""
+    """A HEAD request's answer has no body whatever its fields say, and the next answer on
+    the same connection, to the same head, has its own."""
     head = (
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
     )
@@ -294,6 +291,16 @@ async def test_status_reason_and_fields_reach_the_response(
         b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
         b"HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\n{}",
         b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70_000 + b"\r\n\r\n",
+        # Both framings (RFC 9112 §6.3: "ought to be handled as an error"): a smuggling shape.
+        b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"2\r\n{}\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\nContent-Type: text/event-stream\n\n",
+        b"HTTP/1.1 200 OK\r\nX-A: 1\nX-B: 2\r\nContent-Length: 2\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\nX-A: 1\rX-B: 2\r\nContent-Length: 2\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\nX-A: a\x00b\r\nContent-Length: 2\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\nX-A: a\x1bb\r\nContent-Length: 2\r\n\r\n{}",
+        b"HTTP/1.1 200 O\x00K\r\nContent-Length: 2\r\n\r\n{}",
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n",
     ],
     ids=[
         "not-http",
@@ -306,6 +313,14 @@ async def test_status_reason_and_fields_reach_the_response(
         "two-lengths",
         "signed-length",
         "head-too-large",
+        "length-and-chunked",
+        "bare-lf-head",
+        "bare-lf-in-a-field",
+        "bare-cr-in-a-field",
+        "nul-in-a-field",
+        "escape-in-a-field",
+        "nul-in-the-reason",
+        "switching-protocols",
     ],
 )
 async def test_a_broken_head_is_a_502(engine: Engine, upstream: Upstream, data: bytes) -> None:
@@ -325,8 +340,21 @@ async def test_a_broken_head_is_a_502(engine: Engine, upstream: Upstream, data: 
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n0\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}extra",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"1" * 5000,
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\nhello\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\n\n",
     ],
-    ids=["not-hex", "hex-prefix", "underscore", "chunk-overrun", "past-length", "endless-size"],
+    ids=[
+        "not-hex",
+        "hex-prefix",
+        "underscore",
+        "chunk-overrun",
+        "past-length",
+        "endless-size",
+        "bare-lf-size-line",
+        "bare-lf-after-data",
+        "bare-lf-last-chunk",
+    ],
 )
 async def test_a_broken_body_is_an_error_not_a_short_body(
     engine: Engine, upstream: Upstream, data: bytes
@@ -354,7 +382,7 @@ async def test_an_engine_gone_mid_body_is_an_error(
     with pytest.raises(UpstreamUnavailableError) as caught:
         await read_chunk(response)
     assert isinstance(caught.value.__cause__, ConnectionResetError)
-    finish(response)
+    release(response)
 
 
 async def test_a_reset_ends_no_close_delimited_body(engine: Engine, upstream: Upstream) -> None:
@@ -363,7 +391,7 @@ async def test_a_reset_ends_no_close_delimited_body(engine: Engine, upstream: Up
     response = await upstream.send("POST", "/v1/x", {}, b"{}")
     with pytest.raises(UpstreamUnavailableError):
         await read_all(response)
-    finish(response)
+    release(response)
 
 
 async def test_an_engine_gone_before_its_head_is_a_502(engine: Engine, upstream: Upstream) -> None:
@@ -375,26 +403,66 @@ async def test_an_engine_gone_before_its_head_is_a_502(engine: Engine, upstream:
 async def test_a_kept_alive_connection_the_engine_closed_is_replaced(
     engine: Engine, upstream: Upstream
 ) -> None:
-    """The engine's keep-alive timeout closed the idle connection: the request goes out again
-    on a new one, once; the engine saw it once on each connection, the client got one answer."""
+    """The engine's keep-alive timeout closed the idle connection, and the pool saw it: nothing
+    was sent on it, so the POST goes out on a new one; the engine saw it once."""
     engine.answers = [answer(OK_BODY), answer(OK_BODY)]
     await _get_body(upstream)
     for writer in engine.writers:
         writer.close()  # the engine ends the idle connection
     engine.writers.clear()
+    for _ in range(100):  # loop turns, bounded: the close reaches the pooled connection
+        if upstream.idle_connections == 1 and await _pooled_closing(upstream):
+            break
+        await asyncio.sleep(0)
     response, body = await _get_body(upstream)
-    assert (response.status, body, engine.connections) == (200, b"{}", 2)
+    assert (response.status, body, engine.connections, len(engine.requests)) == (200, b"{}", 2, 2)
 
 
-async def test_a_reused_connection_closed_unanswered_is_sent_once_more(
-    engine: Engine, upstream: Upstream
-) -> None:
-    """The race the check above cannot see: the engine closed the idle connection just as the
-    request went out on it. Not one byte came back, so the request is sent again, once."""
+async def _pooled_closing(upstream: Upstream) -> bool:
+    await asyncio.sleep(0)
+    pool = upstream._pool
+    assert pool is not None
+    return all(connection.closing for connection in pool._idle)
+
+
+async def test_a_post_is_never_sent_twice(engine: Engine, upstream: Upstream) -> None:
+    """RFC 9112 §9.3.1: the engine closed a reused connection just as a POST went out on it,
+    without a byte of an answer. The POST may have reached it (and be generating): a 502, and
+    the engine saw it once."""
     engine.answers = [answer(OK_BODY), answer(b"", close=True), answer(OK_BODY)]
     await _get_body(upstream)
-    response, body = await _get_body(upstream)
-    assert (response.status, body, engine.connections, len(engine.requests)) == (200, b"{}", 2, 3)
+    with pytest.raises(UpstreamUnavailableError) as caught:
+        await _get_body(upstream)
+    assert isinstance(caught.value.__cause__, ConnectionResetError)
+    assert (engine.connections, len(engine.requests)) == (1, 2)
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD", "OPTIONS", "PUT", "DELETE"])
+async def test_an_idempotent_request_on_a_connection_closed_unanswered_is_sent_once_more(
+    engine: Engine, upstream: Upstream, method: str
+) -> None:
+    """The same race for an idempotent request: not one byte came back, so it is sent again,
+    once, on a new connection."""
+    last = OK_BODY.removesuffix(b"{}") if method == "HEAD" else OK_BODY
+    engine.answers = [answer(OK_BODY), answer(b"", close=True), answer(last)]
+    await _get_body(upstream)
+    response = await upstream.send(method, "/v1/x", {}, None)
+    body = await read_all(response)
+    release(response)
+    assert response.status == 200
+    assert body == (b"" if method == "HEAD" else b"{}")
+    assert (engine.connections, len(engine.requests)) == (2, 3)
+    assert engine.requests[1] == engine.requests[2]
+
+
+async def test_a_new_connection_closed_unanswered_is_not_sent_again(engine: Engine) -> None:
+    """Only a kept-alive connection's close may be a race with its reuse: on a new connection
+    the engine's close is its answer, a 502, even for a GET."""
+    engine.answers = [answer(b"", close=True), answer(OK_BODY)]
+    async for upstream in _upstream(engine.port):
+        with pytest.raises(UpstreamUnavailableError):
+            await upstream.send("GET", "/v1/models", {}, None)
+    assert len(engine.requests) == 1
 
 
 async def test_sent_comes_once_the_engine_can_read_the_request() -> None:
@@ -429,13 +497,14 @@ async def test_sent_comes_once_the_engine_can_read_the_request() -> None:
 async def test_sent_comes_once_where_the_request_goes_out_twice(
     engine: Engine, upstream: Upstream
 ) -> None:
-    """A reused connection the engine closed unanswered: the request is sent again, ``sent``
-    runs for the first write only."""
+    """An idempotent request on a reused connection the engine closed unanswered: it is sent
+    again, ``sent`` runs for the first write only."""
     engine.answers = [answer(OK_BODY), answer(b"", close=True), answer(OK_BODY)]
     await _get_body(upstream)
     calls: list[int] = []
-    response = await upstream.send("POST", "/v1/x", {}, b"{}", lambda: calls.append(1))
+    response = await upstream.send("GET", "/v1/x", {}, None, lambda: calls.append(1))
     assert (await read_all(response), len(engine.requests), calls) == (b"{}", 3, [1])
+    release(response)
 
 
 async def test_no_answer_in_time_is_a_504(engine: Engine) -> None:
@@ -448,12 +517,13 @@ async def test_a_pooled_connection_gives_its_next_request_the_whole_read_timeout
     engine: Engine,
 ) -> None:
     """The read timer outlives an answer in the pool, but the next request's deadline counts
-    from its own send: an answer 0.2 s late is in time for a 0.3 s timeout."""
+    from its own send: an answer 0.9 s late is in time for a 1.5 s timeout, where a deadline
+    left from the first request would have run out 0.3 s before it."""
     engine.answers = [answer(OK_BODY), answer(OK_BODY)]
-    engine.delays = {2: 0.2}
-    async for upstream in _upstream(engine.port, read_timeout_s=0.3):
+    engine.delays = {2: 0.9}
+    async for upstream in _upstream(engine.port, read_timeout_s=1.5):
         await _get_body(upstream)
-        await asyncio.sleep(0.2)  # the first answer's timer is still pending (due at ~0.3 s)
+        await asyncio.sleep(0.9)  # the first answer's timer is still pending (due at ~1.5 s)
         response, body = await _get_body(upstream)
         assert (response.status, body, engine.connections) == (200, b"{}", 1)
 
@@ -465,7 +535,7 @@ async def test_a_body_that_stops_arriving_is_a_504(engine: Engine) -> None:
         assert await read_chunk(response) == b"12345"
         with pytest.raises(UpstreamTimeoutError):
             await read_chunk(response)
-        finish(response)
+        release(response)
 
 
 async def test_a_refused_connection_is_a_502() -> None:
@@ -487,7 +557,7 @@ async def test_a_body_left_unread_closes_its_connection(engine: Engine, upstream
     ]
     response = await upstream.send("POST", "/v1/x", {}, b"{}")
     assert await read_chunk(response) == b"12345"
-    finish(response)
+    release(response)
     await _get_body(upstream)
     assert engine.connections == 2
 
@@ -501,7 +571,7 @@ async def test_a_whole_body_left_unread_never_reaches_the_next_request(
     response = await upstream.send("POST", "/v1/x", {}, b"{}")
     for _ in range(5):
         await asyncio.sleep(0)  # turns of the loop: the body arrives, unread
-    finish(response)
+    release(response)
     _, body = await _get_body(upstream)
     assert body == b"{}"
 
@@ -531,18 +601,20 @@ async def test_a_slow_reader_stops_the_engine_socket(engine: Engine, upstream: U
     connection = response._connection
     assert connection is not None
     # Loop turns, as many as it takes (bounded), for the engine to write past the mark.
+    transport = connection.transport
+    assert transport is not None
     for _ in range(100_000):
-        if connection._paused:
+        if not transport.is_reading():
             break
         await asyncio.sleep(0)
-    assert connection._paused, "the engine socket was never paused"
+    assert not transport.is_reading(), "the engine socket was never paused"
     first = await read_chunk(response)
     # What was held when reading stopped: the mark, plus at most one socket read past it.
     assert HIGH_WATER <= len(first) < HIGH_WATER + 1024 * 1024
-    assert not connection._paused  # reading it resumed the socket
+    assert transport.is_reading()  # reading it resumed the socket
     total = len(first) + len(await read_all(response))
     assert total == size
-    finish(response)
+    release(response)
 
 
 # Sizes drawn first: left to itself, st.binary favours a few bytes, and chunks this short never
@@ -550,6 +622,30 @@ async def test_a_slow_reader_stops_the_engine_socket(engine: Engine, upstream: U
 PAYLOADS = st.lists(
     st.integers(1, 300).flatmap(lambda n: st.binary(min_size=n, max_size=n)), max_size=12
 )
+
+
+@contextlib.contextmanager
+def _asked() -> Iterator[EngineConnection]:
+    """A connection over a real socket with a request written on it; the test then plays the
+    engine's answer into it, read by read, as the loop would."""
+    loop = asyncio.new_event_loop()
+    ours, theirs = socket.socketpair()
+    try:
+        connected = loop.create_connection(lambda: EngineConnection(loop, 5.0), sock=ours)
+        transport, connection = loop.run_until_complete(connected)
+        try:
+            connection.send(b"POST /v1/x HTTP/1.1\r\nHost: e\r\n\r\n", head_request=False)
+            yield connection
+        finally:
+            transport.abort()
+            loop.run_until_complete(asyncio.sleep(0))  # its connection_lost
+    finally:
+        theirs.close()
+        loop.close()
+
+
+def _reads(raw: bytes, cuts: list[int]) -> list[bytes]:
+    return [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True) if raw[a:b]]
 
 
 @settings(max_examples=200, deadline=None)
@@ -564,16 +660,11 @@ def test_any_chunked_body_split_anywhere_reads_back_whole(
     )
     raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body + b"0\r\n\r\n"
     cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=10)))
-    loop = asyncio.new_event_loop()
-    try:
-        connection = EngineConnection(loop, read_timeout_s=5.0)
-        for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True):
-            if raw[a:b]:
-                connection.data_received(raw[a:b])
-    finally:
-        loop.close()
-    assert b"".join(connection._pieces) == b"".join(payloads)
-    assert connection.eof
+    with _asked() as connection:
+        for read in _reads(raw, cuts):
+            connection.data_received(read)
+        assert b"".join(connection._pieces) == b"".join(payloads)
+        assert connection.phase is Phase.COMPLETE
 
 
 @settings(max_examples=200, deadline=None)
@@ -583,58 +674,43 @@ def test_a_sink_gets_the_body_in_order_and_never_its_last_bytes(
 ) -> None:
     """The relay's push path: pieces go to the sink as they arrive; one it declines, and all
     after it, wait for the next read, in order; the bytes that end the body are always the
-    read's, so they can leave with the terminating chunk. Where the sink is given the read's own
-    bytes too, they are whole chunks of exactly that piece."""
+    read's, so they can leave with the terminating chunk."""
     body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in payloads)
     raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body + b"0\r\n\r\n"
     cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=10)))
     out: list[bytes] = []
+    with _asked() as connection:
 
-    def sink(piece: bytes, framed: bytes | None) -> bool:
-        assert not connection.eof, "the body's last bytes reached the sink"
-        if framed is not None:
-            decoder = ChunkedBody()
-            assert b"".join(decoder.feed(framed)) == piece
-            assert not decoder.done
-            assert decoder.whole(b"1\r\nx\r\n") == b"x"  # it ends between two chunks
-        if data.draw(st.booleans(), label="take"):
-            out.append(piece)
-            return True
-        return False
+        def sink(piece: bytes) -> bool:
+            assert connection.phase is Phase.BODY, "the body's last bytes reached the sink"
+            if data.draw(st.booleans(), label="take"):
+                out.append(piece)
+                return True
+            return False
 
-    loop = asyncio.new_event_loop()
-    try:
-        connection = EngineConnection(loop, read_timeout_s=5.0)
         connection.push_to(sink)
-        for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True):
-            if raw[a:b]:
-                connection.data_received(raw[a:b])
+        for read in _reads(raw, cuts):
+            connection.data_received(read)
             if connection._sink is None and connection.has_pieces:  # declined: the task reads
                 out += connection._pieces
                 connection._pieces = []
                 connection.push_to(sink)
-    finally:
-        loop.close()
-    assert b"".join(out + connection._pieces) == b"".join(payloads)
-    assert connection.eof
+        assert b"".join(out + connection._pieces) == b"".join(payloads)
+        assert connection.phase is Phase.COMPLETE
 
 
 def test_a_sink_waits_behind_pieces_not_yet_read() -> None:
     """Attaching a sink while body bytes wait for a read leaves it detached: the next read gets
     them first, so nothing overtakes them."""
-    loop = asyncio.new_event_loop()
-    try:
-        connection = EngineConnection(loop, read_timeout_s=5.0)
+    taken: list[bytes] = []
+
+    def sink(piece: bytes) -> bool:
+        taken.append(piece)
+        return True
+
+    with _asked() as connection:
         head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
         connection.data_received(head + b"3\r\nabc\r\n")
-        taken: list[bytes] = []
-
-        def sink(piece: bytes, framed: bytes | None) -> bool:
-            taken.append(piece)
-            return True
-
         connection.push_to(sink)
         connection.data_received(b"3\r\ndef\r\n")
-    finally:
-        loop.close()
-    assert (taken, connection._pieces) == ([], [b"abc", b"def"])
+        assert (taken, connection._pieces) == ([], [b"abc", b"def"])

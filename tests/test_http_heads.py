@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from multidict import CIMultiDict
 
-from sidecar.edge.http1 import UnsendableRequestError, encode_request
+from sidecar.edge.engine_errors import UnsendableRequestError
+from sidecar.edge.http1 import encode_request
 from sidecar.edge.response import UnsendableHeadError, encode_head
 
 BAD_FIELDS = [

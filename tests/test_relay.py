@@ -102,42 +102,39 @@ async def _prepared(
     return socket, _Relay(request, response, 10.0, EventFramer())
 
 
-async def test_push_passes_the_engines_framing_on_only_for_bytes_it_passes_as_they_came() -> None:
-    """The engine's own chunk goes to the client as it came only where the framer passed its
-    data unchanged; an event cut across reads is framed anew, once it is whole."""
+async def test_push_writes_whole_events_each_as_one_chunk() -> None:
+    """Each push goes out as one chunk of the events it completed; an event cut across reads
+    goes out once it is whole."""
     socket, relay = await _prepared()
     socket.written.clear()
-    # Whole events, in the engine's own framing (upper-case hex: valid, and not what we write).
-    assert relay.push(b"data: 1\n\n", b"9\r\ndata: 1\n\n\r\n")
-    assert relay.push(b"data: 2\n\ndata: 3", b"10\r\ndata: 2\n\ndata: 3\r\n")
-    assert relay.push(b"\n\n", b"2\r\n\n\n\r\n")
-    assert relay.push(b"data: 44444\n\n", b"D\r\ndata: 44444\n\n\r\n")
+    assert relay.push(b"data: 1\n\n")
+    assert relay.push(b"data: 2\n\ndata: 3")
+    assert relay.push(b"\n\n")
     assert socket.written == [
         b"9\r\ndata: 1\n\n\r\n",
-        b"9\r\ndata: 2\n\n\r\n",  # what was whole of that read, framed anew
+        b"9\r\ndata: 2\n\n\r\n",  # what was whole of that read
         b"9\r\ndata: 3\n\n\r\n",  # its tail, once the blank line came
-        b"D\r\ndata: 44444\n\n\r\n",  # the engine's own bytes again
     ]
 
 
-async def test_a_held_head_leaves_with_the_first_event_then_reads_pass_as_they_came() -> None:
-    """Where the head waits for the first body bytes, the first event goes out framed by us
-    behind it; only the events after it pass in the engine's own framing."""
+async def test_a_held_head_leaves_with_the_first_event() -> None:
+    """Where the head waits for the first body bytes, it goes out with the first event, in one
+    write; the events after it go on their own."""
     socket, relay = await _prepared(head_with_body=True)
     assert socket.written == []
-    assert relay.push(b"data: 1\n\n", b"9\r\ndata: 1\n\n\r\n")
-    assert relay.push(b"data: 2\n\n", b"00009\r\ndata: 2\n\n\r\n")
+    assert relay.push(b"data: 1\n\n")
+    assert relay.push(b"data: 2\n\n")
     first, second = socket.written
     head, _, body = first.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200")
     assert body == b"9\r\ndata: 1\n\n\r\n"
-    assert second == b"00009\r\ndata: 2\n\n\r\n"
+    assert second == b"9\r\ndata: 2\n\n\r\n"
 
 
-async def test_an_unchunked_answer_never_carries_the_engines_framing() -> None:
+async def test_an_unchunked_answer_carries_bare_events() -> None:
     """An HTTP/1.0 client's answer is not chunked: every event goes out as bare data."""
     socket, relay = await _prepared((1, 0))
     socket.written.clear()
-    assert relay.push(b"data: 1\n\n", b"9\r\ndata: 1\n\n\r\n")
-    assert relay.push(b"data: 2\n\n", b"9\r\ndata: 2\n\n\r\n")
+    assert relay.push(b"data: 1\n\n")
+    assert relay.push(b"data: 2\n\n")
     assert socket.written == [b"data: 1\n\n", b"data: 2\n\n"]

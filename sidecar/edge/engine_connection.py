@@ -1,252 +1,200 @@
-"""One kept-alive connection to the engine: an asyncio protocol that parses each answer.
+"""One kept-alive connection to the engine: an asyncio protocol over llhttp's response parser.
 
-Body bytes are parsed as they arrive and handed to the reader in the largest pieces a read gives;
-at most ``HIGH_WATER`` of them wait for a slow reader before the socket stops being read. A reader
-may instead attach a :data:`Sink`: each piece then goes to it from ``data_received``, with no task
-woken, until the sink declines one (it keeps its place as the next read's) or the body ends (its
-last bytes are the next read's). A read that is nothing but whole chunks reaches the sink with
-the read itself, so that the relay can pass the engine's own chunk framing on. One read-timeout
-timer per connection is re-armed lazily, so a relayed chunk costs no timer handle.
+llhttp (httptools' ``HttpResponseParser``) parses; this protocol owns the connection's life, as
+its :class:`Phase`. Body bytes are handed to the reader in the largest pieces a socket read gives;
+at most ``HIGH_WATER`` of them wait for a slow reader before reading is paused (FlowControl). A
+reader may instead attach a :data:`Sink`: each read's body bytes then go to it from
+``data_received``, with no task woken, until it declines some (they stay the next read's, and it
+is detached) or the body ends (its last bytes are the next read's). One read timer per
+connection, re-armed lazily: a relayed chunk costs no timer handle.
 
-Failures are raised as the errors ``engine_client.translated`` maps: ``OSError`` (reset, an
-answer cut short: ``ConnectionResetError``), ``TimeoutError`` (no byte for ``read_timeout_s``)
-and :class:`EngineProtocolError` (an answer that is not HTTP/1.x).
+Failures are raised as the errors ``engine_client.translated`` maps: ``OSError`` (a reset, an
+answer cut short: ``ConnectionResetError``; ``StaleConnectionError`` when not one byte of it
+came), ``TimeoutError`` (no byte for ``read_timeout_s``) and ``EngineProtocolError`` (an answer
+that is not HTTP/1.1 as llhttp reads it, strictly, or bytes nobody asked for).
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import Callable
 from typing import cast
 
-from sidecar.edge.chunked import ChunkedBody
-from sidecar.edge.http1 import (
-    MAX_HEAD_BYTES,
-    EngineProtocolError,
-    Framing,
-    Head,
-    HeadCache,
-    framing,
-)
+import httptools
+
+from sidecar.edge.engine_errors import EngineProtocolError, StaleConnectionError
+from sidecar.edge.engine_head import MAX_HEAD_BYTES, Head, ends_at_close, make_head
+from sidecar.edge.flow_control import FlowControl
 
 # Body bytes held for a reader that is slower than the engine before the socket stops reading.
 HIGH_WATER = 256 * 1024
 # Takes one piece of the body as it arrives and says whether it did; one it declines is left,
-# untouched, for the next read (and the sink is detached). The second argument, where not None,
-# is the socket read that carried the piece: nothing but whole chunks whose data is the piece.
-Sink = Callable[[bytes, bytes | None], bool]
+# untouched, for the next read (and the sink is detached).
+Sink = Callable[[bytes], bool]
 
 
-class StaleConnectionError(ConnectionResetError):
-    """A kept-alive connection that the engine had closed before it saw the request."""
+class Phase(enum.Enum):
+    """Where a connection is in its request and answer."""
+
+    IDLE = "idle"  # no request on it: new, or kept in the pool
+    SENT = "sent"  # a request written; not one byte of its answer yet
+    HEAD = "head"  # the answer's head arriving (interim 1xx heads skipped)
+    BODY = "body"  # the head read, the body arriving
+    COMPLETE = "complete"  # the answer parsed to its end; its last pieces may wait for a read
+    BROKEN = "broken"  # failed or closed mid-answer (``error`` says why): never used again
+
+
+ANSWERING = frozenset({Phase.SENT, Phase.HEAD, Phase.BODY})
 
 
 class EngineConnection(asyncio.Protocol):
     """One connection to the engine; carries one request at a time."""
 
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        read_timeout_s: float,
-        heads: HeadCache | None = None,
-    ) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, read_timeout_s: float) -> None:
         self._loop = loop
         self._read_timeout_s = read_timeout_s
-        self._heads = heads if heads is not None else HeadCache()  # the pool's, shared
         self.transport: asyncio.Transport | None = None
-        self.closed = False
-        self._buffer = bytearray()  # bytes received and not yet parsed
+        self._flow: FlowControl | None = None
+        self.phase = Phase.IDLE
+        self.error: BaseException | None = None
+        self.keep_alive = False  # the answer lets the connection carry another request
         self._pieces: list[bytes] = []  # body bytes parsed and not yet read
         self._held = 0  # their length
+        self._sink: Sink | None = None
         self._waiter: asyncio.Future[None] | None = None
-        self._error: BaseException | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._last_data = 0.0
-        self._paused = False
-        self._sink: Sink | None = None
-        self.idle = False  # in the pool, between requests: any byte now is the engine's error
-        self._reset_message()
+        self._new_answer(head_request=False)
 
-    def _reset_message(self) -> None:
-        self._sink = None
+    def _new_answer(self, *, head_request: bool) -> None:
+        self._parser = httptools.HttpResponseParser(self)
+        self._head_request = head_request
         self.head: Head | None = None
-        self.framing: Framing = "none"
-        self.keep_alive = True
-        self.eof = False  # the body was read to its end
-        self._remaining = 0  # Content-Length left
-        self._chunks: ChunkedBody | None = None  # a chunked body's decoder
-        self._head_request = False
-        self._received = False  # any byte of this answer arrived
+        self._reason = b""
+        self._fields: list[tuple[bytes, bytes]] = []
+        self._head_bytes = 0
+        self._ends_at_close = False  # the body ends where the engine closes the connection
 
     # asyncio.Protocol ------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport; not isinstance-checked: uvloop's do not subclass asyncio's.
         self.transport = cast(asyncio.Transport, transport)
+        self._flow = FlowControl(self.transport)
 
     def data_received(self, data: bytes) -> None:
-        if self.idle:
-            self._fail(EngineProtocolError("the engine sent bytes on an idle connection"))
-            return
-        self._received = True
-        self._last_data = self._loop.time()
-        sink, chunks = self._sink, self._chunks
-        if sink is not None and chunks is not None and not self._pieces and self._error is None:
-            try:  # the hot path: one read of whole chunks (an event), straight to the sink
-                piece = chunks.whole(data)
-            except EngineProtocolError as exc:
-                self._fail(exc)
-                self._wake()
+        phase = self.phase
+        if phase is not Phase.BODY:
+            if phase is Phase.SENT:
+                self.phase = Phase.HEAD
+            elif phase is not Phase.HEAD:
+                self._unasked()
                 return
-            if piece is not None:
-                if not sink(piece, data):
+            self._head_bytes += len(data)
+        self._last_data = self._loop.time()
+        self._feed(data)
+        if self.phase is Phase.BODY:
+            sink = self._sink
+            if sink is not None and self._pieces:
+                piece = self._take()
+                if not sink(piece):
                     self._decline(piece)
                 return
-        try:
-            if self.head is None:
-                self._buffer += data
-                self._parse()
-            elif self._chunks is not None:  # decoded straight off the socket's bytes
-                self._take_chunks(data)
-            else:
-                self._body_bytes(data)
-        except EngineProtocolError as exc:
-            self._fail(exc)
-        sink = self._sink
-        if sink is not None and self._pieces and not self.eof and self._error is None:
-            self._push(sink)
-        else:
-            self._wake()
-
-    def _push(self, sink: Sink) -> None:
-        """Hand the pieces to ``sink``; the reader is woken only if it declines them."""
-        data = self._take()
-        if not sink(data, None):
-            self._decline(data)
-
-    def _decline(self, data: bytes) -> None:
-        """The sink declined ``data``: detached, and ``data`` is the next read's, where it was."""
-        self._sink = None
-        self._hold(data)
+            if self._held > HIGH_WATER:
+                self._flow_control().pause_reading()
+        elif self.phase is Phase.HEAD and self._head_bytes > MAX_HEAD_BYTES:
+            self._fail(EngineProtocolError("the engine's response head is too large"))
         self._wake()
+
+    def _feed(self, data: bytes) -> None:
+        """Parse ``data``; a break in it fails the connection with llhttp's reason."""
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__  # what one of the callbacks below raised
+            self._fail(cause if isinstance(cause, EngineProtocolError) else _broken(exc))
+        except httptools.HttpParserError as exc:
+            self._fail(_broken(exc))
+        except httptools.HttpParserUpgrade as exc:
+            self._fail(_broken(exc, "the engine switched protocols"))
+
+    def _unasked(self) -> None:
+        """Bytes while no answer is due: the connection cannot be trusted with another request."""
+        if self.phase is Phase.IDLE:
+            self._fail(EngineProtocolError("the engine sent bytes on an idle connection"))
+        elif self.phase is Phase.COMPLETE:
+            self.close()  # the answer itself was whole, and stays readable
 
     def eof_received(self) -> bool:
         return False  # close our side too; connection_lost follows
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self.closed = True
-        self.cancel_timer()
-        clean = exc is None and self._error is None
-        if clean and self.head is not None and self.framing == "close" and not self.eof:
-            self.eof = True  # a close-delimited body ends here; a reset is no end
-        elif self._waiter is not None or (self.head is not None and not self.eof):
-            error: BaseException
-            if self.head is None and not self._received:
-                error = StaleConnectionError("the engine closed the connection before answering")
-            else:
-                error = ConnectionResetError("the engine closed the connection mid-answer")
-            if exc is not None:
-                error.__cause__ = exc
-            self._error = self._error or error
+        self._cancel_timer()
+        self.keep_alive = False
+        if self.phase is Phase.BODY and exc is None and self._ends_at_close:
+            self.phase = Phase.COMPLETE  # a close-delimited body ends here; a reset is no end
+        elif self.phase is Phase.SENT:
+            self._fail(StaleConnectionError("the engine closed the connection before answering"))
+        elif self.phase in ANSWERING:
+            self._fail(ConnectionResetError("the engine closed the connection mid-answer"))
+        elif self.phase is Phase.IDLE:
+            self._fail(ConnectionResetError("the engine closed the idle connection"))
+        if self.error is not None and self.error.__cause__ is None and exc is not None:
+            self.error.__cause__ = exc
         self._wake()
 
-    # Parsing ---------------------------------------------------------------------------------
+    # llhttp's callbacks (httptools) ----------------------------------------------------------
 
-    def _parse(self) -> None:
-        if self.head is None and not self._parse_head():
+    def on_message_begin(self) -> None:
+        if self.phase is not Phase.HEAD:
+            raise EngineProtocolError("the engine sent bytes after its answer")
+
+    def on_status(self, reason: bytes) -> None:
+        self._reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.phase is Phase.HEAD:  # after the body: a trailer field, which is not relayed
+            self._fields.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:
+            if status == 101:
+                raise EngineProtocolError("the engine switched protocols")
+            self._reason, self._fields = b"", []  # an interim answer: the real one follows
             return
-        rest, self._buffer = bytes(self._buffer), bytearray()
-        if self._chunks is not None:
-            self._take_chunks(rest)
-        elif rest:
-            self._body_bytes(rest)
+        if sum(len(name) + len(value) for name, value in self._fields) > MAX_HEAD_BYTES:
+            raise EngineProtocolError("the engine's response head is too large")
+        head = make_head(status, self._reason, self._fields)
+        self.keep_alive = self._parser.should_keep_alive()
+        head_request = self._head_request
+        self._ends_at_close = not self.keep_alive and ends_at_close(head, head_request=head_request)
+        self.head = head
+        # llhttp cannot be told that a HEAD request's answer has no body: it ends here.
+        self.phase = Phase.COMPLETE if head_request else Phase.BODY
 
-    def _body_bytes(self, data: bytes) -> None:
-        if self.framing == "length":
-            self._take_length(data)
-        elif self.framing == "close":
-            self._hold(data)
-        else:  # after a complete answer with no body: not HTTP
-            raise EngineProtocolError("the engine sent bytes it was not asked for")
+    def on_body(self, body: bytes) -> None:
+        if self.phase is not Phase.BODY:
+            raise EngineProtocolError("the engine sent a body it was not asked for")
+        self._pieces.append(body)
+        self._held += len(body)
 
-    def _parse_head(self) -> bool:
-        """Parse a status line and fields if they are all here; skip interim 1xx answers."""
-        while True:
-            end = self._buffer.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self._buffer) > MAX_HEAD_BYTES:
-                    raise EngineProtocolError("the engine's response head is too large")
-                return False
-            if end > MAX_HEAD_BYTES:
-                raise EngineProtocolError("the engine's response head is too large")
-            head = bytes(self._buffer[:end])
-            del self._buffer[: end + 4]
-            parsed = self._heads.parse(head)
-            status = parsed.status
-            if 100 <= status < 200 and status != 101:
-                continue  # 100 Continue, 103 Early Hints: the real answer follows
-            framed = parsed.framing
-            if self._head_request:  # no body, whatever the fields say (RFC 9112 §6.3)
-                framed = framing(status, parsed.fields, http10=parsed.http10, head_request=True)
-            self._frame(framed)
-            self.head = parsed
-            return True
-
-    def _frame(self, framed: tuple[Framing, int, bool]) -> None:
-        self.framing, self._remaining, self.keep_alive = framed
-        self.eof = self.framing == "none" or (self.framing == "length" and self._remaining == 0)
-        if self.framing == "chunked":
-            self._chunks = ChunkedBody()
-
-    def _take_length(self, data: bytes) -> None:
-        if len(data) > self._remaining:
-            raise EngineProtocolError("the engine sent more than its Content-Length")
-        self._remaining -= len(data)
-        self._hold(data)
-        if self._remaining == 0:
-            self.eof = True
-
-    def _take_chunks(self, data: bytes) -> None:
-        assert self._chunks is not None
-        if pieces := self._chunks.feed(data):
-            self._pieces += pieces
-            for piece in pieces:  # a loop, not sum(map(len, ...)): usually one piece
-                self._held += len(piece)
-            self._check_high_water()
-        if self._chunks.done:
-            self.eof = True
-
-    def _hold(self, data: bytes) -> None:
-        if data:
-            self._pieces.append(data)
-            self._held += len(data)
-            self._check_high_water()
-
-    def _check_high_water(self) -> None:
-        if self._held > HIGH_WATER and not self._paused and self.transport is not None:
-            self._paused = True
-            self.transport.pause_reading()
-
-    def _fail(self, exc: BaseException) -> None:
-        self._error = self._error or exc
-        self.keep_alive = False
-        if self.transport is not None:
-            self.transport.abort()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+    def on_message_complete(self) -> None:
+        if self.phase is Phase.BODY:
+            self.phase = Phase.COMPLETE
+        # else an interim answer's end (its head was skipped), or a HEAD request's answer
 
     # The reader's side -----------------------------------------------------------------------
 
     def send(self, request: bytes, *, head_request: bool) -> None:
-        self.idle = False
-        self._reset_message()
+        """Write one request; its answer is read with ``read_head`` and ``read``."""
+        assert self.phase is Phase.IDLE, self.phase
+        assert self.transport is not None, "connection_made first"
+        self._new_answer(head_request=head_request)
+        self.phase = Phase.SENT
         # The read deadline counts from here: a timer left from the last answer re-arms by it.
         self._last_data = self._loop.time()
-        self._head_request = head_request
-        assert self.transport is not None
         self.transport.write(request)
 
     def push_to(self, sink: Sink | None) -> None:
@@ -255,14 +203,17 @@ class EngineConnection(asyncio.Protocol):
         self._sink = sink if not self._pieces else None
 
     async def read_head(self) -> Head:
+        """The answer's head, once here. An answer that broke by then, in its head or in body
+        bytes that came with it, fails whole: nothing of it has gone anywhere yet."""
         while self.head is None:
             await self._wait()
+        self._raise_if_broken()
         return self.head
 
     async def read(self) -> bytes:
         """The body bytes that arrived since the last read (waiting for some); b"" at the end."""
         while not self._pieces:
-            if self.eof:
+            if self.phase is Phase.COMPLETE:
                 return b""
             await self._wait()
         return self._take()
@@ -270,18 +221,20 @@ class EngineConnection(asyncio.Protocol):
     def _take(self) -> bytes:
         """The pieces waiting, as one; the socket is read again if they had paused it."""
         pieces, self._pieces, self._held = self._pieces, [], 0
-        if self._paused and self.transport is not None:
-            self._paused = False
-            self.transport.resume_reading()
+        self._flow_control().resume_reading()
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
+    def _decline(self, data: bytes) -> None:
+        """The sink declined ``data``: detached, and ``data`` is the next read's, where it was."""
+        self._sink = None
+        self._pieces.append(data)
+        self._held += len(data)
+        if self._held > HIGH_WATER:
+            self._flow_control().pause_reading()
+        self._wake()
+
     async def _wait(self) -> None:
-        if self._error is not None:
-            raise self._error
-        if self.closed:
-            if self.head is None and not self._received:
-                raise StaleConnectionError("the engine closed the connection before answering")
-            raise ConnectionResetError("the engine's connection is closed")
+        self._raise_if_broken()
         self._waiter = self._loop.create_future()
         if self._timer is None:
             self._last_data = self._loop.time()
@@ -290,15 +243,35 @@ class EngineConnection(asyncio.Protocol):
             await self._waiter
         finally:
             self._waiter = None
-        if self._error is not None:  # a callback's, while this waited
-            raise self._error
+        self._raise_if_broken()  # a callback's, while this waited
+
+    def _raise_if_broken(self) -> None:
+        if self.phase is Phase.BROKEN:
+            raise self.error or ConnectionResetError("the engine connection is closed")
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.phase is not Phase.BROKEN:
+            self.error, self.phase = exc, Phase.BROKEN
+        self.close()
+        self._wake()
+
+    def _flow_control(self) -> FlowControl:
+        assert self._flow is not None, "connection_made first"
+        return self._flow
+
+    # The read deadline -----------------------------------------------------------------------
 
     def _arm(self, delay: float) -> None:
         self._timer = self._loop.call_later(delay, self._on_timer)
 
     def _on_timer(self) -> None:
-        """One timer per connection, re-armed lazily: no timer handle per relayed chunk, nor
-        per request (it outlives an answer: idle in the pool, it fires once and stays off)."""
+        """Fired at the deadline the last byte set, or earlier: it re-arms itself for the rest.
+        It outlives an answer: idle in the pool, it fires once and stays off."""
         self._timer = None
         if self._waiter is None:
             return  # nobody reading: the next wait arms a fresh one
@@ -306,16 +279,14 @@ class EngineConnection(asyncio.Protocol):
         if idle < self._read_timeout_s:
             self._arm(self._read_timeout_s - idle)
             return
-        self._error = TimeoutError(f"no byte from the engine for {self._read_timeout_s:g}s")
-        self.keep_alive = False
-        if self.transport is not None:
-            self.transport.abort()
-        self._wake()
+        self._fail(TimeoutError(f"no byte from the engine for {self._read_timeout_s:g}s"))
 
-    def cancel_timer(self) -> None:
+    def _cancel_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    # The pool's side -------------------------------------------------------------------------
 
     @property
     def has_pieces(self) -> bool:
@@ -323,22 +294,35 @@ class EngineConnection(asyncio.Protocol):
         return bool(self._pieces)
 
     @property
-    def failed(self) -> bool:
-        return self._error is not None
+    def closing(self) -> bool:
+        """The socket is closed or closing, by either side."""
+        return self.transport is None or self.transport.is_closing()
 
     @property
     def reusable(self) -> bool:
+        """Its answer was read to the end and both sides allow another request on it."""
         return (
-            self.eof
+            self.phase is Phase.COMPLETE
             and self.keep_alive
-            and not self.closed
-            and self._error is None
-            and not self._buffer
             and not self._pieces
+            and not self.closing
         )
 
+    def park(self) -> None:
+        """Kept in the pool for the next request (``reusable`` first)."""
+        self.phase = Phase.IDLE
+
     def close(self) -> None:
-        self.cancel_timer()
+        """Drop the connection at once: vLLM aborts the request when its connection drops."""
+        self._cancel_timer()
         self.keep_alive = False
-        if self.transport is not None and not self.closed:
-            self.transport.abort()  # vLLM aborts the request when its connection drops
+        if self.transport is not None and not self.closing:
+            self.transport.abort()
+
+
+def _broken(exc: Exception, reason: str | None = None) -> EngineProtocolError:
+    """llhttp's refusal as the engine client's error: llhttp's reason is one of its own fixed
+    phrases, never the engine's bytes, so the message may reach the client."""
+    error = EngineProtocolError(f"the engine's answer is not valid HTTP/1.1: {reason or exc}")
+    error.__cause__ = exc
+    return error

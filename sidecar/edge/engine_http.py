@@ -1,15 +1,16 @@
-"""A lean HTTP/1.1 client for the one engine the sidecar fronts.
+"""A pooled HTTP/1.1 client for the one engine the sidecar fronts.
 
-aiohttp's client builds a request object, a response object, a URL, a cookie jar lookup, trace
-hooks and a payload writer for every request, and wakes its reader once per HTTP chunk; on a
-short stream that was about a third of the sidecar's CPU (docs/performance.md). The sidecar
-talks to one origin, with bodies it has already read, and relays the answer's bytes as they are,
-so it needs much less: a pool of kept-alive connections (:mod:`engine_connection`), one write per
-request (:mod:`http1` encodes it), a response head, and the body's bytes as they come.
+The sidecar talks to one origin, with bodies it has already read, and relays the answer's bytes
+as they come, so a client this small does: a pool of kept-alive connections
+(:mod:`engine_connection`, llhttp parsing each answer), one write per request (:mod:`http1`
+encodes it), a response head, and the body's bytes as they arrive.
 
 A connection goes back to the pool only when its answer was read to the end and neither side
-asked to close it. Errors: as in :mod:`sidecar.edge.engine_connection`, plus ``OSError`` and
-``TimeoutError`` on connect.
+asked to close it. A request is written once, except where RFC 9112 §9.3.1 allows another try:
+an idempotent request on a kept-alive connection that the engine closed without answering. A
+POST may have reached the engine, which may be generating for it: it is never sent twice.
+Errors: as in :mod:`sidecar.edge.engine_connection`, plus ``OSError`` and ``TimeoutError`` on
+connect.
 """
 
 from __future__ import annotations
@@ -19,23 +20,24 @@ import ssl
 from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
-from sidecar.edge.engine_connection import EngineConnection, Sink, StaleConnectionError
-from sidecar.edge.http1 import HeadCache, encode_request
+from sidecar.edge.engine_connection import EngineConnection, Phase, Sink
+from sidecar.edge.engine_errors import StaleConnectionError
+from sidecar.edge.http1 import encode_request
 
 # Idle kept-alive connections kept; more than the engine's concurrency gains nothing.
 MAX_IDLE = 256
+# RFC 9110 §9.2.2: a request the engine may see twice with the effect of once.
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
 
 class EngineResponse:
     """The engine's status line, fields and body, read from one pooled connection."""
 
-    __slots__ = ("_connection", "_pool", "forwarded", "headers", "reason", "status")
-
     def __init__(self, pool: EnginePool, connection: EngineConnection) -> None:
         head = connection.head
         assert head is not None
         self.status, self.reason, self.headers = head.status, head.reason, head.fields
-        self.forwarded = head.forwarded  # the fields a proxy passes on (http1.end_to_end)
+        self.forwarded = head.forwarded  # the fields a proxy passes on (http1.end_to_end_fields)
         self._pool = pool
         self._connection: EngineConnection | None = connection
 
@@ -66,14 +68,21 @@ class EngineResponse:
     def is_eof(self) -> bool:
         """The body was read to its end (after a read: the next read returns b"")."""
         connection = self._connection
-        return connection is None or (connection.eof and not connection.has_pieces)
+        return connection is None or (
+            connection.phase is Phase.COMPLETE and not connection.has_pieces
+        )
 
     def ready(self) -> bool:
         """The next read returns at once: body bytes, its end, or an error are here already."""
         connection = self._connection
-        return connection is None or connection.has_pieces or connection.eof or connection.failed
+        return (
+            connection is None
+            or connection.has_pieces
+            or connection.phase is Phase.COMPLETE
+            or connection.phase is Phase.BROKEN
+        )
 
-    def finish(self) -> None:
+    def release(self) -> None:
         """Back to the pool if the body was read to its end and may be reused; else closed."""
         connection, self._connection = self._connection, None
         if connection is not None:
@@ -95,7 +104,6 @@ class EnginePool:
         self._connect_timeout_s = connect_timeout_s
         self._read_timeout_s = read_timeout_s
         self._idle: list[EngineConnection] = []
-        self._heads = HeadCache()
         self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self.https else None
         self._closed = False
 
@@ -109,21 +117,21 @@ class EnginePool:
     ) -> EngineResponse:
         """Send one request; return once the engine's status line and fields arrived.
 
-        A kept-alive connection that the engine had already closed (its keep-alive timeout
-        raced our reuse) fails before one byte of an answer: the request is sent once more, on
-        a new connection. Nothing else is retried.
+        A kept-alive connection that the engine closed without one byte of an answer (its
+        keep-alive timeout raced our reuse) is replaced and the request sent once more, only
+        where the request is idempotent; else that is a StaleConnectionError (a 502).
 
         ``sent``: called once the request is first written, before the wait for the answer:
         work that need not delay the engine (a log line) runs while the engine works.
         """
         message = encode_request(method, self.prefix + path_qs, self.host_field, headers, body)
-        head_request = method == "HEAD"
+        retry = method in IDEMPOTENT_METHODS
         while True:
             connection = self._take_idle()
             reused = connection is not None
             if connection is None:
                 connection = await self._connect()
-            connection.send(message, head_request=head_request)
+            connection.send(message, head_request=method == "HEAD")
             try:
                 if sent is not None:
                     sent()
@@ -131,7 +139,7 @@ class EnginePool:
                 await connection.read_head()
             except StaleConnectionError:
                 connection.close()
-                if reused:
+                if reused and retry:
                     continue
                 raise
             except BaseException:
@@ -142,8 +150,8 @@ class EnginePool:
     def _take_idle(self) -> EngineConnection | None:
         while self._idle:
             connection = self._idle.pop()
-            transport = connection.transport
-            if not connection.closed and transport is not None and not transport.is_closing():
+            # One the engine closed while it waited is dropped here, before anything is sent.
+            if connection.phase is Phase.IDLE and not connection.closing:
                 return connection
         return None
 
@@ -151,7 +159,7 @@ class EnginePool:
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self._connect_timeout_s):
             _, protocol = await loop.create_connection(
-                lambda: EngineConnection(loop, self._read_timeout_s, self._heads),
+                lambda: EngineConnection(loop, self._read_timeout_s),
                 self.host,
                 self.port,
                 ssl=self._ssl,
@@ -165,11 +173,12 @@ class EnginePool:
         return len(self._idle)
 
     def put_back(self, connection: EngineConnection) -> None:
+        """Keep ``connection`` for the next request if its answer allows; else close it."""
         # A kept connection keeps its timer: the next request's wait re-arms nothing.
         if self._closed or not connection.reusable or len(self._idle) >= MAX_IDLE:
             connection.close()
         else:
-            connection.idle = True
+            connection.park()
             self._idle.append(connection)
 
     def close(self) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sidecar.core.errors import UpstreamError
-from sidecar.edge.engine_client import Upstream, finish, read_all
+from sidecar.edge.engine_client import Upstream, read_all, release
 from sidecar.telemetry.module_log import ModuleLogger
 
 log = ModuleLogger("sidecar.edge.prompt_count")
@@ -35,7 +35,7 @@ class EnginePromptCounter:
             try:
                 body = await read_all(response)
             finally:
-                finish(response)
+                release(response)
         except UpstreamError as exc:
             self._failed(error=str(exc))
             return None

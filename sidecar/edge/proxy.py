@@ -23,7 +23,7 @@ from sidecar.core.errors import (
 from sidecar.core.ledger import StreamUsage
 from sidecar.core.request_checks import CheckedRequest, TokenPolicy
 from sidecar.edge.busy import busy_response
-from sidecar.edge.engine_client import Upstream, finish, read_all
+from sidecar.edge.engine_client import Upstream, read_all, release
 from sidecar.edge.engine_http import EngineResponse
 from sidecar.edge.http1 import end_to_end
 from sidecar.edge.http_errors import error_response
@@ -246,7 +246,7 @@ async def _forward(
         )  # fmt: skip
         return result_response(result, permit)
     finally:
-        finish(upstream)
+        release(upstream)
 
 
 def _upstream_failed(permit: Permit, exc: UpstreamError, phase: str) -> tuple[Answer, str]:
@@ -327,7 +327,7 @@ async def passthrough(request: Request, proxy: Proxy, target: Target, request_id
             request, upstream, request_id, write_timeout_s=proxy.config.write_timeout_s
         )
     finally:
-        finish(upstream)
+        release(upstream)
     return result.response
 
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 from sidecar.core.errors import UpstreamError
 from sidecar.core.ledger import StreamUsage
@@ -38,9 +38,9 @@ LAST_WORDS_S = 0.5
 HEADROOM = 16 * 1024
 
 
-class RelayResult(NamedTuple):
-    """How a relay ended (a NamedTuple: one a request, built at a quarter of a frozen
-    dataclass's cost)."""
+@dataclass(frozen=True, slots=True)
+class RelayResult:
+    """How a relay ended."""
 
     end: RelayEnd
     response: StreamResponse
@@ -74,22 +74,18 @@ class _Relay:
     write_timeout_s: float
     framer: EventFramer | None  # an SSE stream's: passes on whole events only
     tally: StreamUsage | None = None  # adaptive admission: the token events relayed
-    high_water: int = 0  # the client socket's
-    room: int = 0  # what its buffer may hold, a new write included, with no wait: less HEADROOM
-    # The client's write, once framed reads may go to it as they came (StreamResponse.passthrough)
-    direct: Callable[[bytes], object] | None = None
+    room: int = 0  # what the client's buffer may hold with no wait: its high-water less HEADROOM
 
     def __post_init__(self) -> None:
-        self.high_water = self.request.transport.get_write_buffer_limits()[1]
-        self.room = self.high_water - HEADROOM
+        self.room = self.request.transport.get_write_buffer_limits()[1] - HEADROOM
 
     @property
     def sse(self) -> bool:
         return self.framer is not None
 
-    def _cannot_wait(self, size: int) -> bool:
+    def _fits(self, size: int) -> bool:
         """Whether writing ``size`` bytes stays below the high-water mark, so the connection is
-        never paused on a drain: then the write needs no deadline (and no timer, ~1.5 us)."""
+        never paused on a drain: such a write needs no deadline."""
         return self.request.transport.get_write_buffer_size() + size <= self.room
 
     def ready(self, chunk: bytes) -> bytes:
@@ -102,34 +98,14 @@ class _Relay:
             self.tally.relayed += chunk.count(TOKEN_MARK)
         return chunk
 
-    def push(self, chunk: bytes, framed: bytes | None) -> bool:
+    def push(self, chunk: bytes) -> bool:
         """The engine connection's sink: relay ``chunk`` from the socket's callback, where that
         needs no wait. It declines (False, nothing consumed) when the client is gone or the write
-        could fill its buffer; the relay task then writes it, under the write deadline.
-
-        ``framed``: the engine's read that carried ``chunk`` as whole chunks. Where the framer
-        passes ``chunk`` on unchanged, those bytes go to the client as they came: the same
-        chunked encoding of the same data, not built again. This runs once per relayed event,
-        so ``_cannot_wait``, ``ready`` and ``counted`` are written out here (calling them cost
-        1.2k instructions more per event, of ~15k, counted under callgrind), and such bytes go
-        to the client's ``write`` itself once the response allows it (``direct``: ~700 fewer).
-        """
+        could fill its buffer; the relay task then writes it, under the write deadline."""
         request = self.request
-        transport = request.transport
-        if (
-            request.wire.lost
-            or transport.is_closing()
-            or transport.get_write_buffer_size() + len(chunk) > self.room
-        ):
+        if request.wire.lost or request.transport.is_closing() or not self._fits(len(chunk)):
             return False
-        out = self.framer.feed(chunk) if self.framer is not None else chunk
-        if self.tally is not None and out:
-            self.tally.relayed += out.count(TOKEN_MARK)
-        if out is chunk and framed is not None and self.direct is not None:
-            self.direct(framed)  # the usual event, after the first: no write_now call
-            return True
-        self.response.write_now(out, framed if out is chunk else None)
-        self.direct = self.response.passthrough()
+        self.response.write_now(self.ready(chunk))
         return True
 
     async def write(self, data: bytes, timeout_s: float | None = None) -> RelayEnd | None:
@@ -140,7 +116,7 @@ class _Relay:
         """Send the status line and headers, under the same deadline as a write."""
         return await self._deadlined(self.response.prepare(self.request), 0, None)
 
-    async def finish(self, last: bytes = b"") -> RelayEnd | None:
+    async def end_body(self, last: bytes = b"") -> RelayEnd | None:
         """End the body with its ``last`` bytes (and the terminating chunk) in one write, under
         the same deadline as a write."""
         return await self._deadlined(self.response.write_eof(last), len(last), None)
@@ -149,7 +125,7 @@ class _Relay:
         self, io: Coroutine[Any, Any, object], size: int, timeout_s: float | None
     ) -> RelayEnd | None:
         try:
-            if self._cannot_wait(size):
+            if self._fits(size):
                 await io
             else:
                 async with asyncio.timeout(timeout_s or self.write_timeout_s):
@@ -177,11 +153,10 @@ async def relay_stream(
 ) -> RelayResult:
     """Copy the engine's body to the client as it arrives.
 
-    This is the hot path, and it runs in the engine connection's callback (``_Relay.push``): one
-    read, one framing scan for SSE, one write, no task woken; no parsing. The task waits for the
-    end, an error, or a chunk that must wait for the client (it writes that one, under the write
-    deadline). With a ``tally`` (adaptive admission), one ``bytes.count`` per chunk adds the
-    token events relayed.
+    Each read of the engine's runs through the engine connection's callback (``_Relay.push``):
+    one framing scan for SSE, one write, no task woken. The task waits for the end, an error, or
+    a chunk that must wait for the client (it writes that one, under the write deadline). With a
+    ``tally`` (adaptive admission), one ``bytes.count`` per chunk adds the token events relayed.
     """
     response = response_for(upstream, request_id)
     # An encoded (e.g. gzip) stream cannot be framed or ended in-band: its bytes pass as they are.
@@ -220,14 +195,14 @@ async def _copy(relay: _Relay, upstream: EngineResponse) -> RelayResult:
         upstream.push_to(None)  # before anything else is written, and before the pool has it
     if relay.framer is not None:
         last += relay.counted(relay.framer.flush())
-    return RelayResult(await relay.finish(last) or "completed", response)
+    return RelayResult(await relay.end_body(last) or "completed", response)
 
 
 async def _end_broken(relay: _Relay, exc: UpstreamError) -> RelayResult:
     if not relay.sse:
         relay.abort()
         return RelayResult("upstream_failed", relay.response, exc)
-    end = await relay.write(in_band_error(exc), LAST_WORDS_S) or await relay.finish()
+    end = await relay.write(in_band_error(exc), LAST_WORDS_S) or await relay.end_body()
     if end is not None:
         return RelayResult(end, relay.response, exc)
     return RelayResult("upstream_failed", relay.response, exc)
@@ -241,5 +216,5 @@ async def _stopped(relay: _Relay) -> RelayResult:
     draining = REJECTIONS["draining"]
     relay.write_timeout_s = LAST_WORDS_S
     if await relay.write(in_band(draining, draining.message)) is None:
-        await relay.finish()
+        await relay.end_body()
     return RelayResult("stopped", relay.response)

@@ -9,7 +9,7 @@ body. The status line is always HTTP/1.1 (RFC 9110 §6.2: a server sends its own
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
 
@@ -175,27 +175,12 @@ class StreamResponse:
         if data and self._body:
             await self._send(self._framed(data))
 
-    def write_now(self, data: bytes, framed: bytes | None = None) -> None:
+    def write_now(self, data: bytes) -> None:
         """``write`` for a caller that knows the client is there and that its socket's buffer
-        has room: nothing to wait for, so no coroutine. ``framed``: ``data`` already in chunked
-        framing (whole chunks), written as it is where this answer is chunked and nothing is
-        held before it."""
+        has room: nothing to wait for, so no coroutine."""
         if data and self._body:
             assert self._request is not None, "prepare() first"
-            direct = self.passthrough()  # the one rule for passing framed bytes on as they are
-            if framed is not None and direct is not None:
-                direct(framed)
-            else:
-                self._request.transport.write(self._framed(data))
-
-    def passthrough(self) -> Callable[[bytes], object] | None:
-        """Where body pieces already in chunked framing may now go to the client as they are:
-        the transport's ``write``, once the head went out and where the body is chunked. A
-        caller holds it for the rest of the body, instead of a ``write_now`` call per piece;
-        None before that, and for a body framed any other way."""
-        if self._body and self._chunked and not self._pending and self._request is not None:
-            return self._request.transport.write
-        return None
+            self._request.transport.write(self._framed(data))
 
     def _framed(self, data: bytes) -> bytes:
         framed = b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data
