@@ -24,7 +24,7 @@ from demo.plot import write_timeline
 from demo.run import Run, drive, plan_figures
 from demo.simulated_gpu import GIB, GpuLayout, SimulatedGpu
 from demo.story import PATH_HINT, intro
-from emulator.config import EmulatorConfig
+from emulator.config import ENGINES, EmulatorConfig
 from sidecar.entry.app import SidecarServer
 from sidecar.entry.logs import configure_logging
 from sidecar.entry.settings import Settings, load_settings
@@ -72,9 +72,10 @@ def gpu_layout() -> GpuLayout:
     return GpuLayout(total, WEIGHTS, overhead, driver, pool)
 
 
-def engine_config(layout: GpuLayout, *, oom: bool = False) -> EmulatorConfig:
+def engine_config(layout: GpuLayout, *, oom: bool = False, engine: str = "vllm") -> EmulatorConfig:
     """The emulated engine, sized to the simulated card's KV pool; a stream lasts ~1.2 s."""
     return EmulatorConfig(
+        engine=engine,
         model_name=MODEL,
         max_model_len=8192,
         kv_tokens=layout.kv_pool_bytes // BYTES_PER_TOKEN,
@@ -129,11 +130,14 @@ async def run_demo(
     write: Callable[[str], object] = sys.stdout.write,
     clock: Callable[[], float] = time.monotonic,
     picture: Path | None = None,
+    *,
+    engine_name: str = "vllm",
 ) -> DemoResult:
-    """The whole demo; returns what it showed after everything has stopped."""
+    """The whole demo, in front of the emulated engine speaking ``engine_name``'s metrics;
+    returns what it showed after everything has stopped."""
     layout = gpu_layout()
     gpu = SimulatedGpu(layout, clock=clock)
-    engine, engine_url = await start_engine(engine_config(layout))
+    engine, engine_url = await start_engine(engine_config(layout, engine=engine_name))
     try:
         server = SidecarServer(sidecar_settings(engine_url), clock=clock, gpu_probe=gpu)
         await server.start()
@@ -151,7 +155,10 @@ async def run_demo(
         await engine.cleanup()
     summary = run.summary(plan)
     write("\n" + "\n".join(format_summary(summary)) + "\n")
-    comparison = (run.result("burst", "with sidecar"), *await _without(layout, plan[1], write))
+    comparison = (
+        run.result("burst", "with sidecar"),
+        *await _without(layout, plan[1], write, engine_name),
+    )
     write("\n" + "\n".join([*format_comparison(comparison, FALLBACK_CODES), *CAVEAT]) + "\n")
     path = write_timeline(run.samples, picture or _picture_path(), "python -m demo: the sidecar")
     write(f"\ntimeline: {path}\n{PATH_HINT}\n")
@@ -159,18 +166,22 @@ async def run_demo(
 
 
 async def _without(
-    layout: GpuLayout, burst: Phase, write: Callable[[str], object]
+    layout: GpuLayout, burst: Phase, write: Callable[[str], object], engine_name: str
 ) -> tuple[RunResult, ...]:
     results = []
-    for oom, label, how in (
+    engines: tuple[tuple[bool, str, str], ...] = (
         (False, "paged engine", "pages and preempts when its KV cache is full, like vLLM"),
         (True, "OOM engine", "fails its running streams when its KV cache runs out"),
-    ):
+    )
+    if engine_name == "llamacpp":  # llama.cpp never preempts: only the failing engine is real
+        engines = ((True, "llama.cpp", "fails its streams when its shared KV pool runs out"),)
+    for oom, label, how in engines:
         write(
             f"\n--- without the sidecar: the same {burst.clients} clients for "
             f"{burst.duration_s:.1f} s straight at an engine that {how} ...\n"
         )
-        results.append(await burst_direct(engine_config(layout, oom=oom), burst, REQUEST, label))
+        config = engine_config(layout, oom=oom, engine=engine_name)
+        results.append(await burst_direct(config, burst, REQUEST, label))
     return tuple(results)
 
 
@@ -186,11 +197,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--clients", type=int, default=None, help="burst clients (10 x permits)")
     parser.add_argument("--picture", type=Path, default=None, help="where to write the PNG")
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="vllm",
+        help="whose metrics the emulated engine speaks (vllm)",
+    )
     args = parser.parse_args(argv)
     if args.duration <= 0 or (args.clients is not None and args.clients < 1):
         parser.error("--duration must be positive and --clients at least 1")
     configure_logging("error", sys.stderr)  # the OOM engine logs every stream it fails
-    asyncio.run(run_demo(args.duration, args.clients, picture=args.picture))
+    asyncio.run(
+        run_demo(args.duration, args.clients, picture=args.picture, engine_name=args.engine)
+    )
     return 0
 
 

@@ -14,11 +14,35 @@ from typing import TypeVar
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from sidecar.live.probes.engine_probe import engine_of
+
 T = TypeVar("T")
-RUNNING = "vllm:num_requests_running"
-KV_USAGE = "vllm:kv_cache_usage_perc"
-PREEMPTIONS = "vllm:num_preemptions"
-SUCCESS = "vllm:request_success"
+
+
+@dataclass(frozen=True)
+class EngineSeries:
+    """The series one engine's /metrics names its load by (None: that engine has none)."""
+
+    running: str
+    kv_usage: str | None
+    preemptions: str | None
+    success: str | None  # by finished_reason; "error" counts the failed
+
+
+# The engine is told by its metric names' prefix, as the sidecar tells it (docs/sglang.md,
+# docs/llamacpp.md); the emulator serves each of these with --engine.
+SERIES = {
+    "vllm": EngineSeries(
+        "vllm:num_requests_running",
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_preemptions",
+        "vllm:request_success",
+    ),
+    "sglang": EngineSeries(
+        "sglang:num_running_reqs", "sglang:token_usage", "sglang:num_retracted_requests", None
+    ),
+    "llamacpp": EngineSeries("llamacpp:requests_processing", None, None, None),
+}
 
 
 @dataclass(frozen=True)
@@ -80,25 +104,27 @@ def engine_running(metrics_text: str) -> int:
 
 
 def engine_gauges(metrics_text: str) -> EngineGauges:
-    """The engine's running count, KV use, preemptions and failed requests, summed over engines."""
-    totals: dict[str, float] = {}
+    """The engine's running count, KV use, preemptions and failed requests, summed over engines
+    (vLLM, SGLang or llama.cpp, told by the names on the page)."""
+    series = SERIES[engine_of(metrics_text) or "vllm"]
+    totals: dict[str | None, float] = {}
     kv: list[float] = []
     for family in text_string_to_metric_families(metrics_text):
         for sample in family.samples:
             name = sample.name.removesuffix("_total")  # however the page declares the family
-            if name == SUCCESS and sample.labels.get("finished_reason") != "error":
+            if name == series.success and sample.labels.get("finished_reason") != "error":
                 continue
-            if name == KV_USAGE:
+            if name == series.kv_usage:
                 kv.append(sample.value)
-            elif name in (RUNNING, PREEMPTIONS, SUCCESS):
+            elif name in (series.running, series.preemptions, series.success):
                 totals[name] = totals.get(name, 0.0) + sample.value
-    if RUNNING not in totals:
-        raise ValueError(f"the engine's /metrics has no {RUNNING}")
+    if series.running not in totals:
+        raise ValueError(f"the engine's /metrics has no {series.running}")
     return EngineGauges(
-        running=int(totals[RUNNING]),
+        running=int(totals[series.running]),
         kv_usage=max(kv, default=0.0),
-        preemptions=int(totals.get(PREEMPTIONS, 0)),
-        failed=int(totals.get(SUCCESS, 0)),
+        preemptions=int(totals.get(series.preemptions, 0)),
+        failed=int(totals.get(series.success, 0)),
     )
 
 

@@ -200,6 +200,38 @@ def test_engine_gauges_read_kv_use_preemptions_and_failures() -> None:
 
 
 @pytest.mark.parametrize(
+    ("page", "running", "kv_usage", "preemptions"),
+    [
+        pytest.param(
+            "# TYPE sglang:num_running_reqs gauge\n"
+            'sglang:num_running_reqs{tp_rank="0"} 6.0\n'
+            "# TYPE sglang:token_usage gauge\n"
+            'sglang:token_usage{tp_rank="0"} 0.5\n'
+            "# TYPE sglang:num_retracted_requests counter\n"
+            'sglang:num_retracted_requests_total{tp_rank="0"} 2.0\n',
+            6,
+            0.5,
+            2,
+            id="sglang",
+        ),
+        pytest.param(
+            "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 3\n",
+            3,
+            0.0,
+            0,
+            id="llamacpp",
+        ),
+    ],
+)
+def test_engine_gauges_read_each_engines_names(
+    page: str, running: int, kv_usage: float, preemptions: int
+) -> None:
+    """The dashboard reads SGLang's and llama.cpp's pages by their own names (demo --engine)."""
+    gauges = engine_gauges(page)
+    assert (gauges.running, gauges.kv_usage, gauges.preemptions) == (running, kv_usage, preemptions)
+
+
+@pytest.mark.parametrize(
     "argv",
     [
         pytest.param(["--duration", "0"], id="zero-duration"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,29 @@ def test_engine_reports_its_pool_and_overhead_is_measured() -> None:
     )
     assert isinstance(inputs.memory, MemoryInputs)
     assert inputs.memory.overhead == Term("overhead", GIB + GIB // 2, Source.MEASURED, 4.0)
+
+
+def test_llamacpp_inferred_pool_measures_no_overhead() -> None:
+    """llama.cpp's pool is inferred from one slot's context (maybe capped), so the nvml source
+    keeps the declared overhead rather than "measuring" one from it."""
+    engine_proc = 14 * GIB + 100_000 * 57_344 + GIB
+    reading = gpu("a", engine_proc, (1, engine_proc))
+    llama = dataclasses.replace(engine(), engine="llamacpp", slots=4)
+    inputs = plan_inputs(
+        "nvml", Readings(DECLARED, snapshot(reading), llama), COST, engine_pid=None, tolerance=0.1
+    )
+    assert isinstance(inputs.memory, MemoryInputs)
+    assert inputs.memory.overhead == Term("overhead", 2 * GIB, Source.DECLARED, 0.0)
+
+
+def test_auto_names_the_engine_it_planned_from() -> None:
+    """An SGLang reading: auto's source is "sglang", planned from the engine's pool."""
+    sglang = dataclasses.replace(engine(), engine="sglang", provenance="sglang")
+    inputs = plan_inputs(
+        "auto", Readings(DECLARED, engine=sglang), COST, engine_pid=None, tolerance=0.1
+    )
+    assert inputs.source == "sglang"
+    assert inputs.memory == Term("kv_pool", 100_000 * 57_344, Source.ENGINE, 5.0)
 
 
 @pytest.mark.parametrize(

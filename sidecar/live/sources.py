@@ -205,8 +205,11 @@ def _from_nvml(readings: Readings, cost: KvCost, engine_pid: int | None) -> Memo
         msg = "the nvml source needs the weights: SIDECAR_MODEL as a directory or SIDECAR_WEIGHTS"
         raise ProbeUnavailableError(msg)
     engine_pool = None
-    if readings.engine is not None and readings.engine.cache is not None:
-        engine_pool = engine_pool_per_gpu(readings.engine.cache, cost)
+    engine = readings.engine
+    # llama.cpp's pool is inferred from one slot's context, which may be capped below what it
+    # allocated: no measurement to take the overhead from.
+    if engine is not None and engine.cache is not None and engine.engine != "llamacpp":
+        engine_pool = engine_pool_per_gpu(engine.cache, cost)
     at = gpus.observed_at
     options = [
         _gpu_inputs(
