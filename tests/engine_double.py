@@ -114,6 +114,15 @@ MODES: dict[str, Mode] = {
 }
 
 
+def _asks_to_stream(body: bytes) -> bool:
+    """Whether a JSON object body says stream: true; any other body (a corpus vector's) does not."""
+    try:
+        parsed = json.loads(body) if body else None
+    except ValueError:
+        return False
+    return isinstance(parsed, dict) and parsed.get("stream") is True
+
+
 def build_double(double: EngineDouble) -> web.Application:
     async def handle(request: web.Request) -> web.StreamResponse:
         double.seen.append((request.method, request.raw_path))
@@ -123,7 +132,7 @@ def build_double(double: EngineDouble) -> web.Application:
             return await mode(request, double)
         if request.raw_path == "/tokenize":
             return web.json_response({"count": 3})
-        stream = bool(body) and json.loads(body).get("stream") is True
+        stream = _asks_to_stream(body)
         answer = _completion(request, stream)
         return await _events(request, answer) if isinstance(answer, list) else answer
 

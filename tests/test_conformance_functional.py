@@ -62,7 +62,7 @@ BEHIND = completion(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
                      id="http-1.0-two-hosts"),
     ],
 )  # fmt: skip
-async def test_host_missing_or_repeated_is_a_400_and_nothing_behind_it_runs(
+async def test_a_head_that_breaks_a_rule_is_a_400_and_nothing_behind_it_runs(
     edge: Start, double: EngineDouble, head: bytes, rule: bytes
 ) -> None:
     """RFC 9112 §3.2: an HTTP/1.1 head without Host, or any with two, or with a Host that is no
