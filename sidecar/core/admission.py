@@ -71,7 +71,6 @@ class Admission:
         self._reject_oversize = reject_oversize
         names = self._compartments.names
         self._queues: dict[str, deque[_Waiter]] = {n: deque() for n in names}
-        # Plain dicts seeded per compartment: a Counter's += is ~2x a dict's on the hot path.
         self._used: dict[str, int] = dict.fromkeys(names, 0)
         self._used_total = 0
         self._count: dict[str, int] = dict.fromkeys(names, 0)
@@ -85,7 +84,7 @@ class Admission:
         self._granted_total = 0
         self._queued_total = 0
         self._rejected: Counter[str] = Counter()
-        # A plain dict seeded with every outcome: a Counter's += is ~2x a dict's, once a release.
+        # Seeded with every outcome, so that a snapshot lists the ones that never happened too.
         self._released: dict[str, int] = dict.fromkeys(get_args(Outcome), 0)
         self._guarded = False  # draining, no capacity, or a ceiling: request() checks them all
 
@@ -108,20 +107,8 @@ class Admission:
         ticket = self._next_ticket
         waiter = _Waiter(ticket, name, cost)
         alone = not self._queued_tickets
-        used = self._used
-        if (
-            alone
-            and used[name] + cost <= self._cap[name]
-            and self._used_total + cost <= self._limit
-            and (self._max_in_flight is None or len(self._granted) < self._max_in_flight)
-        ):
-            # Fast path, same answer as the pump: with nobody waiting, nobody is older. _fits
-            # and _grant are written out here: this runs once an admission (docs/performance.md).
-            self._granted[ticket] = waiter
-            used[name] += cost
-            self._used_total += cost
-            self._count[name] += 1
-            self._granted_total += 1
+        if alone and self._fits(waiter):  # with nobody waiting, nobody is older: the pump's answer
+            self._grant(waiter)
             return Granted(ticket, name, cost)
         queue = self._queues[name]
         queue.append(waiter)
@@ -321,8 +308,8 @@ class Admission:
         del self._queued_tickets[waiter.ticket]
 
     def _fits(self, waiter: _Waiter) -> bool:
-        """Whether ``waiter`` may run now. The same rule is written out in ``request``'s fast
-        path and in ``_pump_fifo`` (hot paths, no call): a change to it goes in all three."""
+        """Whether ``waiter`` may run now: room in its compartment and in the whole limit, and a
+        free slot under ``max_in_flight``."""
         name, cost = waiter.compartment, waiter.cost
         if self._max_in_flight is not None and len(self._granted) >= self._max_in_flight:
             return False
@@ -334,7 +321,7 @@ class Admission:
         return self._used[waiter.compartment] + waiter.cost <= self._guaranteed[waiter.compartment]
 
     def _grant(self, waiter: _Waiter) -> None:
-        """Count ``waiter`` as running (written out in ``request``'s fast path too)."""
+        """Count ``waiter`` as running."""
         self._granted[waiter.ticket] = waiter
         self._used[waiter.compartment] += waiter.cost
         self._used_total += waiter.cost
@@ -358,16 +345,12 @@ class Admission:
         return tuple(granted)
 
     def _pump_fifo(self) -> tuple[Granted, ...]:
-        """``_pump`` without compartments: one queue, granted from its head while it fits. Once a
-        release under load, so the head leaves by ``popleft``, not a search."""
+        """``_pump`` without compartments: one queue, granted from its head while it fits; no
+        borrowing to weigh, so no search."""
         queue, granted = self._queues[DEFAULT], []
         if self._draining:
             return ()
-        cap = min(self._cap[DEFAULT], self._limit)  # the one compartment's room is the room
-        in_flight = self._max_in_flight
-        while queue and self._used_total + (head := queue[0]).cost <= cap:
-            if in_flight is not None and len(self._granted) >= in_flight:
-                break
+        while queue and self._fits(head := queue[0]):
             queue.popleft()
             del self._queued_tickets[head.ticket]
             self._grant(head)

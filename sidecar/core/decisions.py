@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Literal
 
 from sidecar.core.outcomes import RejectReason
 
@@ -11,21 +11,18 @@ Outcome = Literal["completed", "cancelled", "failed"]
 WithdrawReason = Literal["timeout", "cancelled", "draining"]
 
 
-class Granted(NamedTuple):
-    """The request may run now; ``ticket`` must be released exactly once.
-
-    A NamedTuple, not a frozen dataclass: as immutable (mypy refuses assignment), and built in
-    ~0.22 us against ~0.40 us (one per admission, on the hot path).
-    """
+@dataclass(frozen=True, slots=True)
+class Granted:
+    """The request may run now; ``ticket`` must be released exactly once."""
 
     ticket: int
     compartment: str
     cost: int
 
 
-class Queued(NamedTuple):
-    """The request waits; ``ahead`` requests of its compartment are before it (a NamedTuple
-    for the same reason as Granted)."""
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """The request waits; ``ahead`` requests of its compartment are before it."""
 
     ticket: int
     compartment: str

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 from sidecar.core.errors import RequestError
 
@@ -42,12 +42,9 @@ class TokenPolicy:
     count_from_engine: bool = False
 
 
-class CheckedRequest(NamedTuple):
-    """A valid request, ready to admit and forward.
-
-    A NamedTuple, as the admission decisions are: as immutable, and one is built per request,
-    where a frozen dataclass's ``__init__`` (an ``object.__setattr__`` per field) cost ~4x.
-    """
+@dataclass(frozen=True, slots=True)
+class CheckedRequest:
+    """A valid request, ready to admit and forward."""
 
     body: bytes
     stream: bool
@@ -87,7 +84,7 @@ def check_request(raw: bytes, endpoint: Endpoint, budget: TokenPolicy) -> Checke
 def with_prompt_tokens(checked: CheckedRequest, tokens: int, budget: TokenPolicy) -> CheckedRequest:
     """The request priced with the engine's own prompt count; RequestError if over the budget."""
     enforce_prompt_budget(tokens, checked.prompt_param, budget, exact=True)
-    return checked._replace(prompt_tokens=tokens)
+    return replace(checked, prompt_tokens=tokens)
 
 
 def enforce_prompt_budget(

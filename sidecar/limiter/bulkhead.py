@@ -70,9 +70,8 @@ class Bulkhead:
         )
         self._expiry_loop: asyncio.AbstractEventLoop | None = None
         self._open = 0
-        # Made only while someone awaits ``idle()``: setting and clearing an Event on every
-        # permit cost ~0.2 us per request for a wait that happens once, at shutdown.
-        self._idle: asyncio.Event | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     # --- public ----------------------------------------------------------------------------------
 
@@ -118,10 +117,6 @@ class Bulkhead:
 
     async def idle(self) -> None:
         """Return once no permit is held (graceful shutdown waits on this after ``drain``)."""
-        if self._open == 0:
-            return
-        if self._idle is None:
-            self._idle = asyncio.Event()
         await self._idle.wait()
 
     def snapshot(self) -> BulkheadSnapshot:
@@ -145,26 +140,16 @@ class Bulkhead:
             raise ValueError("cost must be >= 0")
         if self._ledger.streams:
             self.sync()
-        usage = permit._asked
+        usage = permit.asked
         decision = self._core.request(
             permit.cost,
             permit.compartment,
             usage.worst() if usage is not None else None,
-            may_wait=permit._may_wait,
+            may_wait=permit.may_wait,
         )
         if isinstance(decision, Granted):
-            ticket, compartment, cost = decision
-            if self.on_event is not None:
-                self._emit("granted", compartment, cost)
-            if usage is not None:
-                self._hold(permit, ticket, cost, compartment, 0.0)
-                return None
-            # _hold without a usage, written out: this runs once an admission.
-            self._open += 1
-            permit._ticket, permit.cost, permit.compartment, permit.wait_s = (
-                ticket, cost, compartment, 0.0,
-            )  # fmt: skip
-            permit._state = "held"
+            self._emit("granted", decision.compartment, decision.cost)
+            self._hold(permit, decision.ticket, decision.cost, decision.compartment, 0.0)
             return None
         if isinstance(decision, Rejected):
             self._rejected(permit, decision)
@@ -173,12 +158,12 @@ class Bulkhead:
 
     def took(self, permit: Permit, wait_s: float) -> None:
         """The queued ``permit``'s future was set (to how long it waited): it holds the grant."""
-        self._hold(permit, permit._ticket, permit.cost, permit.compartment, wait_s)
+        self._hold(permit, permit.ticket, permit.cost, permit.compartment, wait_s)
 
     def abandoned(self, permit: Permit) -> None:
         """A queued ``permit``'s waiter was cancelled: no trace if still queued, else the grant
         it won in the same tick is given back."""
-        ticket = permit._ticket
+        ticket = permit.ticket
         assert ticket is not None
         self._forget(ticket)
         self._waiters.pop(ticket, None)
@@ -199,19 +184,15 @@ class Bulkhead:
         permit.shadow_rejected = decision.reason
 
     def _enqueue(self, permit: Permit, queued: Queued) -> asyncio.Future[float] | None:
-        if self.on_event is not None:
-            self._emit("queued", queued.compartment, queued.cost)
+        self._emit("queued", queued.compartment, queued.cost)
         ticket = queued.ticket
+        loop = asyncio.get_running_loop()
+        future = None if self._shadow else loop.create_future()
         # What it waits for is what it will hold: the core's ticket, its cost and compartment.
-        permit._ticket, permit.cost, permit.compartment = ticket, queued.cost, queued.compartment
-        loop = asyncio.get_running_loop()  # once: on Python 3.11 each call is a getpid()
+        permit.queued(ticket, queued.cost, queued.compartment, self._clock(), future)
         if self._shadow:
             # Shadow: run now, but leave the ticket queued so every later decision is the same.
             self._hold(permit, ticket, queued.cost, queued.compartment, 0.0)
-            future = None
-        else:
-            future = loop.create_future()
-        permit._future, permit._started = future, self._clock()
         self._waiters[ticket] = permit
         self._deadlines(loop).add(ticket, self._max_wait_s)
         return future
@@ -230,14 +211,11 @@ class Bulkhead:
     def _hold(
         self, permit: Permit, ticket: int | None, cost: int, compartment: str, wait_s: float
     ) -> None:
-        """``permit`` holds its grant from now (``take_now`` writes this out for a grant with no
-        usage: a change here goes there too)."""
+        """``permit`` holds its grant from now; adaptive: the ledger tracks what it uses."""
         self._open += 1
-        permit._ticket, permit.cost, permit.compartment, permit.wait_s = (
-            ticket, cost, compartment, wait_s,
-        )  # fmt: skip
-        permit._state = "held"
-        usage = permit._asked
+        self._idle.clear()
+        permit.hold(ticket, cost, compartment, wait_s)
+        usage = permit.asked
         if usage is not None and ticket is not None and self._core.is_granted(ticket):
             permit.usage = usage
             self._ledger.open(ticket, usage, cost)
@@ -251,13 +229,11 @@ class Bulkhead:
             now = self._clock()
         for grant in grants:
             waiter = self._waiters.pop(grant.ticket)
-            wait_s = now - waiter._started
-            if self.on_event is not None:
-                self._emit("granted", grant.compartment, grant.cost, wait_s=wait_s)
-            if self._expiry is not None:  # _forget, written out: once a grant from the queue
-                self._expiry.discard(grant.ticket)
+            wait_s = now - waiter.started
+            self._emit("granted", grant.compartment, grant.cost, wait_s=wait_s)
+            self._forget(grant.ticket)
             # A waiter cancelled in this same tick has a cancelled future: it releases on unwind.
-            future = waiter._future
+            future = waiter.future
             if future is not None and not future.done():
                 future.set_result(wait_s)
 
@@ -268,15 +244,15 @@ class Bulkhead:
         self._wake(withdrawal.granted)
 
     def _refuse_waiter(self, waiter: Permit, reason: RejectReason) -> None:
-        assert waiter._ticket is not None
-        self._forget(waiter._ticket)
+        assert waiter.ticket is not None
+        self._forget(waiter.ticket)
         name, cost = waiter.compartment, waiter.cost
-        error = self._error(reason, name, waited_s=self._clock() - waiter._started)
+        error = self._error(reason, name, waited_s=self._clock() - waiter.started)
         self._emit(
             "rejected", name, cost, reason=reason, retry_after_s=error.retry_after_s,
             wait_s=error.waited_s,
         )  # fmt: skip
-        future = waiter._future
+        future = waiter.future
         if future is None:  # shadow: it runs; what enforcement would have said is recorded
             waiter.shadow_rejected = reason
         elif not future.done():
@@ -288,12 +264,11 @@ class Bulkhead:
 
     def give_back(self, permit: Permit, outcome: Outcome) -> None:
         """Take back what ``permit`` holds; called once per held permit, by its ``release``."""
-        if permit._ticket is not None:
-            self._return_grant(permit._ticket, permit.cost, outcome)
+        if permit.ticket is not None:
+            self._return_grant(permit.ticket, permit.cost, outcome)
         self._open -= 1
-        if self._open == 0 and self._idle is not None:
+        if self._open == 0:
             self._idle.set()
-            self._idle = None
 
     def _return_grant(self, ticket: int, cost: int, outcome: Outcome) -> None:
         if self._core.is_granted(ticket):

@@ -35,31 +35,29 @@ class Permit:
     """A grant held by one request, from ``async with`` to its end; released exactly once (a
     second release, or a release of a permit never granted, does nothing).
 
-    One object is both the context and the grant: this runs once per request, and a separate
-    context object cost ~0.3 us more (docs/performance.md), as a generator-based one cost ~2 us.
-    ``cost`` and ``compartment`` are what was asked until it is decided, then what was (or, while
-    queued, will be) granted.
-    ``usage`` is the request's live footprint (adaptive admission), set once it runs.
+    One object is both the context and the grant, as asyncio's own locks are. ``cost`` and
+    ``compartment`` are what was asked until it is decided, then what was (or, while queued, will
+    be) granted. ``asked`` is the request's live footprint as given (adaptive admission);
+    ``usage`` is that footprint once the ledger tracks it. ``ticket``, ``started`` and ``future``
+    are the holder's: the core's ticket, and, while queued, when it began to wait and the future
+    its grant settles (None in shadow mode).
     """
 
     __slots__ = (
-        "_asked",
-        "_future",
         "_holder",
-        "_may_wait",
-        "_started",
         "_state",
-        "_ticket",
+        "asked",
         "compartment",
         "cost",
+        "future",
+        "may_wait",
         "outcome",
         "shadow_rejected",
+        "started",
+        "ticket",
         "usage",
         "wait_s",
     )
-
-    _started: float
-    _future: asyncio.Future[float] | None
 
     def __init__(
         self,
@@ -70,21 +68,39 @@ class Permit:
         usage: StreamUsage | None = None,
     ) -> None:
         self.cost, self.compartment, self.wait_s = cost, compartment, 0.0
+        self.may_wait, self.asked = may_wait, usage
         self.usage: StreamUsage | None = None
         self.outcome: Outcome | None = None
         self.shadow_rejected: RejectReason | None = None
-        self._holder, self._may_wait, self._asked = holder, may_wait, usage
-        self._ticket: int | None = None
+        self.ticket: int | None = None
+        self.started = 0.0
+        self.future: asyncio.Future[float] | None = None
+        self._holder = holder
         self._state: State = "asked"
-        # ``_started`` and ``_future`` are set only if it queues (by the holder): when it began
-        # to wait, and the future its grant settles. Most requests never queue, and two more
-        # stores here cost every one of them ~500 instructions (callgrind).
 
     def __repr__(self) -> str:
         return (
             f"Permit(cost={self.cost}, compartment={self.compartment!r}, wait_s={self.wait_s}, "
             f"state={self._state!r}, outcome={self.outcome!r})"
         )
+
+    def queued(
+        self,
+        ticket: int,
+        cost: int,
+        compartment: str,
+        started: float,
+        future: asyncio.Future[float] | None,
+    ) -> None:
+        """Waiting, from ``started``, for the grant of ``ticket``: ``cost`` in ``compartment``;
+        ``future`` is what the grant will settle (None: it runs meanwhile, shadow mode)."""
+        self.ticket, self.cost, self.compartment = ticket, cost, compartment
+        self.started, self.future = started, future
+
+    def hold(self, ticket: int | None, cost: int, compartment: str, wait_s: float) -> None:
+        """Holding ``cost`` in ``compartment`` from now (``ticket`` None: a shadow refusal's)."""
+        self.ticket, self.cost, self.compartment, self.wait_s = ticket, cost, compartment, wait_s
+        self._state = "held"
 
     def release(self, outcome: Outcome | None = None) -> None:
         """Give the capacity back with ``outcome`` (default: ``self.outcome``, else completed)."""
@@ -94,8 +110,6 @@ class Permit:
         self._holder.give_back(self, outcome or self.outcome or "completed")
 
     async def __aenter__(self) -> Permit:
-        # Decided without a second coroutine, and a queued request awaits its grant right here:
-        # a coroutine more to wait in cost ~1.2k instructions per queued request (callgrind).
         waiting = self._holder.take_now(self)
         if waiting is not None:
             try:
