@@ -31,6 +31,29 @@ def test_flags_build_the_config() -> None:
     assert (config.max_num_seqs, config.oom, config.tokens_per_s) == (8, True, 40.0)
 
 
+@pytest.mark.parametrize(
+    ("engine", "fails_on_overflow"),
+    [
+        pytest.param("vllm", False, id="vllm-preempts"),
+        pytest.param("sglang", False, id="sglang-retracts"),
+        pytest.param("llamacpp", True, id="llamacpp-fails"),
+    ],
+)
+def test_engine_flag_picks_whose_metrics_it_speaks(engine: str, fails_on_overflow: bool) -> None:
+    """--engine sets the dialect; as llama.cpp the engine fails on overflow instead of
+    preempting, as llama.cpp never preempts."""
+    config = config_from_args(build_parser().parse_args(["--engine", engine]))
+    assert (config.engine, config.fails_on_overflow) == (engine, fails_on_overflow)
+
+
+def test_unknown_engine_is_refused_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """An engine the emulator cannot speak stops it before it serves anything."""
+    with pytest.raises(SystemExit) as raised:
+        main(["--engine", "tgi"])
+    assert raised.value.code == 2
+    assert "invalid choice: 'tgi'" in capsys.readouterr().err
+
+
 def test_impossible_pool_is_refused_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     """A pool smaller than one max_model_len request is a usage error, like vLLM refusing."""
     with pytest.raises(SystemExit) as exited:

@@ -147,3 +147,23 @@ async def test_probe_names_the_engine(start_pair: StartPair) -> None:
     assert "engine: llamacpp (model=tiny, max_model_len=4096, slots=4, running=0" in "\n".join(
         lines
     )
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "llamacpp"])
+async def test_a_pinned_source_reads_its_engine(start_pair: StartPair, engine: str) -> None:
+    """SIDECAR_CAPACITY_SOURCE=<engine> plans from that engine, as auto does."""
+    config = EmulatorConfig(engine=engine, model_name="tiny", max_model_len=4096, max_num_seqs=4)
+    server, _ = await start_pair(config, SIDECAR_CAPACITY_SOURCE=engine)
+    doc = await get_json(f"{admin_url(server)}/capacity")
+    assert (doc["engine"], doc["source"], doc["stale"]) == (engine, engine, False)
+
+
+async def test_a_source_pinned_to_another_engine_plans_nothing(start_pair: StartPair) -> None:
+    """SIDECAR_CAPACITY_SOURCE=vllm in front of SGLang: no vLLM pool is read, so the sidecar
+    stays on its floor and says why, rather than planning from another engine's numbers."""
+    server, _ = await start_pair(EmulatorConfig(engine="sglang"), SIDECAR_CAPACITY_SOURCE="vllm")
+    doc = await get_json(f"{admin_url(server)}/capacity")
+    assert (doc["on_floor"], doc["capacity"]["error"]) == (
+        True,
+        "the engine reports no KV cache config",
+    )
