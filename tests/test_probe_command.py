@@ -52,14 +52,20 @@ def test_probe_shows_gpus_processes_and_the_plan(double_dir: Path, tmp_path: Pat
     assert {t["name"]: t["source"] for t in document["plan"]["terms"]}["neighbours"] == "measured"
 
 
-def test_probe_exits_non_zero_when_nothing_can_be_read(tmp_path: Path) -> None:
-    """No NVML library and no engine: exit 1 and one clear line saying why."""
+def test_probe_exits_2_with_one_line_when_nothing_can_be_read(tmp_path: Path) -> None:
+    """No NVML library and no engine: exit 2 (as docs/cli.md says of every error) and the error
+    printed once, on one line of stderr, nothing on stdout; --json prints the document alone."""
     if Path("/proc/driver/nvidia/version").exists():
         pytest.skip("a real NVIDIA driver is installed here")
-    done = probe(BASE | {"LD_LIBRARY_PATH": str(tmp_path), "SIDECAR_WEIGHTS": ""})
-    assert done.returncode == 1
-    assert "sidecar probe: nothing could be read" in done.stderr
-    assert "the NVML library was not found" in done.stderr
+    env = BASE | {"LD_LIBRARY_PATH": str(tmp_path), "SIDECAR_WEIGHTS": ""}
+    done = probe(env)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith("sidecar probe: error: nothing could be read")
+    assert done.stderr.count("\n") == 1
+    assert done.stderr.count("the NVML library was not found") == 1
+    as_json = probe(env, "--json")
+    assert (as_json.returncode, as_json.stderr) == (2, "")
+    assert "the NVML library was not found" in json.loads(as_json.stdout)["error"]
 
 
 def test_probe_with_bad_settings_fails_fast() -> None:

@@ -51,10 +51,12 @@ class Term:
 
 @dataclass(frozen=True)
 class Budget:
-    """The most tokens one request may hold: its prompt plus its completion."""
+    """The most tokens one request may hold: its prompt plus its completion, within the engine's
+    context (``max_model_len``) where it is known: the engine never runs a sequence past it."""
 
     prompt_tokens: int
     completion_tokens: int
+    context_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 0 or self.completion_tokens < 0 or self.total <= 0:
@@ -66,8 +68,9 @@ class Budget:
 
     @property
     def total(self) -> int:
-        """Prompt and completion tokens together."""
-        return self.prompt_tokens + self.completion_tokens
+        """Prompt and completion tokens together (at most the context)."""
+        both = self.prompt_tokens + self.completion_tokens
+        return both if self.context_tokens is None else min(both, self.context_tokens)
 
 
 def kv_dtype_bytes(kv_dtype: str, spec: ModelSpec) -> int:
@@ -270,6 +273,7 @@ class Plan:
             "alpha": self.alpha,
             "max_prompt_tokens": self.budget.prompt_tokens,
             "max_completion_tokens": self.budget.completion_tokens,
+            "engine_max_model_len": self.budget.context_tokens,
             "kv_dtype": self.cost.kv_dtype,
             "kv_dtype_bytes": self.cost.element_bytes,
             "tensor_parallel_size": self.cost.tp,

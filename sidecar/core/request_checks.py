@@ -1,8 +1,9 @@
 """Checks a completion request before admission and fixes its token budget (pure, no I/O).
 
 A request the engine could run past the budget never reaches it: a missing ``max_tokens`` is set to
-the completion budget, one above it is refused (or clamped, if configured), and the prompt is
-estimated from its text so token-weighted admission can price it.
+the completion budget (unless the budget is the engine's own context, which the engine enforces
+itself), one above it is refused (or clamped, if configured), and the prompt is estimated from its
+text so token-weighted admission can price it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,14 @@ class TokenPolicy:
     prompt_bytes_per_token: float = 4.0
     # When the engine counts the prompt, the estimate only prices a request the count could not.
     count_from_engine: bool = False
+    # The engine's max_model_len, where known: no sequence is priced past it.
+    context_tokens: int | None = None
+    # False where the completion budget is the engine's own context: a missing max_tokens stays
+    # missing (the engine fills in what the context leaves after the prompt).
+    fill_max_tokens: bool = True
+    # Where the prompt budget is the engine's own, only an exact count refuses (an estimate might
+    # refuse what the engine would serve; the engine refuses what does not fit itself).
+    prompt_budget_exact_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +63,7 @@ class CheckedRequest:
     model: str | None
     prompt_param: str = "messages"
     tokenize: dict[str, Any] | None = None  # what to ask the engine's /tokenize, when it can say
+    clamped: int | None = None  # max_tokens was lowered to this (SIDECAR_OVER_BUDGET=clamp)
 
     @property
     def total_tokens(self) -> int:
@@ -66,25 +76,35 @@ def check_request(raw: bytes, endpoint: Endpoint, budget: TokenPolicy) -> Checke
     body = _parse_object(raw)
     stream = _optional_bool(body, "stream")
     prompt_tokens, prompts, param = _estimate_prompt(body, endpoint, budget)
-    if not budget.count_from_engine:
+    if not budget.count_from_engine and not budget.prompt_budget_exact_only:
         enforce_prompt_budget(prompt_tokens, param, budget)
     keys = RESPONSES_TOKEN_KEYS if endpoint == "responses" else TOKEN_KEYS
     n = 1 if endpoint == "responses" else _positive_int(body, "n", default=1)
-    completion, changed = _completion_tokens(body, budget, keys)
+    completion, changed, clamped = _completion_tokens(body, budget, keys)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise RequestError("'model' must be a string", param="model", code="invalid_type")
     forwarded = _serialise(body) if changed else raw
     tokenize = _tokenize_payload(body, endpoint) if budget.count_from_engine else None
+    prompt_tokens, completion = _within_context(prompt_tokens, completion, budget)
     return CheckedRequest(
-        forwarded, stream, completion, prompt_tokens, n * prompts, model, param, tokenize
+        forwarded, stream, completion, prompt_tokens, n * prompts, model, param, tokenize, clamped
     )
 
 
 def with_prompt_tokens(checked: CheckedRequest, tokens: int, budget: TokenPolicy) -> CheckedRequest:
     """The request priced with the engine's own prompt count; RequestError if over the budget."""
     enforce_prompt_budget(tokens, checked.prompt_param, budget, exact=True)
-    return replace(checked, prompt_tokens=tokens)
+    return replace(checked, prompt_tokens=min(tokens, budget.context_tokens or tokens))
+
+
+def _within_context(prompt: int, completion: int, budget: TokenPolicy) -> tuple[int, int]:
+    """Prompt and completion as priced: the engine never runs a sequence past its context."""
+    context = budget.context_tokens
+    if context is None:
+        return prompt, completion
+    prompt = min(prompt, context)
+    return prompt, max(1, min(completion, context - prompt))
 
 
 def enforce_prompt_budget(
@@ -182,8 +202,9 @@ def _shown(value: int) -> str:
 
 def _completion_tokens(
     body: dict[str, Any], budget: TokenPolicy, keys: tuple[str, ...]
-) -> tuple[int, bool]:
-    """The completion budget the engine will honour, and whether the body had to change."""
+) -> tuple[int, bool, int | None]:
+    """The completion budget the engine will honour, whether the body had to change, and the
+    value max_tokens was clamped to (None: not clamped)."""
     limit = budget.max_completion_tokens
     largest, over = 0, []  # a loop, not two comprehensions: a frame each, once a request
     for key in keys:
@@ -193,10 +214,12 @@ def _completion_tokens(
             if value > limit:
                 over.append((key, value))
     if not largest:  # none given (a given one is at least 1)
+        if not budget.fill_max_tokens:
+            return limit, False, None
         body[keys[-1]] = limit
-        return limit, True
+        return limit, True, None
     if not over:
-        return largest, False
+        return largest, False, None
     if budget.over_budget == "reject":
         key, value = over[0]
         raise RequestError(
@@ -206,7 +229,7 @@ def _completion_tokens(
         )
     for key, _value in over:
         body[key] = limit
-    return limit, True
+    return limit, True, limit
 
 
 def _estimate_prompt(

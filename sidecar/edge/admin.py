@@ -94,6 +94,7 @@ def capacity_document(admin: Admin) -> dict[str, Any]:
         "served_model": state["served_model"],
         "engine": (state["engine"] or {}).get("engine"),
         "engine_slots": (state["engine"] or {}).get("slots"),
+        "budget": admin.controller.token_budget.to_dict(),
         "engine_kv_usage_ratio": (state["engine"] or {}).get("kv_usage_ratio"),
         "adaptive": adaptive_json(admin.adaptive, snap) if admin.adaptive is not None else None,
         "compartments": [asdict(part) for part in snap.compartments],
@@ -123,11 +124,22 @@ def healthz(admin: Admin) -> Response:
 
 
 def readyz(admin: Admin) -> Response:
-    """Not ready while draining or with no capacity at all (the reason says why); ready but
-    saying so while running on a stale plan or the floor."""
+    """Ready means able to serve: not while draining, with no capacity at all, or before the
+    engine has answered and while it does not (judged from the age of its last good reading);
+    the reason says why. Ready but saying so while running on a stale plan or the floor."""
     state = admin.controller.state
-    ready = not admin.draining() and state.available
-    body: dict[str, Any] = {"ready": ready, "draining": admin.draining(), "capacity": state.mode}
-    if not state.available:
-        body["reason"] = next(w.message for w in state.warnings if w.code == "no_capacity")
+    engine = admin.controller.engine_unready()
+    reasons = [
+        *(["draining: the sidecar is shutting down"] if admin.draining() else []),
+        *(w.message for w in state.warnings if w.code == "no_capacity"),
+        *([engine] if engine is not None else []),
+    ]
+    ready = not reasons
+    body: dict[str, Any] = {
+        "ready": ready,
+        "draining": admin.draining(),
+        "capacity": state.mode,
+    }
+    if reasons:
+        body["reason"] = "; ".join(reasons)
     return json_response(body, status=200 if ready else 503)

@@ -43,6 +43,9 @@ from sidecar.telemetry.metrics import RequestMetrics
 from sidecar.telemetry.module_log import ModuleLogger
 
 log = ModuleLogger("sidecar.edge.proxy")
+# On an answer whose max_tokens the sidecar lowered to its budget (SIDECAR_OVER_BUDGET=clamp):
+# the value the engine was given, so a client can tell a short answer from a clamped one.
+CLAMPED_HEADER = "X-Sidecar-Max-Tokens-Clamped"
 random_bits = random.getrandbits  # seeded from os.urandom at start, and again after a fork
 
 
@@ -50,7 +53,7 @@ random_bits = random.getrandbits  # seeded from os.urandom at start, and again a
 class ProxyConfig:
     """What the proxy handlers need, built once from the settings."""
 
-    budget: TokenPolicy
+    budget: Callable[[], TokenPolicy]  # the budget in force (it follows the engine's limits)
     reject_mode: Literal["sse", "http"]
     price: Callable[[CheckedRequest], int]
     compartment_of: Callable[[Mapping[str, str], str | None], str]  # headers, tenant
@@ -143,7 +146,7 @@ async def _intake(request: Request, proxy: Proxy, target: Target, request_id: st
     headers = _upstream_headers(request, request_id) if proxy.counter is not None else None
     with proxy.gate:
         checked = await checked_request(
-            body, target.endpoint, config.budget, counter=proxy.counter, headers=headers or {}
+            body, target.endpoint, config.budget(), counter=proxy.counter, headers=headers or {}
         )
     return Job(
         target, checked.body, config.price(checked), checked.stream, not checked.stream,
@@ -237,6 +240,8 @@ async def _forward(
         if not stop.claim():
             raise
         return _stopped_response(permit)
+    if job.checked is not None and job.checked.clamped is not None:
+        upstream.forwarded = (*upstream.forwarded, (CLAMPED_HEADER, str(job.checked.clamped)))
     try:
         if job.whole:
             return await _relay_whole(upstream, permit, request_id, stop)

@@ -17,6 +17,7 @@ from sidecar.core.compartments import DEFAULT, parse_compartments
 from sidecar.core.ledger import StreamUsage
 from sidecar.core.request_checks import CheckedRequest, TokenPolicy
 from sidecar.core.tenancy import compartment_key, is_sheddable, parse_names, tenant_id
+from sidecar.core.token_budget import TokenBudget
 from sidecar.edge.admin import Admin, admin_handler
 from sidecar.edge.engine_client import Upstream
 from sidecar.edge.in_flight import InFlight
@@ -77,6 +78,7 @@ class SidecarServer:
             read_timeout_s=settings.upstream_read_timeout_ms / 1000,
         )
         self.draining = False
+        self._policy: tuple[TokenBudget, TokenPolicy] | None = None
         self.in_flight = InFlight()
         self.gate = Gate(settings.max_pre_admission)
         self.proxy_connections: ConnectionCount | None = None
@@ -127,13 +129,7 @@ class SidecarServer:
     def _proxy(self) -> Proxy:
         s = self.settings
         config = ProxyConfig(
-            budget=TokenPolicy(
-                s.max_prompt_tokens,
-                s.max_completion_tokens,
-                s.over_budget,
-                s.prompt_bytes_per_token,
-                count_from_engine=s.prompt_tokens == "engine",
-            ),
+            budget=self._token_policy,
             reject_mode=s.reject_mode,
             price=self._price,
             flat_price=self._flat_price,
@@ -160,18 +156,39 @@ class SidecarServer:
             self.gate, self.in_flight,
         )  # fmt: skip
 
+    def _token_policy(self) -> TokenPolicy:
+        """The request checks' budget in force: the engine's limits, narrowed by the settings;
+        made again only when the budget changes (the engine said its max_model_len)."""
+        budget = self.controller.token_budget
+        cached = self._policy
+        if cached is not None and cached[0] is budget:
+            return cached[1]
+        s = self.settings
+        policy = TokenPolicy(
+            budget.prompt_tokens,
+            budget.completion_tokens,
+            s.over_budget,
+            s.prompt_bytes_per_token,
+            count_from_engine=s.prompt_tokens == "engine",
+            context_tokens=budget.context_tokens,
+            fill_max_tokens=budget.fills_max_tokens,
+            prompt_budget_exact_only=budget.prompt_origin == "engine",
+        )
+        self._policy = (budget, policy)
+        return policy
+
     def _flat_price(self) -> int:
         """A POST with no token budget of its own costs one full-budget request, in the unit the
         bulkhead counts: a permit, or the plan's cost (KV bytes; tokens in adaptive mode)."""
-        s = self.settings
-        if s.admission == "count":
+        if self.settings.admission == "count":
             return 1
+        budget = self.controller.token_budget
         if self.adaptive is not None:
             usage = self.adaptive.usage_for(
-                DEFAULT, s.max_prompt_tokens, s.max_completion_tokens, 1
+                DEFAULT, budget.prompt_tokens, budget.completion_tokens, 1
             )
             return usage.worst()
-        return self.controller.cost.request_bytes(s.max_prompt_tokens + s.max_completion_tokens)
+        return self.controller.cost.request_bytes(budget.total_tokens)
 
     def _edge_limits(self, max_connections: int, per_client: int) -> EdgeLimits:
         s = self.settings

@@ -1,6 +1,7 @@
 """``sidecar probe``: what the sidecar sees right now (GPUs, processes, engine cache) and its plan.
 
-Configured from the same SIDECAR_* variables as ``serve``; exits 1 when nothing can be read.
+Configured from the same SIDECAR_* variables as ``serve``. When nothing can be read it is an error
+like any other: one line on stderr, exit status 2 (docs/cli.md).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 import time
 from typing import Any
 
+from sidecar.core.errors import ProbeUnavailableError
 from sidecar.core.sizes import format_size
 from sidecar.entry.logs import configure_logging
 from sidecar.entry.settings import Settings, load_settings
@@ -28,16 +30,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Read every probe once, print what was seen, and the plan that would follow."""
     settings = load_settings()
-    configure_logging(settings.log_level, stream=sys.stderr)  # stdout is for the report
+    # stdout is for the report, which says what the loop's log lines would (once); debug shows them.
+    level = "debug" if settings.log_level == "debug" else "critical"
+    configure_logging(level, stream=sys.stderr)
     document = asyncio.run(_probe_once(settings))
+    blind = document["plan"] is None and not document["gpus"] and document["engine"] is None
     if args.json:
         print(json.dumps(document, indent=2, default=str))  # noqa: T201
-    else:
+    elif not blind:
         print("\n".join(describe(document)))  # noqa: T201
-    if document["plan"] is None and not document["gpus"] and document["engine"] is None:
-        print(f"sidecar probe: nothing could be read: {document['error']}", file=sys.stderr)  # noqa: T201
-        return 1
-    return 0
+    if blind and not args.json:  # the entry point prints it: one line, exit status 2
+        raise ProbeUnavailableError(f"nothing could be read: {document['error']}")
+    return 2 if blind else 0
 
 
 async def _probe_once(settings: Settings) -> dict[str, Any]:

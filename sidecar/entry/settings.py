@@ -168,11 +168,15 @@ class Settings(BaseSettings):
         None,
         description="tokens per paged-KV block; unset: the engine's own, where it reports one",
     )
-    max_prompt_tokens: PositiveInt = Field(
-        3000, description="prompt budget of one request, in tokens"
+    max_prompt_tokens: PositiveInt | None = Field(
+        None,
+        description="prompt budget of one request, in tokens; unset: the engine's max_model_len "
+        "(3000 until the engine says, or where it does not); set: narrows the engine's",
     )
-    max_completion_tokens: PositiveInt = Field(
-        1000, description="completion budget of one request (max_tokens), in tokens"
+    max_completion_tokens: PositiveInt | None = Field(
+        None,
+        description="completion budget of one request (max_tokens), in tokens; unset: the "
+        "engine's max_model_len (1000 until the engine says); set: narrows the engine's",
     )
     safety_factor: Annotated[float, Field(gt=0, le=1)] = Field(
         0.8, description="alpha: the share of the KV pool that permits may spend, in (0, 1]"
@@ -226,7 +230,8 @@ class Settings(BaseSettings):
     )
     over_budget: Literal["reject", "clamp"] = Field(
         "reject",
-        description="max_tokens over the completion budget: reject (400) or clamp to the budget",
+        description="max_tokens over the completion budget: reject (400) or clamp to the budget "
+        "(the answer then says so: X-Sidecar-Max-Tokens-Clamped)",
     )
     prompt_bytes_per_token: Annotated[float, Field(gt=0)] = Field(
         4.0, description="prompt estimate: UTF-8 bytes per token"

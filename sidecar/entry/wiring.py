@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from sidecar.core.errors import ConfigError
 from sidecar.core.estimator import EstimatorConfig
 from sidecar.core.model_spec import load_model_spec, weights_bytes_in
 from sidecar.core.overcommit import AimdConfig
+from sidecar.core.token_budget import resolve_budget
 from sidecar.entry.settings import Settings
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.live.adaptive import AdaptiveCapacity
@@ -106,7 +108,10 @@ def build_controller(
     ``available`` hears when a plan of 0 permits starts or stops (the bulkhead refuses at once).
     """
     cost = model_cost(settings)
-    budget = Budget(settings.max_prompt_tokens, settings.max_completion_tokens)
+    budget_rule = partial(
+        resolve_budget, settings.max_prompt_tokens, settings.max_completion_tokens
+    )
+    budget = budget_rule(None).plan_budget()  # until the engine says its max_model_len
     declared = declared_from(settings, clock())
     limit_of = _limit_rule(settings, adaptive)
     live = settings.capacity_source != "static"
@@ -143,6 +148,7 @@ def build_controller(
         available=available,
         probe_timeout_s=settings.probe_timeout_ms / 1000,
         cap_at_engine_slots=settings.admission == "count",
+        budget_rule=budget_rule,
     )
 
 

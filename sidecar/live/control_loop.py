@@ -23,7 +23,9 @@ import structlog
 
 from sidecar.core.capacity import Budget, KvCost, Plan, engine_cost, make_plan
 from sidecar.core.errors import PlanError, ProbeError, ProbeTemporaryError
+from sidecar.core.token_budget import TokenBudget
 from sidecar.core.warnings import CLEARED_EVENT, RAISED_EVENT, ConfigWarning, changes, no_capacity
+from sidecar.live.engine_health import EngineHealth
 from sidecar.live.probes import EngineProbe, EngineReading, GpuProbe, GpuSnapshot
 from sidecar.live.probes.static import Declared
 from sidecar.live.sources import Disagreement, Readings, plan_inputs
@@ -117,7 +119,10 @@ class CapacityController:
         feedback: Callable[[Readings], tuple[ConfigWarning, ...]] | None = None,
         available: Callable[[bool], None] | None = None,
         cap_at_engine_slots: bool = False,
+        budget_rule: Callable[[int | None], TokenBudget] | None = None,
     ) -> None:
+        """``budget_rule``: the token budget for the engine's max_model_len (None: not known);
+        without it, ``budget`` stands."""
         self._wanted, self._cost, self._budget, self._alpha = source, cost, budget, alpha
         self._cap_at_slots = cap_at_engine_slots
         self._declared, self._resize, self._limit_of, self._floor = (
@@ -133,6 +138,14 @@ class CapacityController:
         self._probe_timeout_s = probe_timeout_s
         self._feedback, self._available = feedback, available
         self._state = CapacityState(plan=None, source="none", limit=floor.limit, on_floor=True)
+        self._budget_rule = budget_rule
+        self._engine = EngineHealth()
+        self.token_budget: TokenBudget = (
+            budget_rule(None)
+            if budget_rule is not None
+            else TokenBudget(budget.prompt_tokens, budget.completion_tokens, None, "setting",
+                             "setting")
+        )  # fmt: skip
         self._resized_to: int | None = None
         self._published = False
         self._task: asyncio.Task[None] | None = None
@@ -171,6 +184,7 @@ class CapacityController:
         """One tick: read, plan, resize, publish. Never raises for a probe or plan failure."""
         readings = await self._read()
         now = self._clock()
+        self._engine.observe(readings, now)
         cost = self._cost_for(readings)
         try:
             extra = self._feedback(readings) if self._feedback is not None else ()
@@ -181,7 +195,7 @@ class CapacityController:
                 engine_pid=self._engine_pid,
                 tolerance=self._tolerance,
             )
-            plan = make_plan(inputs.cost, inputs.memory, self._budget, self._alpha)
+            plan = make_plan(inputs.cost, inputs.memory, self._plan_budget(), self._alpha)
         except Exception as exc:  # a probe, a plan, or a bug: all of them degrade, none is fresh
             failed = degrade(self._state, now, self._stale_after_s, self._floor)
             detail = str(exc) if isinstance(exc, ProbeError | PlanError) else repr(exc)
@@ -205,6 +219,20 @@ class CapacityController:
         limit = self._limit_of(plan)
         slots = readings.engine.slots if readings.engine is not None else None
         return min(limit, slots) if self._cap_at_slots and slots is not None else limit
+
+    def engine_unready(self) -> str | None:
+        """Why the engine cannot serve, judged now from the age of its last good reading (a loop
+        that hangs goes unready by itself); None while it answers, or where nothing probes it."""
+        if self._engine_probe is None:
+            return None
+        return self._engine.unready(self._clock(), self.fresh_for_s)
+
+    def _plan_budget(self) -> Budget:
+        """The budget of this tick: the engine's context, narrowed by the settings."""
+        if self._budget_rule is None:
+            return self._budget
+        self.token_budget = self._budget_rule(self._engine.max_model_len)
+        return self.token_budget.plan_budget()
 
     def _empty(self, plan: Plan) -> tuple[ConfigWarning, ...]:
         """A no_capacity warning, with its arithmetic, when not one request fits."""
