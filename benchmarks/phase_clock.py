@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.edge import proxy
+from sidecar.edge.connection import Connection
 from sidecar.edge.engine_connection import EngineConnection
 from sidecar.edge.response import StreamResponse
-from sidecar.edge.server import Connection
 from sidecar.entry.cli import main as sidecar_main
 from sidecar.limiter.permit import Permit
 

@@ -20,8 +20,15 @@ BodyFault = Literal["too_large", "bad_framing", "cut_off"]
 class Wire(Protocol):
     """The connection a request came on, as its answer needs it."""
 
-    paused: bool  # the client's socket buffer is full: writers wait in drain()
-    lost: bool
+    @property
+    def paused(self) -> bool:
+        """The client's socket buffer is full: writers wait in drain()."""
+        ...
+
+    @property
+    def lost(self) -> bool:
+        """The client's connection is gone."""
+        ...
 
     async def drain(self) -> None: ...
 
@@ -108,7 +115,7 @@ class Request:
             return
         self._chunks.append(data)
 
-    def finish(self) -> None:
+    def end_of_body(self) -> None:
         self.complete = True
         self._wake()
 
