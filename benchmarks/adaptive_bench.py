@@ -28,6 +28,14 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 SIDECAR = str(Path(PYTHON).with_name("sidecar"))
 MODES = tuple(os.environ.get("ADAPTIVE_BENCH_MODES", "none,count,tokens,adaptive").split(","))
+# Whose metrics the emulated engine speaks (vllm, sglang; llamacpp never preempts, so adaptive
+# admission falls back to the worst case there), and the counter its preemptions are read from.
+ENGINE = os.environ.get("ADAPTIVE_BENCH_ENGINE", "vllm")
+PREEMPTION_COUNTER = {
+    "vllm": "vllm:num_preemptions_total",
+    "sglang": "sglang:num_retracted_requests_total",
+    "llamacpp": "",  # none: requests fail instead
+}[ENGINE]
 CLIENTS = 96
 MAX_TOKENS = 512
 PROMPT = "the quick brown fox jumps " * 12  # 60 words: about 60 emulator tokens
@@ -90,7 +98,7 @@ async def preemptions(session: aiohttp.ClientSession, engine: str) -> float:
     async with session.get(f"{engine}/metrics") as response:
         text = await response.text()
     for line in text.splitlines():
-        if line.startswith("vllm:num_preemptions_total"):
+        if PREEMPTION_COUNTER and line.startswith(PREEMPTION_COUNTER):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
 
@@ -140,7 +148,7 @@ def sidecar_env(engine: str, mode: str, port: int, admin: int) -> dict[str, str]
         **os.environ,
         "SIDECAR_UPSTREAM_URL": engine, "SIDECAR_HOST": "127.0.0.1", "SIDECAR_PORT": str(port),
         "SIDECAR_ADMIN_HOST": "127.0.0.1", "SIDECAR_ADMIN_PORT": str(admin),
-        "SIDECAR_CAPACITY_SOURCE": "vllm", "SIDECAR_ADMISSION": mode,
+        "SIDECAR_CAPACITY_SOURCE": ENGINE, "SIDECAR_ADMISSION": mode,
         "SIDECAR_MAX_PROMPT_TOKENS": "256", "SIDECAR_MAX_COMPLETION_TOKENS": str(MAX_TOKENS),
         "SIDECAR_MAX_QUEUE": str(CLIENTS), "SIDECAR_MAX_WAIT_MS": "20000",
         "SIDECAR_REFRESH_MS": "250", "SIDECAR_REJECT_MODE": "http", "SIDECAR_LOG_LEVEL": "warning",
@@ -151,7 +159,8 @@ async def run_mode(mode: str) -> tuple[Tally, float]:
     """One mode, on a fresh engine; returns the clients' tally and the engine's preemptions."""
     engine_port, port, admin = free_port(), free_port(), free_port()
     engine = f"http://127.0.0.1:{engine_port}"
-    emulator = [PYTHON, "-m", "emulator", "--port", str(engine_port), *ENGINE_FLAGS]
+    emulator = [PYTHON, "-m", "emulator", "--port", str(engine_port), "--engine", ENGINE]
+    emulator += ENGINE_FLAGS
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -215,8 +224,9 @@ def percentile(values: list[float], q: float) -> float:
 
 def main() -> None:
     print(
-        f"emulated paged engine: 8192 KV tokens, 64 seqs, 25 tok/s/stream; {CLIENTS} closed-loop "
-        f"clients, max_tokens {MAX_TOKENS}, completions lognormal median {MAX_TOKENS // 10}; "
+        f"emulated paged engine ({ENGINE}): 8192 KV tokens, 64 seqs, 25 tok/s/stream; "
+        f"{CLIENTS} closed-loop clients, max_tokens {MAX_TOKENS}, "
+        f"completions lognormal median {MAX_TOKENS // 10}; "
         f"{WARMUP_S:.0f}s warm-up, {MEASURE_S:.0f}s measured"
     )
     results = {mode: asyncio.run(run_mode(mode)) for mode in MODES}

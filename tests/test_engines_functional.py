@@ -167,3 +167,27 @@ async def test_a_source_pinned_to_another_engine_plans_nothing(start_pair: Start
         True,
         "the engine reports no KV cache config",
     )
+
+
+@pytest.mark.parametrize(
+    ("engine", "warnings", "fallback"),
+    [
+        pytest.param("sglang", [], 0, id="sglang: retractions drive over-commit"),
+        pytest.param("llamacpp", ["adaptive_unsupported"], 1, id="llamacpp: never preempts"),
+    ],
+)
+async def test_adaptive_admission_reads_each_engines_preemptions(
+    start_pair: StartPair, engine: str, warnings: list[str], fallback: int
+) -> None:
+    """SGLang's retraction counter is a preemption counter: adaptive admission over-commits on
+    it; llama.cpp has none, so every request is priced at its worst case, and a warning says so."""
+    config = EmulatorConfig(engine=engine, model_name="tiny", max_num_seqs=64)
+    server, _ = await start_pair(
+        config, SIDECAR_ADMISSION="adaptive", SIDECAR_ADAPTIVE_MIN_SAMPLES="1"
+    )
+    async with aiohttp.ClientSession() as session:
+        assert await stream(session, proxy_url(server)) == 200
+    doc = await get_json(f"{admin_url(server)}/capacity")
+    assert [w["code"] for w in doc["warnings"]] == warnings
+    metrics = await scrape(f"{admin_url(server)}/metrics")
+    assert metrics["sidecar_adaptive_fallback"] == fallback
