@@ -1,79 +1,71 @@
-"""``python -m demo``: a simulated GPU, the emulated engine, the real sidecar between them, load.
+"""``python -m demo``: the same overload through the sidecar and straight at the engine, twice.
 
-No GPU and no engine needed. The sidecar sizes its permits through its real NVML path from the
-simulated card, the engine's KV pool is exactly what that card leaves for it, and streaming
-clients (the openai SDK) show admissions, queueing and busy answers, then a noisy neighbour;
-then the same burst straight at the engine, without the sidecar, for comparison.
+No GPU and no engine needed. A simulated card sizes an emulated engine's KV cache; streaming
+clients (the openai SDK) overload it, once through the real sidecar with its default settings and
+once straight at it, for a paged engine that preempts (like vLLM) and one that fails its streams
+when the KV cache runs out. A table and a picture put each pair side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from demo.dashboard import HEADER, LEGEND, Summary, format_summary
-from demo.direct import RunResult, burst_direct, format_comparison, start_engine
-from demo.load import FALLBACK_CODES, Phase, Request
-from demo.plot import write_timeline
-from demo.run import Run, drive, plan_figures
+from demo.compare import RunResult, format_comparison, verdict_oom, verdict_paged
+from demo.dashboard import HEADER, LEGEND
+from demo.load import Phase, Request
+from demo.plot import write_comparison
+from demo.run import Run, drive, start_engine
 from demo.simulated_gpu import GIB, GpuLayout, SimulatedGpu
-from demo.story import PATH_HINT, intro
+from demo.story import PATH_HINT, Workload, intro
 from emulator.config import ENGINES, EmulatorConfig
 from sidecar.entry.app import SidecarServer
 from sidecar.entry.logs import configure_logging
 from sidecar.entry.settings import Settings, load_settings
 
-MODEL = "qwen2.5-7b"
-BYTES_PER_TOKEN = 57_344  # qwen2.5-7b, fp16 KV: 2 x 28 layers x 4 KV heads x 128 x 2 bytes
+# Gemma 2 9B keeps 336 KiB of KV per token (42 layers x 8 KV heads x 256 x 2 B x 2), so a 24 GiB
+# card holds ~15k tokens of KV: ~50 streams, which 2 cores can relay in real time.
+MODEL = "gemma-2-9b"
+BYTES_PER_TOKEN = 344_064
 BLOCK_TOKENS = 16
-PROMPT_BUDGET, COMPLETION_BUDGET = 6000, 2000  # 8,000 tokens = 458,752,000 B per request
-WEIGHTS = 15_231_233_024  # Qwen2.5-7B's bf16 safetensors
-NEIGHBOUR = 4 * GIB
-# Each client sends a 5,000-word prompt (5,007 tokens with the chat template) for 64 tokens.
-PROMPT_WORDS, MAX_TOKENS, TOKENS_PER_S, TTFT_S = 5000, 64, 60.0, 0.1
+WEIGHTS = 18_483_411_968  # google/gemma-2-9b's safetensors (the preset's figure)
+CARD, ENGINE_OVERHEAD, DRIVER = 24 * GIB, 3 * GIB // 2, GIB // 2
+PROMPT_WORDS, MAX_TOKENS, MEDIAN_RATIO, SEED = 200, 512, 0.1, 29
+# A 24 GiB card of the RTX 4090 class: 40 tokens/s per stream, ~10k prompt tokens/s of compute.
+TOKENS_PER_S, PREFILL_TOKENS_PER_S = 40.0, 10_000.0
+PROMPT_BUDGET, COMPLETION_BUDGET = 1024, MAX_TOKENS
+CLIENTS, DURATION_S = 160, 10.0
 REQUEST = Request(MODEL, MAX_TOKENS, prompt="kv " * PROMPT_WORDS)
-STREAM_S = TTFT_S + MAX_TOKENS / TOKENS_PER_S + 0.2  # one stream, with some slack
-BURST_FACTOR = 10
-# Phase lengths as shares of --duration.
-SHARES = {"steady": 0.2, "burst": 0.3, "noisy neighbour": 0.3, "neighbour gone": 0.2}
-
-
-CAVEAT = (
-    "",
-    "Read the columns together: straight at the engine, more streams finish here because the",
-    "emulated engine has no compute limit, but their first tokens come seconds late (the paged",
-    "engine) or they die with the engine's memory (the OOM engine). The sidecar keeps TTFT",
-    "short and says 'busy' to the rest. It prices each request at its worst case (8,000",
-    "tokens; these use 5,071), so half the KV cache stays free: docs/adaptive.md prices",
-    "requests by what they really use.",
-)
+# The one sidecar setting a user may pass through to compare a mode; everything else is default.
+PASSED_THROUGH = ("SIDECAR_ADMISSION",)
 
 
 @dataclass(frozen=True)
 class DemoResult:
-    """What the run showed: the sidecar's run, the burst compared, where the picture is."""
+    """What the demo showed: the four runs (paged: ours, bare; OOM: ours, bare), the picture."""
 
-    summary: Summary
-    comparison: tuple[RunResult, ...]
-    picture: Path | None
+    results: tuple[RunResult, ...]
+    mode: str
+    picture: Path
 
 
 def gpu_layout() -> GpuLayout:
-    """A 24 GiB card: weights, 1.5 GiB engine overhead, 0.5 GiB driver, the rest KV in blocks."""
-    total, overhead, driver = 24 * GIB, 3 * GIB // 2, GIB // 2
+    """The card: weights, the engine's overhead, the driver's share, the rest KV in blocks."""
     block_bytes = BLOCK_TOKENS * BYTES_PER_TOKEN
-    pool = (total - WEIGHTS - overhead - driver) // block_bytes * block_bytes
-    return GpuLayout(total, WEIGHTS, overhead, driver, pool)
+    pool = (CARD - WEIGHTS - ENGINE_OVERHEAD - DRIVER) // block_bytes * block_bytes
+    return GpuLayout(CARD, WEIGHTS, ENGINE_OVERHEAD, DRIVER, pool, name="Simulated GPU 24GB")
 
 
 def engine_config(layout: GpuLayout, *, oom: bool = False, engine: str = "vllm") -> EmulatorConfig:
-    """The emulated engine, sized to the simulated card's KV pool; a stream lasts ~1.2 s."""
+    """The emulated engine speaking ``engine``'s metrics, sized to the simulated card's KV pool,
+    with the demo's seed."""
     return EmulatorConfig(
         engine=engine,
         model_name=MODEL,
@@ -82,107 +74,118 @@ def engine_config(layout: GpuLayout, *, oom: bool = False, engine: str = "vllm")
         block_size=BLOCK_TOKENS,
         max_num_seqs=256,
         tokens_per_s=TOKENS_PER_S,
-        ttft_s=TTFT_S,
+        prefill_tokens_per_s=PREFILL_TOKENS_PER_S,
         bytes_per_token=BYTES_PER_TOKEN,
         oom=oom,
+        completion_median_ratio=MEDIAN_RATIO,
+        completion_sigma=0.8,
+        seed=SEED,
     )
 
 
-def sidecar_settings(engine_url: str) -> Settings:
-    """The real sidecar, planning from NVML readings (the simulated card) every 250 ms."""
+def sidecar_settings(engine_url: str, environ: Mapping[str, str] = os.environ) -> Settings:
+    """The real sidecar as a user would start it next to the engine: its defaults (capacity
+    source, admission mode), the model and its weights for the NVML cross-check, a budget."""
     env = {
         "SIDECAR_HOST": "127.0.0.1",
         "SIDECAR_ADMIN_HOST": "127.0.0.1",
         "SIDECAR_PORT": "0",
         "SIDECAR_ADMIN_PORT": "0",
         "SIDECAR_UPSTREAM_URL": engine_url,
-        "SIDECAR_CAPACITY_SOURCE": "nvml",
         "SIDECAR_MODEL": MODEL,
         "SIDECAR_WEIGHTS": str(WEIGHTS),
-        "SIDECAR_BLOCK_SIZE": str(BLOCK_TOKENS),
+        "SIDECAR_OVERHEAD": str(ENGINE_OVERHEAD),
         "SIDECAR_MAX_PROMPT_TOKENS": str(PROMPT_BUDGET),
         "SIDECAR_MAX_COMPLETION_TOKENS": str(COMPLETION_BUDGET),
-        "SIDECAR_SAFETY_FACTOR": "0.8",
         "SIDECAR_REFRESH_MS": "250",
         "SIDECAR_MAX_QUEUE": "8",
         "SIDECAR_MAX_WAIT_MS": "1500",
         "SIDECAR_LOG_LEVEL": "warning",
     }
+    env.update({name: environ[name] for name in PASSED_THROUGH if name in environ})
     return load_settings(env)
 
 
-def phases(duration_s: float, permits: int, burst_clients: int | None) -> tuple[Phase, ...]:
-    """Under capacity, ten times capacity, a neighbour taking memory, the neighbour gone."""
-    burst = burst_clients if burst_clients is not None else BURST_FACTOR * permits
-    steady = max(1, permits // 2)
-    return (
-        # Steady ends quiet so none of its streams meets the burst.
-        Phase("steady", SHARES["steady"] * duration_s, steady, think_s=0.3, settle_s=STREAM_S),
-        Phase("burst", SHARES["burst"] * duration_s, burst),
-        Phase("noisy neighbour", SHARES["noisy neighbour"] * duration_s, permits, NEIGHBOUR),
-        Phase("neighbour gone", SHARES["neighbour gone"] * duration_s, permits),
-    )
+def workload(layout: GpuLayout, clients: int, duration_s: float) -> Workload:
+    """The figures the intro quotes."""
+    return Workload(
+        MODEL, clients, duration_s, PROMPT_WORDS, MAX_TOKENS, MEDIAN_RATIO,
+        engine_config(layout).kv_cache_size_tokens, TOKENS_PER_S, PREFILL_TOKENS_PER_S,
+    )  # fmt: skip
+
+
+async def one_run(
+    config: EmulatorConfig,
+    phase: Phase,
+    label: str,
+    write: Callable[[str], object],
+    *,
+    clock: Callable[[], float],
+    gpu: SimulatedGpu | None,
+) -> RunResult:
+    """One run on a fresh engine; through a fresh sidecar when ``gpu`` is given."""
+    write(f"\n--- {label}: {phase.clients} clients for {phase.duration_s:.0f} s\n{HEADER}\n")
+    engine, url = await start_engine(config)
+    try:
+        if gpu is None:
+            run = Run(label, url, write, clock, phase.duration_s)
+            await drive(run, phase, REQUEST)
+            return run.result(phase.name)
+        server = SidecarServer(sidecar_settings(url), clock=clock, gpu_probe=gpu)
+        await server.start()
+        try:
+            run = Run(label, url, write, clock, phase.duration_s, sidecar=server)
+            await drive(run, phase, REQUEST)
+            await server.drain(5.0)
+        finally:
+            await server.stop()
+        return run.result(phase.name)
+    finally:
+        await engine.cleanup()
 
 
 async def run_demo(
-    duration_s: float = 20.0,
-    clients: int | None = None,
+    duration_s: float = DURATION_S,
+    clients: int = CLIENTS,
     write: Callable[[str], object] = sys.stdout.write,
     clock: Callable[[], float] = time.monotonic,
     picture: Path | None = None,
     *,
     engine_name: str = "vllm",
 ) -> DemoResult:
-    """The whole demo, in front of the emulated engine speaking ``engine_name``'s metrics;
-    returns what it showed after everything has stopped."""
+    """The four runs, the table, the verdict and the picture, in front of the emulated engine
+    speaking ``engine_name``'s metrics (llama.cpp never preempts: its runs are the OOM pair)."""
     layout = gpu_layout()
-    gpu = SimulatedGpu(layout, clock=clock)
-    engine, engine_url = await start_engine(engine_config(layout, engine=engine_name))
-    try:
-        server = SidecarServer(sidecar_settings(engine_url), clock=clock, gpu_probe=gpu)
-        await server.start()
-        try:
-            figures = plan_figures(server)
-            write("\n".join(intro(layout, figures, MODEL, duration_s)) + "\n\n")
-            write("\n".join(LEGEND) + "\n\n" + HEADER + "\n")
-            run = Run(server, gpu, engine_url, write, clock=clock, duration_s=duration_s)
-            plan = phases(duration_s, figures.permits, clients)
-            await drive(run, plan, REQUEST)
-            await server.drain(5.0)
-        finally:
-            await server.stop()
-    finally:
-        await engine.cleanup()
-    summary = run.summary(plan)
-    write("\n" + "\n".join(format_summary(summary)) + "\n")
-    comparison = (
-        run.result("burst", "with sidecar"),
-        *await _without(layout, plan[1], write, engine_name),
-    )
-    write("\n" + "\n".join([*format_comparison(comparison, FALLBACK_CODES), *CAVEAT]) + "\n")
-    path = write_timeline(run.samples, picture or _picture_path(), "python -m demo: the sidecar")
-    write(f"\ntimeline: {path}\n{PATH_HINT}\n")
-    return DemoResult(summary, comparison, path)
-
-
-async def _without(
-    layout: GpuLayout, burst: Phase, write: Callable[[str], object], engine_name: str
-) -> tuple[RunResult, ...]:
+    mode = sidecar_settings("http://127.0.0.1:1").admission
+    story = intro(layout, workload(layout, clients, duration_s), mode, engine_name)
+    write("\n".join(story) + "\n\n")
+    write("\n".join(LEGEND) + "\n")
+    phase = Phase("overload", duration_s, clients)
     results = []
-    engines: tuple[tuple[bool, str, str], ...] = (
-        (False, "paged engine", "pages and preempts when its KV cache is full, like vLLM"),
-        (True, "OOM engine", "fails its running streams when its KV cache runs out"),
-    )
-    if engine_name == "llamacpp":  # llama.cpp never preempts: only the failing engine is real
-        engines = ((True, "llama.cpp", "fails its streams when its shared KV pool runs out"),)
-    for oom, label, how in engines:
-        write(
-            f"\n--- without the sidecar: the same {burst.clients} clients for "
-            f"{burst.duration_s:.1f} s straight at an engine that {how} ...\n"
-        )
+    for oom, engine in _engines(engine_name):
         config = engine_config(layout, oom=oom, engine=engine_name)
-        results.append(await burst_direct(config, burst, REQUEST, label))
-    return tuple(results)
+        gpu = SimulatedGpu(layout, clock=clock)
+        ours = f"{engine} + sidecar"
+        results.append(await one_run(config, phase, ours, write, clock=clock, gpu=gpu))
+        bare = f"{engine}, bare"
+        results.append(await one_run(config, phase, bare, write, clock=clock, gpu=None))
+    lines = ["", *format_comparison(results), ""]
+    for (_, engine), with_sidecar, alone in zip(
+        _engines(engine_name), results[::2], results[1::2], strict=True
+    ):
+        verdict = verdict_oom if engine == "OOM" else verdict_paged
+        lines += verdict(with_sidecar, alone)
+    write("\n".join(lines) + "\n")
+    title = f"python -m demo: the sidecar (admission {mode}) against the bare engine, same load"
+    path = write_comparison(results, picture or _picture_path(), title)
+    write(f"\npicture: {path}\n{PATH_HINT}\n")
+    return DemoResult(tuple(results), mode, path)
+
+
+def _engines(engine_name: str) -> tuple[tuple[bool, str], ...]:
+    if engine_name == "llamacpp":  # llama.cpp fails streams when its pool runs dry
+        return ((True, "OOM"),)
+    return ((False, "paged"), (True, "OOM"))
 
 
 def _picture_path() -> Path:
@@ -193,9 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse the flags, run the demo, exit 0."""
     parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
     parser.add_argument(
-        "--duration", type=float, default=20.0, help="seconds with the sidecar (20)"
+        "--duration", type=float, default=DURATION_S, help=f"seconds per run ({DURATION_S:.0f})"
     )
-    parser.add_argument("--clients", type=int, default=None, help="burst clients (10 x permits)")
+    parser.add_argument("--clients", type=int, default=CLIENTS, help=f"clients ({CLIENTS})")
     parser.add_argument("--picture", type=Path, default=None, help="where to write the PNG")
     parser.add_argument(
         "--engine",
@@ -204,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="whose metrics the emulated engine speaks (vllm)",
     )
     args = parser.parse_args(argv)
-    if args.duration <= 0 or (args.clients is not None and args.clients < 1):
+    if args.duration <= 0 or args.clients < 1:
         parser.error("--duration must be positive and --clients at least 1")
     configure_logging("error", sys.stderr)  # the OOM engine logs every stream it fails
     asyncio.run(

@@ -7,7 +7,7 @@ scraped from its ``/metrics`` like any Prometheus would, with ``prometheus_clien
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -57,45 +57,18 @@ class EngineGauges:
 
 @dataclass(frozen=True)
 class Sample:
-    """Everything one dashboard line shows, taken at one moment."""
+    """What one run shows at one moment: the sidecar's side is zero in a run without it."""
 
     t_s: float
-    phase: str
-    permits: int
-    in_use: int
-    queued: int
+    in_use: int  # admitted by the sidecar now
+    queued: int  # waiting at the sidecar
     engine_running: int
+    kv_usage: float  # 0..1
     completed: int
-    fallbacks: int
+    fallbacks: int  # busy answers so far
+    failed: int  # streams the engine failed so far (oom mode)
     p50_ttft_s: float | None
-    kv_usage: float = 0.0
-
-
-@dataclass(frozen=True)
-class PhaseSummary:
-    """One phase: the permits seen during it and what its clients got."""
-
-    name: str
-    permits_min: int
-    permits_max: int
-    outcomes: dict[str, int]
-
-
-@dataclass(frozen=True)
-class Summary:
-    """The run, as the test and the closing lines report it."""
-
-    outcomes: dict[str, int]
-    phases: tuple[PhaseSummary, ...]
-    max_permits: int
-    final_permits: int
-    max_in_use: int
-    max_engine_running: int
-    p50_ttft_s: float | None
-
-    def phase(self, name: str) -> PhaseSummary:
-        """The summary of the phase called ``name``."""
-        return next(p for p in self.phases if p.name == name)
+    preemptions: int = 0  # the engine's, so far
 
 
 def engine_running(metrics_text: str) -> int:
@@ -139,71 +112,23 @@ def _ms(seconds: float | None) -> str:
     return "    -" if seconds is None else f"{seconds * 1000:5.0f}"
 
 
-HEADER = "  time  permits  in use  queued  engine  KV use  done  busy  TTFT ms  progress"
+HEADER = "  time  in use  queued  engine  KV use  done  busy  failed  TTFT ms  progress"
 LEGEND = (
-    "columns: permits = requests the sidecar lets in at once (its plan); in use = admitted now;",
-    "  queued = waiting for a permit (at most 8, for at most 1.5 s); engine = requests the engine",
-    "  runs now (from its /metrics); KV use = share of the engine's KV blocks in use;",
-    "  done / busy = streams completed / busy answers so far; TTFT = median time to first token",
-    "  in this phase, queue wait included.",
+    "columns: in use = requests the sidecar has let in now; queued = waiting at the sidecar (at",
+    "  most 8, for at most 1.5 s); engine = requests the engine runs now (its /metrics); KV use =",
+    "  share of its KV blocks in use; done / busy / failed = streams completed / busy answers /",
+    "  streams the engine failed so far; TTFT = median time to first token of the completed",
+    "  streams so far, queue wait included.",
 )
 
 
 def format_line(sample: Sample, progress: str = "") -> str:
     """One live line, with the run's progress bar at the end."""
     return (
-        f"{sample.t_s:5.1f}s  {sample.permits:7d}  {sample.in_use:6d}  {sample.queued:6d}  "
-        f"{sample.engine_running:6d}  {sample.kv_usage:6.0%}  {sample.completed:4d}  "
-        f"{sample.fallbacks:4d}  {_ms(sample.p50_ttft_s):>7}  {progress}"
+        f"{sample.t_s:5.1f}s  {sample.in_use:6d}  {sample.queued:6d}  {sample.engine_running:6d}  "
+        f"{sample.kv_usage:6.0%}  {sample.completed:4d}  {sample.fallbacks:4d}  "
+        f"{sample.failed:6d}  {_ms(sample.p50_ttft_s):>7}  {progress}"
     ).rstrip()
-
-
-def summarize(
-    samples: Iterable[Sample],
-    phase_names: Iterable[str],
-    outcomes: dict[str, int],
-    by_phase: dict[str, dict[str, int]],
-    p50_ttft_s: float | None,
-) -> Summary:
-    """Fold the samples and the clients' tally into the summary; needs at least one sample."""
-    taken = list(samples)
-    if not taken:
-        raise ValueError("no samples were taken")
-    phases = []
-    for name in phase_names:
-        permits = [s.permits for s in taken if s.phase == name] or [0]
-        phases.append(PhaseSummary(name, min(permits), max(permits), dict(by_phase.get(name, {}))))
-    return Summary(
-        outcomes=dict(outcomes),
-        phases=tuple(phases),
-        max_permits=max(s.permits for s in taken),
-        final_permits=taken[-1].permits,
-        max_in_use=max(s.in_use for s in taken),
-        max_engine_running=max(s.engine_running for s in taken),
-        p50_ttft_s=p50_ttft_s,
-    )
-
-
-def format_summary(summary: Summary) -> list[str]:
-    """The closing lines."""
-    total = sum(summary.outcomes.values())
-    lines = [f"requests: {total}  " + _counts(summary.outcomes)]
-    for phase in summary.phases:
-        permits = f"{phase.permits_min}" + (
-            f"..{phase.permits_max}" if phase.permits_max != phase.permits_min else ""
-        )
-        lines.append(f"  {phase.name:<17} permits {permits:<7} {_counts(phase.outcomes)}")
-    verdict = "never above" if summary.max_engine_running <= summary.max_permits else "ABOVE"
-    lines.append(
-        f"max engine running {summary.max_engine_running} vs max permits "
-        f"{summary.max_permits}: {verdict} the limit; max in use {summary.max_in_use}; "
-        f"permits at the end {summary.final_permits}; p50 TTFT {_ms(summary.p50_ttft_s).strip()} ms"
-    )
-    return lines
-
-
-def _counts(outcomes: dict[str, int]) -> str:
-    return ", ".join(f"{name} {n}" for name, n in sorted(outcomes.items())) or "no requests"
 
 
 async def watch(

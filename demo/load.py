@@ -8,6 +8,7 @@ running at a deadline finishes in the next phase: nothing is cut short to change
 from __future__ import annotations
 
 import asyncio
+import random
 import statistics
 import time
 from collections import Counter
@@ -110,9 +111,10 @@ async def one_request(
     clock: Callable[[], float],
     on_first_token: Callable[[float], None],
 ) -> str:
-    """Stream one chat completion; report its time to first token as it comes; its outcome."""
+    """Stream one chat completion; its outcome, and its time to first token once it completed
+    (a stream that fails later does not count: the TTFT shown is of completed requests)."""
     started = clock()
-    seen = False
+    first: float | None = None
     try:
         stream = await client.chat.completions.create(
             model=request.model,
@@ -122,11 +124,12 @@ async def one_request(
         )
         async with stream:
             async for chunk in stream:
-                if not seen and chunk.choices and chunk.choices[0].delta.content:
-                    seen = True
-                    on_first_token(clock() - started)
+                if first is None and chunk.choices and chunk.choices[0].delta.content:
+                    first = clock() - started
     except openai.APIError as exc:
         return outcome_of(exc)
+    if first is not None:
+        on_first_token(first)
     return COMPLETED
 
 
@@ -142,9 +145,11 @@ class Load:
         clock: Callable[[], float] = time.monotonic,
         sleep: Sleep = asyncio.sleep,
         backoff_s: float = 1.0,
+        seed: int = 0,
     ) -> None:
         self._client, self._request, self._tally = client, request, tally
         self._clock, self._sleep, self._backoff_s = clock, sleep, backoff_s
+        self._jitter = random.Random(seed)  # noqa: S311 - a load shape, not a secret
 
     async def run(self, phases: tuple[Phase, ...], on_phase: Callable[[Phase], None]) -> None:
         """Start each phase's clients, wait out its duration; return once every client is done."""
@@ -168,7 +173,9 @@ class Load:
                 partial(self._tally.first_token, phase.name),
             )
             self._tally.record(phase.name, outcome)
-            # A polite client backs off after a busy answer instead of hammering the queue.
-            pause = phase.think_s if outcome == COMPLETED else self._backoff_s
+            # A polite client backs off after a busy answer instead of hammering the queue, with
+            # jitter (0.5x..1.5x, seeded) so refused clients do not come back as one wave.
+            backoff = self._backoff_s * (0.5 + self._jitter.random())
+            pause = phase.think_s if outcome == COMPLETED else backoff
             if pause > 0:
                 await self._sleep(pause)

@@ -1,4 +1,4 @@
-"""What the demo says, apart from its table: the opening, why each phase, the progress bar, the end.
+"""What the demo says, apart from its tables: the opening, the progress bar, the end.
 
 Pure text from plain values, so a test can read the story without running it.
 """
@@ -17,16 +17,33 @@ PATH_HINT = (
 
 
 @dataclass(frozen=True)
-class PlanFigures:
-    """The numbers of the sidecar's plan the story quotes."""
+class Workload:
+    """The load every run gets, and the engine it meets."""
 
-    kv_pool_bytes: int
-    request_tokens: int
-    request_bytes: int
-    bytes_per_token: int
-    alpha: float
-    permits_exact: float
-    permits: int
+    model: str
+    clients: int
+    duration_s: float
+    prompt_words: int
+    max_tokens: int
+    completion_median_ratio: float
+    pool_tokens: int
+    tokens_per_s: float
+    prefill_tokens_per_s: float
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The emulator's count: one per word, plus the chat template's 3 + 4 for one message."""
+        return self.prompt_words + 7
+
+    @property
+    def median_tokens(self) -> int:
+        """The median completion length the engine draws."""
+        return round(self.max_tokens * self.completion_median_ratio)
+
+    @property
+    def overload(self) -> float:
+        """Tokens the clients would hold at once at median lengths, over the pool."""
+        return self.clients * (self.prompt_tokens + self.median_tokens) / self.pool_tokens
 
 
 def gib(n: float) -> str:
@@ -34,56 +51,36 @@ def gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-def intro(layout: GpuLayout, plan: PlanFigures, model: str, duration_s: float) -> list[str]:
-    """What the run is, what the sidecar computed, and what will happen."""
+def intro(layout: GpuLayout, workload: Workload, mode: str, engine: str = "vllm") -> list[str]:
+    """What the runs are, what the engine can hold, and how the sidecar is set."""
     return [
-        f"A simulated {gib(layout.total_bytes)} GPU runs an emulated engine serving {model}; the",
-        "real sidecar sits in front of it and real openai-SDK clients stream through it.",
+        f"A simulated {gib(layout.total_bytes)} GPU runs an emulated paged engine serving "
+        f"{workload.model}: weights {gib(layout.weights_bytes)},",
+        f"overhead {gib(layout.engine_overhead_bytes)}, driver {gib(layout.driver_bytes)}, so its "
+        f"KV cache holds {gib(layout.kv_pool_bytes)} = {workload.pool_tokens:,} tokens.",
+        f"It decodes {workload.tokens_per_s:.0f} tokens/s per stream and computes "
+        f"{workload.prefill_tokens_per_s:,.0f} prompt tokens/s, shared by every stream",
+        "in a step: a long prompt, or a preempted request prefilled again, slows them all.",
         "",
-        f"The card: weights {gib(layout.weights_bytes)}, engine overhead "
-        f"{gib(layout.engine_overhead_bytes)}, driver {gib(layout.driver_bytes)}, so the engine's",
-        f"KV cache holds {gib(layout.kv_pool_bytes)} ({layout.kv_pool_bytes:,} B). The sidecar "
-        "reads the card through NVML",
-        f"(total - weights - overhead - other processes) and finds {plan.kv_pool_bytes:,} B: the",
-        "same pool, plus the last partial KV block, which the engine leaves unused."
-        if plan.kv_pool_bytes > layout.kv_pool_bytes
-        else "same pool.",
-        f"One request may use {plan.request_tokens:,} tokens x {plan.bytes_per_token:,} B/token = "
-        f"{gib(plan.request_bytes)} at worst, so",
-        f"  permits = floor({gib(plan.kv_pool_bytes)} / {gib(plan.request_bytes)} x "
-        f"{plan.alpha}) = floor({plan.permits_exact:.2f}) = {plan.permits}",
+        f"{workload.clients} openai-SDK clients, each streaming one chat completion after "
+        f"another for {workload.duration_s:.0f} s:",
+        f"a {workload.prompt_tokens:,}-token prompt, max_tokens {workload.max_tokens}, and a "
+        "completion length the engine draws (seeded) and",
+        f"nobody can read from the request (median ~{workload.median_tokens} tokens). "
+        f"{workload.clients} x {workload.prompt_tokens + workload.median_tokens:,} tokens "
+        f"is {workload.overload:.1f}x what the KV cache holds.",
         "",
-        f"What happens ({duration_s:.0f} s with the sidecar, then the same burst without it; "
-        "under a minute in all):",
-        "  1 steady   fewer clients than permits: everything is admitted at once",
-        "  2 burst    10x more clients than permits: some wait, the rest get a clean busy answer",
-        "  3 neighbour another process takes GPU memory: the sidecar lowers its permits",
-        "  4 gone     the neighbour leaves: the permits come back",
-        "  5 the same burst straight at the engine, once preempting (like vLLM), once crashing",
-        "    (an engine that runs out of memory), then both side by side with the sidecar's.",
-    ]
-
-
-def phase_reason(name: str, clients: int, permits: int, neighbour_bytes: int) -> str:
-    """One line of why, as a phase starts."""
-    reasons = {
-        "steady": f"{clients} clients, under the {permits} permits: no one should wait.",
-        "burst": f"{clients} clients, {clients / max(permits, 1):.0f}x the {permits} permits: "
-        "the queue fills, the rest are told to come back.",
-        "noisy neighbour": f"another process takes {gib(neighbour_bytes)} of the GPU: "
-        "the KV pool shrinks, so must the permits.",
-        "neighbour gone": "the neighbour exits: its memory, and the permits, come back.",
-    }
-    return f"--- {name}: {reasons.get(name, f'{clients} clients')}"
-
-
-def permits_changed(old: int, plan: PlanFigures, neighbour_bytes: int) -> str:
-    """The line printed when the control loop moves the permits, with its arithmetic."""
-    why = f"a {gib(neighbour_bytes)} neighbour" if neighbour_bytes else "no neighbour"
-    return (
-        f"    permits {old} -> {plan.permits} ({why}): floor({gib(plan.kv_pool_bytes)} / "
-        f"{gib(plan.request_bytes)} x {plan.alpha}) = floor({plan.permits_exact:.2f})"
-    )
+        "Same load and same seeds in every run: the sidecar with its default settings "
+        f"(admission: {mode}),",
+        *(
+            ["then the bare engine, speaking llama.cpp's metrics: the OOM engine (fails its",
+             "streams when its KV cache runs out, as llama.cpp never preempts)."]
+            if engine == "llamacpp"
+            else ["then the bare engine; first the paged engine (preempts when full, like vLLM),",
+                  f"then the OOM engine (fails its running streams when its KV cache runs out)"
+                  f"{'' if engine == 'vllm' else f', speaking {engine} metrics'}."]
+        ),
+    ]  # fmt: skip
 
 
 def progress(elapsed_s: float, total_s: float) -> str:

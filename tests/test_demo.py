@@ -1,4 +1,4 @@
-"""The demo: its simulated GPU through the sidecar's math, its dashboard, and one real short run."""
+"""The demo: its simulated GPU, its settings, its dashboard and verdict, and one real short run."""
 
 from __future__ import annotations
 
@@ -13,28 +13,19 @@ import pytest
 from demo.__main__ import (
     BYTES_PER_TOKEN,
     COMPLETION_BUDGET,
-    MODEL,
     PROMPT_BUDGET,
-    WEIGHTS,
     gpu_layout,
     main,
     run_demo,
+    sidecar_settings,
 )
-from demo.dashboard import (
-    Sample,
-    engine_gauges,
-    engine_running,
-    format_line,
-    format_summary,
-    summarize,
-)
-from demo.load import FALLBACK_CODES, Tally, outcome_of
+from demo.compare import RunResult, format_comparison, verdict_oom, verdict_paged
+from demo.dashboard import Sample, engine_gauges, engine_running, format_line
+from demo.load import Tally, outcome_of
 from demo.simulated_gpu import ENGINE_PID, GIB, NEIGHBOUR_PID, SimulatedGpu
 from demo.story import PATH_HINT, progress
-from sidecar.core.capacity import Budget, KvCost, make_plan
-from sidecar.core.model_spec import load_model_spec
-from sidecar.live.probes.static import Declared
-from sidecar.live.sources import Readings, engine_process_bytes, neighbour_bytes, plan_inputs
+from sidecar.entry.settings import Settings
+from sidecar.live.sources import engine_process_bytes, neighbour_bytes
 
 VLLM_METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -47,31 +38,22 @@ vllm:num_requests_waiting{engine="0",model_name="qwen2.5-7b"} 9.0
 """
 
 
-def _sample(t_s: float, phase: str, permits: int, running: int) -> Sample:
-    return Sample(t_s, phase, permits, running, 0, running, 0, 0, None)
+def test_sidecar_runs_on_its_defaults() -> None:
+    """The demo sets no admission mode and no capacity source: whatever the defaults are."""
+    settings = sidecar_settings("http://127.0.0.1:1", environ={})
+    defaults = Settings.model_fields
+    assert settings.admission == defaults["admission"].default
+    assert settings.capacity_source == defaults["capacity_source"].default == "auto"
+    assert (settings.max_prompt_tokens, settings.max_completion_tokens) == (
+        PROMPT_BUDGET, COMPLETION_BUDGET
+    )  # fmt: skip
 
 
-async def _permits(neighbour: int) -> int:
-    """The permits the sidecar's own NVML math gives for the simulated card."""
-    gpu = SimulatedGpu(gpu_layout(), clock=lambda: 1.0)
-    gpu.set_neighbour(neighbour)
-    declared = Declared(None, WEIGHTS, False, 2 * GIB, None, observed_at=0.0)
-    readings = Readings(declared, gpus=await gpu.read())
-    cost = KvCost(load_model_spec(MODEL), block_size=16)
-    inputs = plan_inputs("nvml", readings, cost, engine_pid=None, tolerance=0.1)
-    return make_plan(cost, inputs.memory, Budget(PROMPT_BUDGET, COMPLETION_BUDGET), 0.8).permits
-
-
-@pytest.mark.parametrize(
-    ("neighbour", "permits"),
-    [
-        pytest.param(0, 14, id="alone-on-the-card"),
-        pytest.param(4 * GIB, 7, id="4GiB-neighbour"),
-    ],
-)
-async def test_simulated_card_gives_the_documented_permits(neighbour: int, permits: int) -> None:
-    """24 GiB card, qwen2.5-7b, 8,000-token budget: 14 permits, 7 beside a 4 GiB neighbour."""
-    assert await _permits(neighbour) == permits
+def test_only_the_admission_mode_passes_through_from_the_environment() -> None:
+    """SIDECAR_ADMISSION from the environment compares a mode; other SIDECAR_ names stay out."""
+    environ = {"SIDECAR_ADMISSION": "tokens", "SIDECAR_MAX_QUEUE": "99"}
+    settings = sidecar_settings("http://127.0.0.1:1", environ=environ)
+    assert (settings.admission, settings.max_queue) == ("tokens", 8)
 
 
 async def test_neighbour_is_seen_as_a_neighbour_not_the_engine() -> None:
@@ -149,25 +131,11 @@ def test_tally_counts_fallbacks_and_median_ttft_per_phase() -> None:
     assert tally.p50_ttft_s("c") is None
 
 
-def test_summary_flags_an_engine_above_the_permits() -> None:
-    """A sample with the engine running more than any permit limit makes the summary say ABOVE."""
-    samples = [_sample(0.0, "steady", 4, 2), _sample(0.5, "burst", 4, 6)]
-    summary = summarize(samples, ["steady", "burst"], {"completed": 3}, {}, None)
-    assert summary.max_engine_running > summary.max_permits
-    assert "ABOVE the limit" in format_summary(summary)[-1]
-
-
-def test_summary_needs_samples() -> None:
-    """Summarising a run that took no sample is an error, not an empty success."""
-    with pytest.raises(ValueError, match="no samples"):
-        summarize([], ["steady"], {}, {}, None)
-
-
 def test_line_shows_every_column() -> None:
-    """A live line: time, permits, in use, queued, engine running, KV use, totals, TTFT, bar."""
-    line = format_line(Sample(1.5, "burst", 14, 13, 8, 12, 40, 7, 0.25, 0.49), "[##..] 3 s left")
+    """A live line: time, in use, queued, engine running, KV use, done, busy, failed, TTFT, bar."""
+    line = format_line(Sample(1.5, 13, 8, 12, 0.49, 40, 7, 2, 0.25), "[##..] 3 s left")
     assert line.split() == [
-        "1.5s", "14", "13", "8", "12", "49%", "40", "7", "250", "[##..]", "3", "s", "left"
+        "1.5s", "13", "8", "12", "49%", "40", "7", "2", "250", "[##..]", "3", "s", "left"
     ]  # fmt: skip
 
 
@@ -245,37 +213,81 @@ def test_bad_flags_exit_2(argv: list[str]) -> None:
     assert raised.value.code == 2
 
 
-@pytest.mark.timeout(60)
-async def test_short_run_admits_queues_falls_back_and_follows_the_neighbour(
-    tmp_path: Path,
-) -> None:
-    """9 s run: steady admitted, burst falls back, engine within permits, neighbour shrinks them;
-    then the burst without the sidecar preempts or fails streams; a PNG; the PATH hint last."""
-    lines: list[str] = []
-    result = await run_demo(duration_s=9.0, write=lines.append, picture=tmp_path / "t.png")
-    summary = result.summary
+def _result(label: str, completed: int, p99_s: float, preemptions: int, failed: int) -> RunResult:
+    outcomes = {"completed": completed, "error": failed, "queue_full": 3}
+    sent = completed + failed + 3
+    return RunResult(label, sent, outcomes, 40, 0.9, preemptions, failed, p99_s / 2, p99_s)
 
-    steady, burst = summary.phase("steady"), summary.phase("burst")
-    neighbour, gone = summary.phase("noisy neighbour"), summary.phase("neighbour gone")
-    assert steady.outcomes.get("completed", 0) > 0
-    assert set(steady.outcomes) == {"completed"}
-    assert burst.outcomes.get("completed", 0) > 0
-    assert sum(n for code, n in burst.outcomes.items() if code in FALLBACK_CODES) > 0
-    assert summary.max_permits == 14
-    assert summary.max_in_use == summary.max_permits
-    assert 0 < summary.max_engine_running <= summary.max_permits
-    assert neighbour.permits_min == 7
-    assert gone.permits_max == summary.final_permits == 14
+
+@pytest.mark.parametrize(
+    ("ours", "bare", "marks"),
+    [
+        pytest.param(_result("o", 30, 2.0, 0, 0), _result("b", 25, 9.0, 5, 0),
+                     ["yes", "yes", "yes"], id="wins-everywhere"),
+        pytest.param(_result("o", 20, 2.0, 0, 0), _result("b", 25, 9.0, 5, 0),
+                     ["NO", "yes", "yes"], id="fewer-completed-says-no"),
+        pytest.param(_result("o", 30, 6.0, 1, 0), _result("b", 25, 9.0, 5, 0),
+                     ["yes", "NO", "NO"], id="p99-not-far-lower-and-a-preemption"),
+    ],
+)  # fmt: skip
+def test_paged_verdict_says_no_where_the_sidecar_lost(
+    ours: RunResult, bare: RunResult, marks: list[str]
+) -> None:
+    """Each target of the paged engine gets its own yes or NO from the figures."""
+    lines = verdict_paged(ours, bare)
+    assert [line.split()[0] for line in lines[1:]] == marks
+
+
+def test_oom_verdict_counts_the_engines_failures() -> None:
+    """The OOM engine is protected when the engine failed no stream behind the sidecar."""
+    protected = verdict_oom(_result("o", 10, 1.0, 0, 0), _result("b", 1, 1.0, 0, 50))
+    failing = verdict_oom(_result("o", 10, 1.0, 0, 2), _result("b", 1, 1.0, 0, 50))
+    assert protected[1].split()[0] == "yes"
+    assert failing[1].split()[0] == "NO"
+
+
+def test_comparison_has_a_column_per_run_and_p99() -> None:
+    """The table's header names every run; TTFT p99 is a row, in milliseconds."""
+    lines = format_comparison([_result("ours", 3, 1.5, 0, 0), _result("bare", 2, 9.0, 4, 0)])
+    assert lines[0].split() == ["ours", "bare"]
+    p99 = next(line for line in lines if line.startswith("TTFT p99"))
+    assert p99.split()[-2:] == ["1,500", "9,000"]
+
+
+@pytest.mark.timeout(90)
+async def test_short_run_protects_both_engines_and_draws_both_runs(tmp_path: Path) -> None:
+    """Four 3 s runs, 100 clients: behind the sidecar the paged engine never preempts and the OOM
+    engine never fails a stream, while bare the OOM engine fails streams; busy answers come
+    back; the picture is a PNG; the PATH hint last; nothing left running."""
+    lines: list[str] = []
+    result = await run_demo(3.0, 100, write=lines.append, picture=tmp_path / "t.png")
+    paged, paged_bare, oom, oom_bare = result.results
+    assert [r.label for r in result.results] == [
+        "paged + sidecar", "paged, bare", "OOM + sidecar", "OOM, bare"
+    ]  # fmt: skip
+    assert paged.preemptions == 0
+    assert paged.busy > 0
+    assert oom.engine_failed == oom.outcomes.get("error", 0) == 0
+    assert oom_bare.engine_failed > 0
+    assert paged_bare.busy == oom_bare.busy == 0
+    assert all(r.samples for r in result.results)
+    assert paged.max_engine_running > 0
     assert asyncio.all_tasks() == {asyncio.current_task()}
     text = "".join(lines)
-    assert "floor(14.63) = 14" in lines[0]
-    assert "permits 14 -> 7 (a 4.00 GiB neighbour)" in text
-    assert "never above the limit" in text
-    with_sidecar, paged, oom = result.comparison
-    assert with_sidecar.outcomes.get("error", 0) == with_sidecar.preemptions == 0
-    assert with_sidecar.max_engine_running <= 14 < paged.max_engine_running
-    assert paged.preemptions > 0
-    assert oom.outcomes.get("error", 0) > 0
-    assert result.picture is not None
+    assert f"admission: {result.mode}" in text
+    assert "TTFT p99 ms (completed)" in text
     assert result.picture.read_bytes().startswith(b"\x89PNG")
     assert lines[-1].strip().endswith(PATH_HINT)
+
+
+@pytest.mark.timeout(60)
+async def test_llamacpp_runs_only_the_oom_pair(tmp_path: Path) -> None:
+    """llama.cpp never preempts: in front of its flavour the demo runs the OOM engine, through
+    the sidecar and bare, and the sidecar keeps it from failing streams."""
+    lines: list[str] = []
+    result = await run_demo(
+        2.0, 40, write=lines.append, picture=tmp_path / "l.png", engine_name="llamacpp"
+    )
+    assert [r.label for r in result.results] == ["OOM + sidecar", "OOM, bare"]
+    assert result.results[0].engine_failed == 0
+    assert "llama.cpp never preempts" in "".join(lines)

@@ -1,0 +1,134 @@
+"""The closing comparison: one column per run, and a verdict that says where the sidecar lost.
+
+Pure: values in, lines out, so a test can read the verdict without running anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from demo.dashboard import EngineGauges, Sample
+from demo.load import FALLBACK_CODES, Tally
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One run as the comparison shows it."""
+
+    label: str
+    sent: int
+    outcomes: dict[str, int]
+    max_engine_running: int
+    max_kv_usage: float
+    preemptions: int
+    engine_failed: int
+    p50_ttft_s: float | None
+    p99_ttft_s: float | None
+    samples: tuple[Sample, ...] = ()
+
+    @property
+    def completed(self) -> int:
+        """Streams that ran to their end."""
+        return self.outcomes.get("completed", 0)
+
+    @property
+    def busy(self) -> int:
+        """Busy answers the sidecar gave."""
+        return sum(n for code, n in self.outcomes.items() if code in FALLBACK_CODES)
+
+    @property
+    def unanswered(self) -> int:
+        """Requests still without an answer when the run stopped."""
+        return self.sent - sum(self.outcomes.values())
+
+
+def result_of(
+    label: str,
+    tally: Tally,
+    phase: str,
+    gauges: Sequence[EngineGauges],
+    samples: tuple[Sample, ...],
+) -> RunResult:
+    """Fold one run's tally and engine readings into its comparison column."""
+    last = gauges[-1] if gauges else EngineGauges(running=0)
+    return RunResult(
+        label=label,
+        sent=tally.started[phase],
+        outcomes=dict(tally.by_phase.get(phase, {})),
+        max_engine_running=max((g.running for g in gauges), default=0),
+        max_kv_usage=max((g.kv_usage for g in gauges), default=0.0),
+        preemptions=last.preemptions,
+        engine_failed=last.failed,
+        p50_ttft_s=tally.ttft_quantile_s(0.5, phase),
+        p99_ttft_s=tally.ttft_quantile_s(0.99, phase),
+        samples=samples,
+    )
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:,.0f}"
+
+
+def format_comparison(results: Sequence[RunResult]) -> list[str]:
+    """The closing table: one column per run."""
+    rows: list[tuple[str, list[str]]] = [
+        ("requests sent", [str(r.sent) for r in results]),
+        ("streams completed", [str(r.completed) for r in results]),
+        ("busy answers (retry later)", [str(r.busy) for r in results]),
+        ("streams failed (engine OOM)", [str(r.outcomes.get("error", 0)) for r in results]),
+        ("no answer when stopped", [str(r.unanswered) for r in results]),
+        ("engine preemptions", [str(r.preemptions) for r in results]),
+        ("most running at the engine", [str(r.max_engine_running) for r in results]),
+        ("peak KV use", [f"{r.max_kv_usage:.0%}" for r in results]),
+        ("TTFT p50 ms (completed)", [_ms(r.p50_ttft_s) for r in results]),
+        ("TTFT p99 ms (completed)", [_ms(r.p99_ttft_s) for r in results]),
+    ]
+    width = max(len(r.label) for r in results) + 2
+    lines = [f"{'':<28}" + "".join(f"{r.label:>{width}}" for r in results)]
+    lines += [f"{name:<28}" + "".join(f"{c:>{width}}" for c in cells) for name, cells in rows]
+    return lines
+
+
+def _check(ok: bool, what: str, figures: str) -> str:
+    return f"  {'yes' if ok else 'NO '}  {what}: {figures}"
+
+
+def verdict_paged(ours: RunResult, bare: RunResult) -> list[str]:
+    """The paged engine's targets, each said plainly, met or not."""
+    p99_ours, p99_bare = ours.p99_ttft_s, bare.p99_ttft_s
+    far_lower = p99_ours is not None and (p99_bare is None or p99_ours * 2 <= p99_bare)
+    return [
+        f"{ours.label} against {bare.label}:",
+        _check(
+            ours.completed >= bare.completed,
+            "at least as many streams completed",
+            f"{ours.completed} vs {bare.completed}",
+        ),
+        _check(
+            far_lower,
+            "TTFT p99 at most half the bare engine's",
+            f"{_ms(p99_ours)} ms vs {_ms(p99_bare)} ms",
+        ),
+        _check(
+            ours.preemptions == 0, "no preemptions", f"{ours.preemptions} vs {bare.preemptions}"
+        ),
+    ]
+
+
+def verdict_oom(ours: RunResult, bare: RunResult) -> list[str]:
+    """The OOM engine's target: the sidecar keeps it from running out of memory."""
+    failed_ours, failed_bare = ours.outcomes.get("error", 0), bare.outcomes.get("error", 0)
+    return [
+        f"{ours.label} against {bare.label}:",
+        _check(
+            ours.engine_failed == 0,
+            "the engine never ran out of KV memory",
+            f"{ours.engine_failed} vs {bare.engine_failed} streams failed by the engine",
+        ),
+        _check(
+            ours.completed >= bare.completed,
+            "at least as many streams completed",
+            f"{ours.completed} vs {bare.completed} ({failed_ours} vs {failed_bare} failed)",
+        ),
+    ]
