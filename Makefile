@@ -31,7 +31,7 @@ docs: $(STAMP)
 # BENCH_PYTHON=/usr/bin/python3.11: the benchmarks (and so the sidecar they start) on that
 # interpreter, from a venv of its own (.venv-bench, made again when BENCH_PYTHON or pyproject.toml
 # changes). The image's CPython is built with PGO and LTO; pyenv's default build is not, and that
-# moves the figures by 4-28% (docs/performance.md).
+# moves the figures (docs/benchmarks.md).
 BENCH_PYTHON ?=
 ifeq ($(strip $(BENCH_PYTHON)),)
 BENCH_BIN := $(BIN)

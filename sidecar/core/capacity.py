@@ -101,8 +101,8 @@ class KvCost:
     tp: int = 1
     block_size: int | None = None
     element_bytes: int = field(init=False)
-    # How many layers of each attention kind: a request is priced per kind, not per layer (it
-    # runs once per request in token mode; the sum over 28-80 layers took ~12 us).
+    # How many layers of each attention kind: every layer of a kind holds the same per token, so
+    # a request is priced per kind, not per layer.
     _full_layers: int = field(init=False, repr=False, compare=False)
     _sliding_layers: int = field(init=False, repr=False, compare=False)
 

@@ -24,7 +24,7 @@ RESPONSES_TOKEN_KEYS = ("max_output_tokens",)
 ECHO_DIGITS = 24
 # Chat templates add a few tokens per message (role markers, separators).
 MESSAGE_OVERHEAD_TOKENS = 4
-# json.loads(text) with no options is this decoder's decode(): called straight, a frame fewer.
+# json.loads(text) with no options is this decoder's decode().
 _DECODER = json.JSONDecoder()
 # A \uD800-\uDFFF escape: only a body with one can hold a lone surrogate (raw UTF-8 cannot encode
 # one: the strict decode refuses it), so only such bodies pay for the exact check.

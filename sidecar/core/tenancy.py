@@ -77,7 +77,7 @@ def compartment_key(
 ) -> str:
     """The compartment key of a request whose tenant (``tenant_id``) is ``tenant``: that tenant,
     or its priority class, or ``default`` when the request names none. The caller has the tenant
-    already (the request's log context); hashing an API key twice cost ~1.4 us a request."""
+    already (the request's log context), so it is derived once a request."""
     if by == "priority":
         priority = priority_class(headers, priority_header)
         return priority or DEFAULT

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import cast
 
 import httptools
+import structlog
 
 from sidecar.core.errors import SidecarError
 from sidecar.edge.conformance import HeadRefusedError
@@ -28,9 +29,8 @@ from sidecar.edge.http_errors import error_response
 from sidecar.edge.limits import EdgeLimits, raw_answer
 from sidecar.edge.request import Request
 from sidecar.edge.response import Answer, Response, StreamResponse, UnsendableHeadError
-from sidecar.telemetry.module_log import ModuleLogger
 
-log = ModuleLogger("sidecar.edge.server")
+log = structlog.get_logger(__name__)
 
 Handler = Callable[[Request], Awaitable[Answer]]
 

@@ -14,8 +14,6 @@ from typing import Any
 class Stop:
     """One tracked request, for the body of ``with in_flight.track() as stop``; ``reason`` is set
     (an outcome code) when the sidecar itself ends the request.
-
-    Its own context manager: ``@contextmanager`` cost ~1.5 us a request.
     """
 
     __slots__ = ("_task", "_tasks", "reason")

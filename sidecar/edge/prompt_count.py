@@ -11,11 +11,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import structlog
+
 from sidecar.core.errors import UpstreamError
 from sidecar.edge.engine_client import Upstream, read_all, release
-from sidecar.telemetry.module_log import ModuleLogger
 
-log = ModuleLogger("sidecar.edge.prompt_count")
+log = structlog.get_logger(__name__)
 
 
 class EnginePromptCounter:

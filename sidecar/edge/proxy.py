@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
+import structlog
 from multidict import CIMultiDict
 
 from sidecar.core.errors import (
@@ -40,9 +41,8 @@ from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.limiter.permit import Permit
 from sidecar.telemetry.log_context import bind_request, unbind_request
 from sidecar.telemetry.metrics import RequestMetrics
-from sidecar.telemetry.module_log import ModuleLogger
 
-log = ModuleLogger("sidecar.edge.proxy")
+log = structlog.get_logger(__name__)
 # On an answer whose max_tokens the sidecar lowered to its budget (SIDECAR_OVER_BUDGET=clamp):
 # the value the engine was given, so a client can tell a short answer from a clamped one.
 CLAMPED_HEADER = "X-Sidecar-Max-Tokens-Clamped"
@@ -81,8 +81,7 @@ class Proxy:
 
 
 class Job(NamedTuple):
-    """A request read and priced, ready for admission (a NamedTuple: one a request, and a frozen
-    dataclass's ``__init__`` cost ~4x as much)."""
+    """A request read and priced, ready for admission."""
 
     target: Target
     body: bytes | None
@@ -199,9 +198,9 @@ async def _admit_and_forward(
 
 
 class _GrantLine:
-    """The grant's log line, written once: as soon as the engine has the request, so that the
-    line's ~15 µs (and its write to stdout) run while the engine works, not before it is asked;
-    or, where the request never went out, before what ends it is logged."""
+    """The grant's log line, written once: as soon as the engine has the request, so that writing
+    it runs while the engine works, not before it is asked; or, where the request never went
+    out, before what ends it is logged."""
 
     __slots__ = ("_job", "_permit")
 

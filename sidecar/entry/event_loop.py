@@ -1,11 +1,9 @@
 """The event loop ``sidecar serve`` runs on (``SIDECAR_EVENT_LOOP``): uvloop where it is installed,
 else asyncio's own.
 
-uvloop runs the loop, its timers and the socket transports in C (libuv). Counted by
-``benchmarks/instructions_bench.py`` (callgrind), a relayed event costs the sidecar about 18k
-user-space instructions on uvloop against 43k on asyncio's selector loop, whose own Python is
-about 23k of them; a request's fixed cost falls by about a tenth (docs/performance.md). Nothing
-else depends on the choice: the protocols take any transport, and the edge's server, relay and
+uvloop runs the loop, its timers and the socket transports in C (libuv), so the relay's own
+work is most of what a relayed event costs (docs/performance.md). Nothing else depends on the
+choice: the protocols take any transport, and the edge's server, relay and
 engine-client tests run on both loops (tests/conftest.py).
 """
 

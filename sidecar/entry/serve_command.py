@@ -44,9 +44,9 @@ def tune_collector() -> None:
     """Once the ports listen: put what is alive (modules, settings, the app: ~60,000 objects)
     out of the garbage collector's reach, and collect the young generation less often.
 
-    A full collection under load walked the start-up heap in ~40 ms, a stall of every stream at
-    once; young collections took ~200 ms of CPU in a 12 s bench run, ~25 ms at this threshold,
-    no longer each (docs/performance.md). Only cyclic garbage waits longer: a few MiB at most.
+    A full collection under load walks the start-up heap, a stall of every stream at once; and
+    young collections run less often at this threshold, none longer. Only cyclic garbage waits
+    longer: a few MiB at most.
     """
     gc.collect()
     gc.freeze()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -13,53 +13,52 @@ from sidecar.core.decisions import CompartmentSnapshot
 from sidecar.core.outcomes import REQUEST_OUTCOMES
 from sidecar.limiter.events import BulkheadSnapshot
 from sidecar.telemetry.gauges import gauge
-from sidecar.telemetry.loop_local import LoopCollector, LoopCounter, LoopHistogram
 
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
 class RequestMetrics:
-    """Counters and histograms fed by the proxy and by the bulkhead's decision events.
-
-    Counted on the event loop, without locks (``loop_local``): every caller is the loop's thread.
-    """
+    """Counters and histograms fed by the proxy and by the bulkhead's decision events; every
+    outcome is exported from the start, at 0."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = LoopCounter(
+        self.requests = Counter(
             "sidecar_requests",
             "Completion requests by how they ended (completed, rejected by reason, errors).",
-            "outcome",
-            seed=REQUEST_OUTCOMES,
+            ["outcome"],
+            registry=registry,
         )
-        self.duration = LoopHistogram(
+        for outcome in REQUEST_OUTCOMES:
+            self.requests.labels(outcome)
+        self.duration = Histogram(
             "sidecar_request_duration_seconds",
             "Time from request arrival to the end of its answer.",
-            DURATION_BUCKETS,
+            buckets=DURATION_BUCKETS,
+            registry=registry,
         )
-        self.queue_wait = LoopHistogram(
+        self.queue_wait = Histogram(
             "sidecar_queue_wait_seconds",
             "Time a request waited in the bulkhead queue before being granted or turned away.",
-            WAIT_BUCKETS,
+            buckets=WAIT_BUCKETS,
+            registry=registry,
         )
-        self.shadow = LoopCounter(
+        self.shadow = Counter(
             "sidecar_shadow_rejections",
             "Requests shadow mode let through that enforcement would have rejected.",
-            "reason",
-        )
-        registry.register(
-            LoopCollector((self.requests, self.duration, self.queue_wait, self.shadow))
+            ["reason"],
+            registry=registry,
         )
 
     def finished(self, outcome: str, duration_s: float) -> None:
-        self.requests.inc(outcome)
+        self.requests.labels(outcome).inc()
         self.duration.observe(duration_s)
 
     def waited(self, wait_s: float) -> None:
         self.queue_wait.observe(wait_s)
 
     def shadow_rejected(self, reason: str) -> None:
-        self.shadow.inc(reason)
+        self.shadow.labels(reason).inc()
 
 
 class BulkheadCollector(Collector):
