@@ -45,7 +45,8 @@ def parse_sglang(text: str, observed_at: float) -> EngineReading:
     breakdowns carry ``priority="<n>"`` and the total ``priority=""``: only the total is read.
     """
     per_rank = _per_rank(samples_of(_UNREAD_LINE.sub("", text)))
-    total = {name: _sum(per_rank, name) for name in set(FIELDS.values())}
+    summed = ("pool_tokens", "num_pages", "kv_gib", "running", "waiting", "retracted")
+    total = {name: _sum(per_rank, name) for name in summed}
     usage = [ranks["usage"] for ranks in per_rank.values() if "usage" in ranks]
     page = _first(per_rank, "page_size")
     cache = None
