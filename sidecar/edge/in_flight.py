@@ -8,39 +8,24 @@ the answer in-band (an SSE error event, or a 503) instead of unwinding silently.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 
+@dataclass(eq=False)
 class Stop:
-    """One tracked request, for the body of ``with in_flight.track() as stop``; ``reason`` is set
-    (an outcome code) when the sidecar itself ends the request.
-    """
+    """One tracked request; ``reason`` is set (an outcome code) when the sidecar itself ends it."""
 
-    __slots__ = ("_task", "_tasks", "reason")
-
-    def __init__(
-        self, tasks: dict[asyncio.Task[object], Stop], task: asyncio.Task[Any] | None
-    ) -> None:
-        self._tasks = tasks
-        self._task: asyncio.Task[object] | None = task
-        self.reason: str | None = None
-
-    def __enter__(self) -> Stop:
-        if self._task is None:  # on 3.11, current_task() costs a getpid syscall
-            self._task = asyncio.current_task()
-        if self._task is not None:
-            self._tasks[self._task] = self
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        if self._task is not None:
-            self._tasks.pop(self._task, None)
+    task: asyncio.Task[Any]
+    reason: str | None = None
 
     def claim(self) -> bool:
         """In an ``except CancelledError``: True (and the cancel absorbed) if it was our stop."""
-        if self.reason is None or self._task is None:
+        if self.reason is None:
             return False
-        self._task.uncancel()  # the tracked task is the one handling the cancel
+        self.task.uncancel()  # the tracked task is the one handling the cancel
         return True
 
 
@@ -48,20 +33,27 @@ class InFlight:
     """The tasks of requests that hold a permit."""
 
     def __init__(self) -> None:
-        self._tasks: dict[asyncio.Task[object], Stop] = {}
+        self._stops: dict[asyncio.Task[Any], Stop] = {}
 
     def __len__(self) -> int:
-        return len(self._tasks)
+        return len(self._stops)
 
-    def track(self, task: asyncio.Task[Any] | None = None) -> Stop:
-        """``with in_flight.track() as stop``: ``task`` (the handler's; by default the current
-        one), stoppable, for the block."""
-        return Stop(self._tasks, task)
+    @contextmanager
+    def track(self) -> Iterator[Stop]:
+        """``with in_flight.track() as stop``: the current task, stoppable, for the block."""
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("track() is for a coroutine running in a task")
+        stop = self._stops[task] = Stop(task)
+        try:
+            yield stop
+        finally:
+            self._stops.pop(task, None)
 
     def stop_all(self, reason: str) -> int:
         """Cancel every tracked request with ``reason``; how many there were."""
         stopped = 0
-        for task, stop in list(self._tasks.items()):
+        for task, stop in list(self._stops.items()):
             if stop.reason is None and not task.done():
                 stop.reason = reason
                 task.cancel()

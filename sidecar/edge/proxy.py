@@ -166,7 +166,7 @@ async def _admit_and_forward(
         may_wait = not config.sheddable(request.headers)
         async with proxy.bulkhead.admit(cost, compartment, usage, may_wait=may_wait) as permit:
             queue_wait = permit.wait_s
-            with proxy.in_flight.track(request.task) as stop:
+            with proxy.in_flight.track() as stop:
                 forwarded = _forward(request, proxy, job, permit, request_id, stop=stop)
                 response, outcome = await forwarded
             if outcome == "completed" and permit.usage is not None:

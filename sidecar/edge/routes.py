@@ -16,7 +16,6 @@ import re
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Literal
 
 from sidecar.core.errors import RequestError
@@ -31,8 +30,6 @@ PRICED: Mapping[str, Endpoint] = {
 }
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 DEFAULT_FREE_PATHS = ("/tokenize", "/detokenize")
-# Routes remembered: 256 x a request line at most (limits.max_line_size, 8 KiB by default).
-ROUTES_CACHED = 256
 
 _UNRESERVED = frozenset(string.ascii_letters + string.digits + "-._~")
 _ESCAPE = re.compile(r"%(.{0,2})", re.DOTALL)
@@ -55,12 +52,8 @@ class Target:
         return f"{self.path}?{self.query}" if self.query else self.path
 
 
-@lru_cache(maxsize=ROUTES_CACHED)
 def route(method: str, raw_target: str, free_paths: frozenset[str]) -> Target:
-    """The target of ``method raw_target``; RequestError (400) for an ambiguous spelling.
-
-    Remembered for the ``ROUTES_CACHED`` targets last asked for (a refusal is not remembered): a
-    client asks for the same few. A ``Target`` is immutable."""
+    """The target of ``method raw_target``; RequestError (400) for an ambiguous spelling."""
     raw_path, _, query = raw_target.partition("?")
     path = normalise_path(raw_path)
     if method.upper() in SAFE_METHODS or path in free_paths:
