@@ -25,7 +25,7 @@ import httptools
 
 from sidecar.edge.engine_errors import EngineProtocolError, StaleConnectionError
 from sidecar.edge.engine_head import MAX_HEAD_BYTES, Head, ends_at_close, make_head
-from sidecar.edge.flow_control import FlowControl
+from sidecar.edge.flow import FlowControl
 
 # Body bytes held for a reader that is slower than the engine before the socket stops reading.
 HIGH_WATER = 256 * 1024
@@ -113,7 +113,9 @@ class EngineConnection(asyncio.Protocol):
             self._parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
             cause = exc.__context__  # what one of the callbacks below raised
-            self._fail(cause if isinstance(cause, EngineProtocolError) else _broken(exc))
+            if not isinstance(cause, EngineProtocolError):
+                raise  # a bug of ours, not the engine's: the loop logs it and drops the socket
+            self._fail(cause)
         except httptools.HttpParserError as exc:
             self._fail(_broken(exc))
         except httptools.HttpParserUpgrade as exc:

@@ -1,6 +1,7 @@
 """Flow control of one client connection, both ways: reading paused while a pipelined request
 waits its turn, and writers held while the client's socket buffer is full (asyncio's
-``pause_writing``/``resume_writing``) until it drains."""
+``pause_writing``/``resume_writing``) until it drains. An engine connection uses its reading
+side: paused while body bytes wait for a slow reader."""
 
 from __future__ import annotations
 
