@@ -7,6 +7,7 @@ often it retried and how long it would have waited, without waiting.
 
 from __future__ import annotations
 
+import asyncio
 import types
 from collections.abc import AsyncIterator
 
@@ -129,3 +130,45 @@ async def test_a_batch_of_prompts_counts_as_its_sequences(
     async with session.post(f"{proxy_url(server)}/v1/completions", json=body) as response:
         assert response.status == 400
         assert error_of(await response.read())["code"] == "too_large"
+
+
+# --- llm-d: objectives and their priorities, the TTFT target -------------------------------------
+
+LLM_D = {"SIDECAR_MAX_QUEUE": "4", "SIDECAR_OBJECTIVE_PRIORITIES": "chat=10,batch=-1"}
+
+
+async def test_a_negative_priority_objective_is_shed_at_once(
+    start_sidecar: StartSidecar, session: aiohttp.ClientSession
+) -> None:
+    """Full pod: the 'batch' objective (priority -1) is refused at once with llm-d's reason,
+    though the queue has room; 'chat' (priority 10) would queue."""
+    server = await start_sidecar(**LLM_D)
+    held = [await hold(session, server) for _ in range(2)]
+    headers = {"x-gateway-inference-objective": "batch"}
+    url = f"{proxy_url(server)}/v1/chat/completions"
+    async with session.post(url, json={**CHAT, "max_tokens": 4}, headers=headers) as response:
+        assert response.status == 429
+        assert response.headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
+        assert error_of(await response.read())["code"] == "shed"
+    assert server.bulkhead.snapshot().queued == 0
+    for response in held:
+        response.close()
+
+
+async def test_a_ttft_target_caps_the_wait_in_the_queue(
+    start_sidecar: StartSidecar, session: aiohttp.ClientSession
+) -> None:
+    """x-slo-ttft-ms: 50 with a 3 s queue wait: told 'timeout' (rejected-ttl-expired) once its
+    target has passed, long before the queue's own 3 s."""
+    server = await start_sidecar(**LLM_D)
+    held = [await hold(session, server) for _ in range(2)]
+    url = f"{proxy_url(server)}/v1/chat/completions"
+    async with asyncio.timeout(2):  # the bulkhead's own limit is 3 s: this must end first
+        async with session.post(
+            url, json={**CHAT, "max_tokens": 4}, headers={"x-slo-ttft-ms": "50"}
+        ) as response:
+            assert response.status == 429
+            assert response.headers["x-llm-d-request-dropped-reason"] == "rejected-ttl-expired"
+            assert error_of(await response.read())["code"] == "timeout"
+    for response in held:
+        response.close()

@@ -19,6 +19,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from sidecar.core.tenancy import parse_priorities
 from sidecar.entry.settings import load_settings
 from tests import deploy_files as d
 from tests.servers import StartSidecar, admin_url
@@ -37,6 +38,11 @@ CRD_REQUIRED = {
         "spec.endpointPickerRef.port.number",
     ],
     ("gateway.networking.k8s.io/v1", "HTTPRoute"): ["spec.parentRefs", "spec.rules"],
+    # llm-d-inference-scheduler apix/v1alpha2 (commit 520af47): poolRef is required.
+    ("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective"): [
+        "spec.priority",
+        "spec.poolRef.name",
+    ],
 }
 # Metrics the deploy files name before the sidecar exports them: name -> who adds it.
 PENDING_METRICS = {"sidecar_config_warning": "issue 11 (adaptive admission) adds this gauge"}
@@ -338,3 +344,28 @@ def test_lock_covers_the_pyproject_requirements(lock: str, requirements: list[st
         name = canonicalize_name(requirement.name)
         assert name in pins, f"{name} missing from {lock}: run `make lock`"
         assert requirement.specifier.contains(pins[name]), (name, pins[name])
+
+
+def test_objectives_match_the_sidecars_priorities_and_their_pool() -> None:
+    """Each InferenceObjective names the pool and its priority is the one the sidecars shed by."""
+    docs = rendered("overlays/inference-gateway")
+    pool = d.only(docs, "InferencePool", "llm")
+    objectives = [doc for doc in docs if doc["kind"] == "InferenceObjective"]
+    settings = load_settings(d.sidecar_env(docs))
+    declared = {o["metadata"]["name"]: o["spec"]["priority"] for o in objectives}
+    assert declared == parse_priorities(settings.objective_priorities)
+    assert any(priority < 0 for priority in declared.values())  # a sheddable example
+    for objective in objectives:
+        assert objective["metadata"]["namespace"] == pool["metadata"]["namespace"]
+        assert objective["spec"]["poolRef"] == {
+            "group": "inference.networking.k8s.io", "name": pool["metadata"]["name"],
+        }  # fmt: skip
+
+
+def test_the_picker_is_llm_ds_router_at_a_pinned_release() -> None:
+    """llm-d's EPP image at a release tag, probed by its health server's own service names."""
+    docs = rendered("overlays/inference-gateway")
+    epp = d.only(docs, "Deployment", "llm-epp")["spec"]["template"]["spec"]["containers"][0]
+    assert epp["image"] == "ghcr.io/llm-d/llm-d-inference-scheduler:v0.8.0"
+    assert epp["livenessProbe"]["grpc"]["service"] == "liveness"
+    assert epp["readinessProbe"]["grpc"]["service"] == "readiness"

@@ -11,6 +11,8 @@ from sidecar.core.tenancy import (
     hash_api_key,
     is_sheddable,
     parse_names,
+    parse_priorities,
+    queue_wait_cap_s,
     tenant_id,
 )
 
@@ -117,3 +119,64 @@ def test_is_sheddable(headers: dict[str, str], sheddable: str | None, expected: 
 def test_parse_names_cleans_like_requests() -> None:
     """Configured names are trimmed, lower-cased and stripped of empties, as header values are."""
     assert parse_names(" Batch,,bulk , ") == frozenset({"batch", "bulk"})
+
+
+OBJECTIVE = "x-gateway-inference-objective"
+
+
+@pytest.mark.parametrize(
+    ("headers", "sheddable", "expected"),
+    [
+        pytest.param({OBJECTIVE: "batch"}, frozenset(), True, id="negative-priority"),
+        pytest.param({OBJECTIVE: "Batch"}, frozenset(), True, id="objective-case-blind"),
+        pytest.param({OBJECTIVE: "chat"}, frozenset(), False, id="positive-priority"),
+        pytest.param({OBJECTIVE: "zero"}, frozenset(), False, id="priority-zero"),
+        pytest.param({OBJECTIVE: "unknown"}, frozenset(), False, id="unknown-is-zero"),
+        pytest.param({OBJECTIVE: "chat"}, frozenset({"chat"}), True, id="listed-wins"),
+        pytest.param({"x-priority": "batch"}, frozenset(), True, id="priority-header"),
+        pytest.param({}, frozenset(), False, id="no-class"),
+    ],
+)
+def test_a_negative_objective_priority_is_sheddable(
+    headers: dict[str, str], sheddable: frozenset[str], expected: bool
+) -> None:
+    """llm-d's rule: priority < 0 is sheddable; an objective not listed has priority 0."""
+    priorities = {"batch": -1, "chat": 10, "zero": 0}
+    assert is_sheddable(headers, sheddable, priorities=priorities) is expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("chat=10,batch=-1", {"chat": 10, "batch": -1}, id="two"),
+        pytest.param(" Chat = 3 , ", {"chat": 3}, id="spaces-case-trailing-comma"),
+        pytest.param(None, {}, id="unset"),
+    ],
+)
+def test_parse_priorities(text: str | None, expected: dict[str, int]) -> None:
+    """Objective names are cleaned and lower-cased as requests' are."""
+    assert parse_priorities(text) == expected
+
+
+@pytest.mark.parametrize("text", ["chat", "chat=high", "=3", "chat=1.5"])
+def test_parse_priorities_names_the_bad_entry(text: str) -> None:
+    """Each malformed entry is refused, naming itself."""
+    with pytest.raises(ValueError, match="not name=priority"):
+        parse_priorities(text)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        pytest.param("250", 0.25, id="ms"),
+        pytest.param(" 0 ", 0.0, id="zero"),
+        pytest.param("-5", None, id="negative"),
+        pytest.param("1.5", None, id="fraction"),
+        pytest.param("abc", None, id="text"),
+        pytest.param("9" * 10, None, id="absurd"),
+        pytest.param("", None, id="empty"),
+    ],
+)
+def test_the_ttft_target_caps_the_queue_wait(value: str, expected: float | None) -> None:
+    """x-slo-ttft-ms, whole milliseconds, as seconds; anything else is no cap."""
+    assert queue_wait_cap_s({"X-SLO-TTFT-MS": value}) == expected

@@ -1,10 +1,14 @@
 """Which compartment a request belongs to, read from its headers.
 
-The Gateway API Inference Extension's endpoint picker forwards two headers the sidecar honours:
-``x-gateway-inference-fairness-id`` names the tenant when no tenant header does, and
-``x-gateway-inference-objective`` names the priority class (an InferenceObjective) when no priority
-header does. Objectives listed as sheddable never wait in the queue: when the pod is full they are
-turned away first, and the queue stays for everyone else.
+llm-d's router (its endpoint picker; the names are llm-d-inference-scheduler's
+pkg/epp/metadata/consts.go at commit 520af47, unchanged since Gateway API Inference Extension
+v1.5.0) passes on two client headers the sidecar honours: ``x-gateway-inference-fairness-id`` names
+the tenant when no tenant header does, and ``x-gateway-inference-objective`` names the priority
+class (an InferenceObjective) when no priority header does. An objective is sheddable when listed
+so, or when its priority (copied from the InferenceObjective's ``spec.priority``) is negative, the
+router's own rule (pkg/epp/util/request/sheddable.go): it never waits in the queue, and when the pod
+is full it is turned away first. ``x-slo-ttft-ms`` (the router's latency-SLO header) caps how long a
+request may wait in the queue: past it the target is missed anyway, so it is told at once.
 
 An API key is a secret: it becomes ``key-`` + 12 hex digits of its SHA-256 here and is never kept,
 returned or logged in clear. Header values are trimmed and bounded so a hostile client cannot mint
@@ -25,6 +29,8 @@ _MAX_LEN = 64
 _BEARER = "bearer "
 FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
 OBJECTIVE_HEADER = "x-gateway-inference-objective"
+TTFT_SLO_HEADER = "x-slo-ttft-ms"
+TPOT_SLO_HEADER = "x-slo-tpot-ms"  # read by the router's latency predictor; the sidecar ignores it
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
@@ -91,10 +97,45 @@ def priority_class(headers: Mapping[str, str], priority_header: str = "x-priorit
 
 
 def is_sheddable(
-    headers: Mapping[str, str], sheddable: frozenset[str], priority_header: str = "x-priority"
+    headers: Mapping[str, str],
+    sheddable: frozenset[str],
+    priority_header: str = "x-priority",
+    priorities: Mapping[str, int] | None = None,
 ) -> bool:
-    """Whether the request's priority class is one that is shed rather than queued."""
-    return bool(sheddable) and priority_class(headers, priority_header) in sheddable
+    """Whether the request's priority class is one that is shed rather than queued: listed as
+    sheddable, or of a negative priority (``priorities``: class -> InferenceObjective priority)."""
+    if not sheddable and not priorities:
+        return False
+    named = priority_class(headers, priority_header)
+    if named is None:
+        return False
+    return named in sheddable or (priorities or {}).get(named, 0) < 0
+
+
+def queue_wait_cap_s(headers: Mapping[str, str]) -> float | None:
+    """The request's TTFT target (``x-slo-ttft-ms``) in seconds, as the longest it should wait
+    for a permit; None where absent or not a whole number of milliseconds >= 0."""
+    value = (_header(headers, TTFT_SLO_HEADER) or "").strip()
+    if not value.isdigit() or len(value) > 9:  # > 11 days is no target; digits only, no sign
+        return None
+    return int(value) / 1000
+
+
+def parse_priorities(text: str | None) -> dict[str, int]:
+    """``name=priority,...`` (each InferenceObjective's name and spec.priority); ValueError names
+    the entry that is not one."""
+    priorities: dict[str, int] = {}
+    for entry in filter(None, (part.strip() for part in (text or "").split(","))):
+        name, _, number = entry.partition("=")
+        cleaned = _clean(name)
+        try:
+            priority = int(number.strip())
+        except ValueError:
+            cleaned = None
+        if cleaned is None:
+            raise ValueError(f"{entry!r} is not name=priority (an integer, e.g. batch=-1)")
+        priorities[cleaned.lower()] = priority
+    return priorities
 
 
 def parse_names(text: str | None) -> frozenset[str]:

@@ -63,6 +63,8 @@ class ProxyConfig:
     body: BodyLimits = field(default_factory=BodyLimits)
     write_timeout_s: float = 30.0
     sheddable: Callable[[Mapping[str, str]], bool] = lambda _headers: False
+    # The longest this request may wait for a permit (a TTFT target), where it says one.
+    max_wait_of: Callable[[Mapping[str, str]], float | None] = lambda _headers: None
     # Adaptive admission: a request's live footprint, and what a completed one teaches.
     usage_of: Callable[[CheckedRequest, str], StreamUsage | None] = lambda _r, _c: None
     learn: Callable[[StreamUsage], None] = lambda _u: None
@@ -164,7 +166,11 @@ async def _admit_and_forward(
     outcome, queue_wait = "error", 0.0
     try:
         may_wait = not config.sheddable(request.headers)
-        async with proxy.bulkhead.admit(cost, compartment, usage, may_wait=may_wait) as permit:
+        admit = proxy.bulkhead.admit(
+            cost, compartment, usage, may_wait=may_wait,
+            max_wait_s=config.max_wait_of(request.headers),
+        )  # fmt: skip
+        async with admit as permit:
             queue_wait = permit.wait_s
             with proxy.in_flight.track() as stop:
                 forwarded = _forward(request, proxy, job, permit, request_id, stop=stop)

@@ -16,7 +16,14 @@ from prometheus_client import CollectorRegistry
 from sidecar.core.compartments import DEFAULT, parse_compartments
 from sidecar.core.ledger import StreamUsage
 from sidecar.core.request_checks import CheckedRequest, TokenPolicy
-from sidecar.core.tenancy import compartment_key, is_sheddable, parse_names, tenant_id
+from sidecar.core.tenancy import (
+    compartment_key,
+    is_sheddable,
+    parse_names,
+    parse_priorities,
+    queue_wait_cap_s,
+    tenant_id,
+)
 from sidecar.core.token_budget import TokenBudget
 from sidecar.edge.admin import Admin, admin_handler
 from sidecar.edge.engine_client import Upstream
@@ -146,7 +153,9 @@ class SidecarServer:
                 is_sheddable,
                 sheddable=parse_names(s.sheddable),
                 priority_header=s.priority_header,
+                priorities=parse_priorities(s.objective_priorities),
             ),
+            max_wait_of=queue_wait_cap_s,
             usage_of=self._usage,
             learn=self.adaptive.learn if self.adaptive is not None else lambda _u: None,
         )

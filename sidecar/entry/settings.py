@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from sidecar.core.errors import ConfigError
 from sidecar.core.sizes import parse_size
+from sidecar.core.tenancy import parse_priorities
 from sidecar.entry.event_loop import EventLoop
 
 ENV_PREFIX = "SIDECAR_"
@@ -264,6 +265,11 @@ class Settings(BaseSettings):
         description="comma-separated priority classes (x-priority or the gateway's "
         "x-gateway-inference-objective) that are refused at once rather than queued when full",
     )
+    objective_priorities: str | None = Field(
+        default=None,
+        description="InferenceObjective priorities as name=priority,..., e.g. chat=10,batch=-1: "
+        "a negative priority is sheddable, as llm-d's router treats it",
+    )
 
     # --- adaptive admission (SIDECAR_ADMISSION=adaptive) ----------------------------------------
     adaptive_quantile: Annotated[float, Field(gt=0, le=1)] = Field(
@@ -302,6 +308,12 @@ class Settings(BaseSettings):
     @classmethod
     def _lower(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
+
+    @field_validator("objective_priorities")
+    @classmethod
+    def _priorities(cls, value: str | None) -> str | None:
+        parse_priorities(value)  # ValueError names the bad entry
+        return value
 
     @field_validator("weights", mode="before")
     @classmethod

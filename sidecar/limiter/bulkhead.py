@@ -82,13 +82,18 @@ class Bulkhead:
         usage: StreamUsage | None = None,
         *,
         may_wait: bool = True,
+        max_wait_s: float | None = None,
     ) -> Permit:
         """Hold capacity for the body of ``async with``; raises AdmissionRejectedError before it.
 
         ``may_wait=False``: refused at once (``shed``) unless capacity is free now. Adaptive mode:
-        ``usage`` is the request's live footprint; its charge grows while it runs.
+        ``usage`` is the request's live footprint; its charge grows while it runs. ``max_wait_s``:
+        this request waits no longer than this (a TTFT target), nor than the bulkhead's own wait.
         """
-        return Permit(self, cost, compartment, may_wait, usage)
+        permit = Permit(self, cost, compartment, may_wait, usage)
+        if max_wait_s is not None:
+            permit.max_wait_s = max_wait_s
+        return permit
 
     def resize(self, limit: int, ceiling: int | None = None) -> None:
         """New limit (permits, bytes or tokens): growing wakes waiters now, shrinking revokes
@@ -194,7 +199,12 @@ class Bulkhead:
             # Shadow: run now, but leave the ticket queued so every later decision is the same.
             self._hold(permit, ticket, queued.cost, queued.compartment, 0.0)
         self._waiters[ticket] = permit
-        self._deadlines(loop).add(ticket, self._max_wait_s)
+        wait = (
+            self._max_wait_s
+            if permit.max_wait_s is None
+            else min(self._max_wait_s, permit.max_wait_s)
+        )
+        self._deadlines(loop).add(ticket, wait)
         return future
 
     def _deadlines(self, loop: asyncio.AbstractEventLoop) -> Expiry:

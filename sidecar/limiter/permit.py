@@ -50,6 +50,7 @@ class Permit:
         "compartment",
         "cost",
         "future",
+        "max_wait_s",
         "may_wait",
         "outcome",
         "shadow_rejected",
@@ -75,6 +76,7 @@ class Permit:
         self.ticket: int | None = None
         self.started = 0.0
         self.future: asyncio.Future[float] | None = None
+        self.max_wait_s: float | None = None  # a shorter wait than the bulkhead's, where asked
         self._holder = holder
         self._state: State = "asked"
 
