@@ -106,6 +106,16 @@ def test_llamacpp_old_builds_kv_usage_is_read() -> None:
     "props",
     [
         pytest.param({"object": "list"}, id="not-llama"),
+        pytest.param(  # get_router_props in tools/server/server-models.cpp, without ?model=
+            {
+                "role": "router",
+                "max_instances": 4,
+                "model_alias": "llama-server",
+                "model_path": "none",
+                "default_generation_settings": {"params": {}, "n_ctx": 0},
+            },
+            id="router-mode",
+        ),
         pytest.param(
             {"total_slots": 0, "default_generation_settings": {"n_ctx": 4096}}, id="0-slots"
         ),
