@@ -172,3 +172,26 @@ async def test_a_ttft_target_caps_the_wait_in_the_queue(
             assert error_of(await response.read())["code"] == "timeout"
     for response in held:
         response.close()
+
+
+async def test_a_streams_fallback_carries_the_retry_advice_to_the_sdk(
+    start_sidecar: StartSidecar,
+    openai_client: OpenAIFactory,
+    session: aiohttp.ClientSession,
+    sdk_waits: list[float],
+) -> None:
+    """A stream refused in-band: the SDK raises APIError (no retry: the answer was a 200) whose
+    error object says should_retry and retry_after_ms, for the code that catches it."""
+    server = await start_sidecar()
+    held = [await hold(session, server) for _ in range(2)]
+    client = openai_client(proxy_url(server), max_retries=2)
+    stream = await client.chat.completions.create(**CHAT, stream=True)  # type: ignore[call-overload]
+    with pytest.raises(openai.APIError) as caught:
+        await anext(aiter(stream))
+    body = caught.value.body
+    assert isinstance(body, dict)
+    advice = (body["code"], body["should_retry"], body["retry_after_ms"])
+    assert advice == ("queue_full", True, 1000)
+    assert sdk_waits == []
+    for response in held:
+        response.close()
