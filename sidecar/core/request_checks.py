@@ -8,13 +8,12 @@ text so token-weighted admission can price it.
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from sidecar.core.errors import RequestError
+from sidecar.core.json_body import parse_object, serialise
 
 Endpoint = Literal["chat", "completions", "responses"]
 TOKEN_KEYS = ("max_completion_tokens", "max_tokens")
@@ -24,11 +23,6 @@ RESPONSES_TOKEN_KEYS = ("max_output_tokens",)
 ECHO_DIGITS = 24
 # Chat templates add a few tokens per message (role markers, separators).
 MESSAGE_OVERHEAD_TOKENS = 4
-# json.loads(text) with no options is this decoder's decode().
-_DECODER = json.JSONDecoder()
-# A \uD800-\uDFFF escape: only a body with one can hold a lone surrogate (raw UTF-8 cannot encode
-# one: the strict decode refuses it), so only such bodies pay for the exact check.
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 @dataclass(frozen=True)
@@ -73,7 +67,7 @@ class CheckedRequest:
 
 def check_request(raw: bytes, endpoint: Endpoint, budget: TokenPolicy) -> CheckedRequest:
     """Validate ``raw`` and return it with a bounded token budget; RequestError otherwise."""
-    body = _parse_object(raw)
+    body = parse_object(raw)
     stream = _optional_bool(body, "stream")
     prompt_tokens, prompts, param = _estimate_prompt(body, endpoint, budget)
     if not budget.count_from_engine and not budget.prompt_budget_exact_only:
@@ -84,7 +78,7 @@ def check_request(raw: bytes, endpoint: Endpoint, budget: TokenPolicy) -> Checke
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise RequestError("'model' must be a string", param="model", code="invalid_type")
-    forwarded = _serialise(body) if changed else raw
+    forwarded = serialise(body) if changed else raw
     tokenize = _tokenize_payload(body, endpoint) if budget.count_from_engine else None
     prompt_tokens, completion = _within_context(prompt_tokens, completion, budget)
     return CheckedRequest(
@@ -130,47 +124,6 @@ def _tokenize_payload(body: dict[str, Any], endpoint: Endpoint) -> dict[str, Any
     if isinstance(body.get("prompt"), str):
         return {**base, "prompt": body["prompt"]}
     return None  # token ids are counted exactly already; batches keep the estimate
-
-
-def _parse_object(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object; only UTF-8 (json.loads would also guess UTF-16 and UTF-32)."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RequestError("request body is not UTF-8 JSON", code="invalid_json") from exc
-    try:
-        body = _DECODER.decode(text)
-    except RecursionError as exc:
-        raise RequestError("request body is nested too deeply", code="invalid_json") from exc
-    except ValueError as exc:  # JSONDecodeError, and integers past Python's digit limit
-        if text.startswith("\ufeff"):  # json.loads says so; its decoder alone does not
-            message = "request body starts with a byte order mark: send JSON without one"
-            raise RequestError(message, code="invalid_json") from exc
-        raise RequestError(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
-    if not isinstance(body, dict):
-        raise RequestError("request body must be a JSON object", code="invalid_json")
-    if _SURROGATE_ESCAPE.search(text):
-        _refuse_lone_surrogates(body)
-    return body
-
-
-def _refuse_lone_surrogates(body: dict[str, Any]) -> None:
-    """A string with an unpaired surrogate (``"\\ud800"``) is valid JSON but no text: engines fail
-    on it with a 500 (UTF-8 cannot encode it), so it is the client's error, told here."""
-    try:
-        json.dumps(body, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError as exc:
-        message = "request body holds a lone UTF-16 surrogate (e.g. \\ud800): send valid Unicode"
-        raise RequestError(message, code="invalid_json") from exc
-    except (RecursionError, ValueError) as exc:
-        raise RequestError("request body is nested too deeply", code="invalid_json") from exc
-
-
-def _serialise(body: dict[str, Any]) -> bytes:
-    try:
-        return json.dumps(body).encode()
-    except (RecursionError, ValueError) as exc:
-        raise RequestError("request body is nested too deeply", code="invalid_json") from exc
 
 
 def _optional_bool(body: dict[str, Any], key: str) -> bool:
