@@ -29,6 +29,7 @@ BASE_ENV = {
     "SIDECAR_PORT": "0",
     "SIDECAR_ADMIN_PORT": "0",
     "SIDECAR_CAPACITY_SOURCE": "static",
+    "SIDECAR_ADMISSION": "count",  # the permit arithmetic these tests count on; auto: own tests
     "SIDECAR_MODEL": str(TINY_MODEL),
     "SIDECAR_KV_POOL": str(2 * 131_072),
     "SIDECAR_SAFETY_FACTOR": "1",

@@ -105,7 +105,6 @@ async def test_adaptive_learns_completion_lengths(start_pair: StartPair) -> None
         engine,
         SIDECAR_ADMISSION="adaptive",
         SIDECAR_ADAPTIVE_MIN_SAMPLES="5",
-        SIDECAR_ADAPTIVE_QUANTILE="0.5",
         SIDECAR_MAX_COMPLETION_TOKENS="512",
     )
     await completions(server, 5, 512)
@@ -137,3 +136,29 @@ async def test_adaptive_falls_back_on_an_engine_that_does_not_preempt(
     metrics = await scrape(f"{admin_url(server)}/metrics")
     assert metrics["sidecar_config_warning{code=adaptive_unsupported}"] == 1
     assert metrics["sidecar_adaptive_fallback"] == 1
+
+
+@pytest.mark.parametrize(
+    ("engine", "pricing", "reason"),
+    [
+        pytest.param(EmulatorConfig(model_name="tiny-llama"), "closed-loop", "the engine reports",
+                     id="paged-engine-that-preempts"),
+        pytest.param(EmulatorConfig(model_name="tiny-llama", oom=True), "worst-case",
+                     "no vllm:num_preemptions_total", id="engine-that-runs-out-instead"),
+    ],
+)  # fmt: skip
+async def test_the_default_admission_steers_where_the_engine_lets_it(
+    start_pair: StartPair, engine: EmulatorConfig, pricing: str, reason: str
+) -> None:
+    """SIDECAR_ADMISSION unset (auto): closed-loop in front of an engine that reports its pool,
+    preemptions and queue; worst-case pricing in front of one that does not preempt."""
+    server = await start_pair(engine, SIDECAR_ADMISSION="auto")
+    doc = await get_json(f"{admin_url(server)}/capacity")
+    assert doc["admission"] == "adaptive"
+    assert doc["adaptive"]["pricing"] == pricing
+    assert reason in doc["adaptive"]["pricing_reason"]
+
+
+def test_auto_is_the_default_admission() -> None:
+    """Nothing set: the admission setting is auto."""
+    assert load_settings({"SIDECAR_UPSTREAM_URL": "http://127.0.0.1:1"}).admission == "auto"

@@ -445,3 +445,54 @@ async def test_every_way_out_of_the_queue_forgets_the_waiters_deadline() -> None
     assert isinstance(results[4], asyncio.CancelledError)
     assert len(expiry) == 0
     assert fake.armed == 0
+
+
+async def test_a_wait_past_the_deadline_is_refused_at_once() -> None:
+    """Two releases a second and a 1 s wait: the waiters 0 and 1 ahead may queue (0.5 s, 1 s),
+    the one with 2 ahead (1.5 s) is refused at once, queue_full, though the queue has room."""
+    fake = FakeTime()
+    bulkhead = make(fake, max_queue=10, max_wait_s=1.0)
+    for _ in range(5):
+        async with bulkhead.admit():
+            fake.advance(0.5)
+    gate, log = asyncio.Event(), new_log()
+    tasks = [asyncio.create_task(hold(bulkhead, gate, log, f"w{i}")) for i in range(3)]
+    await settle()
+    assert bulkhead.snapshot().queued == 2
+    with pytest.raises(AdmissionRejectedError) as caught:
+        await hold(bulkhead, gate, log, "hopeless")
+    assert caught.value.reason == "queue_full"
+    assert caught.value.waited_s == 0
+    snapshot = bulkhead.snapshot()
+    assert (snapshot.queued, snapshot.rejected) == (2, {"queue_full": 1})
+    gate.set()
+    await asyncio.gather(*tasks)
+    assert bulkhead.snapshot().in_use == 0
+
+
+async def test_without_a_release_rate_the_queue_bound_alone_decides() -> None:
+    """Before two releases nobody can tell a wait: requests queue up to max_queue."""
+    fake = FakeTime()
+    bulkhead = make(fake, max_queue=3, max_wait_s=0.1)
+    gate, log = asyncio.Event(), new_log()
+    tasks = [asyncio.create_task(hold(bulkhead, gate, log, f"w{i}")) for i in range(4)]
+    await settle()
+    assert bulkhead.snapshot().queued == 3
+    gate.set()
+    await asyncio.gather(*tasks)
+
+
+async def test_pressed_says_whether_the_limit_bound_since_last_asked() -> None:
+    """Uncontended admissions do not press; a queued request does while it waits."""
+    fake = FakeTime()
+    bulkhead = make(fake)
+    async with bulkhead.admit():
+        pass
+    assert not bulkhead.pressed()
+    gate, log = asyncio.Event(), new_log()
+    holder, waiter = await holder_and_waiter(bulkhead, gate, log)
+    assert bulkhead.pressed()
+    assert bulkhead.pressed()  # still waiting
+    gate.set()
+    await asyncio.gather(holder, waiter)
+    assert not bulkhead.pressed()  # granted, and nobody waited since the last question

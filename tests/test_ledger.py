@@ -1,23 +1,50 @@
-"""The live ledger: a stream is charged its expected footprint until it outgrows it."""
+"""The live ledger: a stream is charged what it holds plus the growth still expected of it."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from sidecar.core.ledger import Ledger, StreamUsage
 
 
-def usage(**changes: int) -> StreamUsage:
-    fields = {"prompt_tokens": 100, "max_tokens": 500, "expected_tokens": 60, "block_size": 16}
-    return StreamUsage("default", **(fields | changes))
+def flat(tokens: int) -> Callable[[int], int]:
+    """A growth that expects ``tokens`` more, whatever was produced."""
+    return lambda _produced: tokens
 
 
-def test_charge_is_expected_until_outgrown() -> None:
-    """100 + 60 = 160 tokens (10 blocks); at 200 relayed, 100 + 200 = 300 -> 304 (19 blocks)."""
+def usage(growth: Callable[[int], int] | None = None, **changes: int) -> StreamUsage:
+    fields = {"prompt_tokens": 100, "max_tokens": 500, "block_size": 16}
+    return StreamUsage("default", growth=growth or flat(60), **(fields | changes))
+
+
+def test_charge_is_held_plus_expected_growth() -> None:
+    """100 + 0 + 60 = 160 (10 blocks); at 200 relayed, 100 + 200 + 60 = 360 (23 blocks = 368)."""
     stream = usage()
     assert stream.charge() == 160
     stream.relayed = 200
-    assert stream.charge() == 304
+    assert stream.charge() == 368
     stream.relayed = 900  # never above the worst case: 100 + 500 = 600 -> 608
     assert stream.charge() == stream.worst() == 608
+
+
+def test_no_growth_known_is_the_worst_case() -> None:
+    """Without a learned growth (an engine that does not preempt) the charge is the worst case."""
+    stream = StreamUsage("default", prompt_tokens=100, max_tokens=500, block_size=16)
+    assert stream.charge() == stream.worst() == 608
+
+
+def test_growth_is_asked_with_what_was_produced() -> None:
+    """The growth function hears the tokens produced per sequence."""
+    heard: list[int] = []
+
+    def growth(produced: int) -> int:
+        heard.append(produced)
+        return 0
+
+    stream = usage(growth=growth, sequences=2)
+    stream.relayed = 50
+    stream.charge()
+    assert heard == [25]
 
 
 def test_sequences_multiply() -> None:
@@ -32,7 +59,7 @@ def test_sequences_multiply() -> None:
 def test_ledger_reports_growth_once() -> None:
     """grown() names a stream whose charge rose, once per rise; occupancy is prompts + relayed."""
     ledger = Ledger()
-    first, second = usage(), usage(prompt_tokens=10, block_size=1)
+    first, second = usage(), usage(prompt_tokens=10, block_size=1, growth=flat(0))
     ledger.open(1, first, first.charge())
     ledger.open(2, second, second.charge())
     assert ledger.grown() == []

@@ -8,7 +8,7 @@ from typing import Literal
 from sidecar.core.outcomes import RejectReason
 
 Outcome = Literal["completed", "cancelled", "failed"]
-WithdrawReason = Literal["timeout", "cancelled", "draining"]
+WithdrawReason = Literal["timeout", "cancelled", "draining", "queue_full"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,12 +1,14 @@
 """The live ledger of adaptive admission: what each running stream holds, and will hold.
 
-A stream is charged ``prompt + max(expected completion, tokens relayed so far)`` (never above its
-worst case, in whole blocks), so a long request's reservation grows to its real size while it runs.
+A stream is charged what it holds now plus the growth still expected of it (learned from finished
+requests, given how far it has got), in whole blocks, so its charge follows its real size while it
+runs and never passes its worst case.
 The relay only bumps ``relayed``; the bulkhead reads the charges when it decides. Pure, no clock.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -22,7 +24,8 @@ class StreamUsage:
     compartment: str
     prompt_tokens: int
     max_tokens: int
-    expected_tokens: int  # the completion length it is priced at when admitted
+    # Tokens still expected after producing the given number per sequence (None: the worst case).
+    growth: Callable[[int], int] | None = None
     sequences: int = 1
     block_size: int = 1
     relayed: int = field(default=0)
@@ -32,10 +35,11 @@ class StreamUsage:
         return per_sequence * self.sequences
 
     def charge(self) -> int:
-        """Tokens reserved now: the expected footprint, or what it has really grown to."""
-        per_sequence = -(-self.relayed // self.sequences)
-        grown = min(self.max_tokens, max(self.expected_tokens, per_sequence))
-        return self._held(grown)
+        """Tokens reserved now: what it holds, and the growth still expected of it."""
+        produced = self.completion_tokens()
+        left = self.max_tokens - produced
+        expected = left if self.growth is None else min(left, self.growth(produced))
+        return self._held(produced + expected)
 
     def worst(self) -> int:
         """Tokens it holds if it runs to max_tokens."""

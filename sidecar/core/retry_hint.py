@@ -65,20 +65,29 @@ class ReleaseRate:
         drained = sum(self._amounts) - self._amounts[0]
         return rate * drained / (len(self._times) - 1)
 
-    def retry_after_s(
+    def wait_s(
         self, queue_ahead: int, now: float | None = None, *, tokens: int | None = None
-    ) -> float:
-        """Seconds until ``queue_ahead`` waiters and then this caller could be served, clamped.
+    ) -> float | None:
+        """Seconds until ``queue_ahead`` waiters and then this caller could be served, unclamped;
+        None while there are too few releases to tell.
 
         With ``tokens`` (what must drain first, the caller's own included) the token drain rate
         decides instead of the release count.
         """
-        bounds = self._bounds
         if tokens is None:
             rate = self.rate_per_s(now)
             need = max(queue_ahead, 0) + 1
         else:
             rate = self.drain_per_s(now)
             need = max(tokens, 0)
-        estimate = bounds.unknown_s if not rate else need / rate
+        return need / rate if rate else None
+
+    def retry_after_s(
+        self, queue_ahead: int, now: float | None = None, *, tokens: int | None = None
+    ) -> float:
+        """``wait_s`` clamped to the bounds (``unknown_s`` while it cannot tell)."""
+        bounds = self._bounds
+        estimate = self.wait_s(queue_ahead, now, tokens=tokens)
+        if estimate is None:
+            estimate = bounds.unknown_s
         return min(max(estimate, bounds.low_s), bounds.high_s)

@@ -38,6 +38,7 @@ from sidecar.entry.listen import SHUTDOWN_TIMEOUT_S, bind, reserve_descriptors, 
 from sidecar.entry.settings import Settings
 from sidecar.entry.wiring import (
     adaptive_resize,
+    admission_mode,
     build_adaptive,
     build_bulkhead,
     build_controller,
@@ -66,10 +67,11 @@ class SidecarServer:
         gpu_probe: GpuProbe | None = None,
     ) -> None:
         self.settings, self.clock = settings, clock
+        self.mode = admission_mode(settings)
         self.registry = CollectorRegistry(auto_describe=True)
         self.metrics = RequestMetrics(self.registry)
         self.bulkhead = build_bulkhead(settings, limit=0, clock=clock, on_event=self._on_event)
-        self.adaptive = build_adaptive(settings)
+        self.adaptive = build_adaptive(settings, self.bulkhead.pressed)
         self._compartments = parse_compartments(settings.compartments)
         self.controller: CapacityController = build_controller(
             settings,
@@ -115,7 +117,7 @@ class SidecarServer:
     def _price(self, request: CheckedRequest) -> int:
         """Token mode: every sequence's own worst case in KV bytes. Count mode: a permit per
         sequence (`n`, a batch's prompts), since each pins a worst-case request's KV cache."""
-        if self.settings.admission == "count":
+        if self.mode == "count":
             return request.sequences
         per_sequence = self.controller.cost.request_bytes(
             request.prompt_tokens + request.completion_tokens
@@ -189,7 +191,7 @@ class SidecarServer:
     def _flat_price(self) -> int:
         """A POST with no token budget of its own costs one full-budget request, in the unit the
         bulkhead counts: a permit, or the plan's cost (KV bytes; tokens in adaptive mode)."""
-        if self.settings.admission == "count":
+        if self.mode == "count":
             return 1
         budget = self.controller.token_budget
         if self.adaptive is not None:
@@ -255,6 +257,7 @@ class SidecarServer:
             admin_port=self.admin_port,
             upstream=s.upstream_url,
             admission=s.admission,
+            mode=self.mode,
             shadow=s.shadow,
             event_loop=running_loop_name(),
         )

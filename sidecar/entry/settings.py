@@ -212,10 +212,12 @@ class Settings(BaseSettings):
     )
 
     # --- admission -----------------------------------------------------------------------------
-    admission: Literal["count", "tokens", "adaptive"] = Field(
-        "count",
-        description="count: N worst-case permits; tokens: each request reserves its own KV "
-        "bytes; adaptive: learned completion lengths, a live ledger and AIMD over-commit",
+    admission: Literal["auto", "count", "tokens", "adaptive"] = Field(
+        "auto",
+        description="auto: adaptive, closed-loop on the engine's own evidence where the engine "
+        "reports its pool, preemptions and queue, worst-case pricing where it cannot; count: N "
+        "worst-case permits; tokens: each request reserves its own worst case in KV bytes; "
+        "adaptive: learned completion lengths, a live ledger and a limit steered by the engine",
     )
     max_wait_ms: NonNegativeInt = Field(
         3000, description="longest wait in the admission queue before the busy answer"
@@ -272,11 +274,10 @@ class Settings(BaseSettings):
     )
 
     # --- adaptive admission (SIDECAR_ADMISSION=adaptive) ----------------------------------------
-    adaptive_quantile: Annotated[float, Field(gt=0, le=1)] = Field(
-        0.9, description="quantile of recent completion lengths a request is priced at"
-    )
     adaptive_min_samples: PositiveInt = Field(
-        20, description="completions a band must have seen before its quantile replaces max_tokens"
+        20,
+        description="completions a band must have seen before its learned lengths replace "
+        "max_tokens",
     )
     adaptive_window: PositiveInt = Field(
         256, description="recent completion lengths kept per compartment and max_tokens band"
@@ -288,13 +289,17 @@ class Settings(BaseSettings):
         3.0, description="highest over-commit ratio AIMD may grow to while the engine is healthy"
     )
     adaptive_increase: Annotated[float, Field(ge=0)] = Field(
-        0.05, description="added to the over-commit ratio on each healthy control-loop tick"
+        0.05,
+        description="added to the over-commit ratio on each tick the limit binds, where the "
+        "engine reports no KV usage",
     )
     adaptive_decrease: Annotated[float, Field(gt=0, lt=1)] = Field(
-        0.9, description="the over-commit ratio is multiplied by this on each tick of pressure"
+        0.8, description="the over-commit ratio is multiplied by this when the engine preempts"
     )
-    adaptive_kv_high_watermark: Annotated[float, Field(gt=0, le=1)] = Field(
-        0.95, description="engine KV usage (0..1) above which adaptive admission backs off"
+    adaptive_kv_target: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.9,
+        description="engine KV usage (0..1) adaptive admission holds a busy engine at: below it "
+        "the limit grows while requests wait, above it the limit shrinks",
     )
 
     # --- logs ----------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from sidecar.core.overcommit import AimdConfig
 from sidecar.core.token_budget import resolve_budget
 from sidecar.entry.settings import Settings
 from sidecar.limiter.bulkhead import Bulkhead
+from sidecar.limiter.events import Mode
 from sidecar.live.adaptive import AdaptiveCapacity
 from sidecar.live.control_loop import CapacityController, Floor
 from sidecar.live.probes import GpuProbe
@@ -32,13 +33,20 @@ from sidecar.live.probes.static import Declared
 from sidecar.live.sources import static_memory
 
 
+def admission_mode(settings: Settings) -> Mode:
+    """The mode SIDECAR_ADMISSION asks for; ``auto`` is adaptive, which prices at the worst case
+    by itself where the engine shows no evidence to steer by (static and NVML-only sources,
+    engines that do not preempt)."""
+    return "adaptive" if settings.admission == "auto" else settings.admission
+
+
 def build_bulkhead(settings: Settings, *, limit: int, **seams: Any) -> Bulkhead:
     """A bulkhead configured by SIDECAR_* settings (ConfigError on a bad compartment spec)."""
     return Bulkhead(
         limit=limit,
         max_queue=settings.max_queue,
         max_wait_s=settings.max_wait_ms / 1000,
-        mode=settings.admission,
+        mode=admission_mode(settings),
         shadow=settings.shadow,
         max_in_flight=settings.max_concurrent_calls,
         compartments=parse_compartments(settings.compartments),
@@ -53,24 +61,26 @@ def adaptive_resize(bulkhead: Bulkhead, adaptive: AdaptiveCapacity | None) -> Ca
     return lambda limit: bulkhead.resize(limit, adaptive.ceiling())
 
 
-def build_adaptive(settings: Settings) -> AdaptiveCapacity | None:
-    """The adaptive admission state SIDECAR_ADAPTIVE_* describe (None unless adaptive)."""
-    if settings.admission != "adaptive":
+def build_adaptive(
+    settings: Settings, binding: Callable[[], bool] = lambda: True
+) -> AdaptiveCapacity | None:
+    """The adaptive admission state SIDECAR_ADAPTIVE_* describe (None unless adaptive);
+    ``binding`` tells it whether its limit bound lately (the bulkhead's ``pressed``)."""
+    if admission_mode(settings) != "adaptive":
         return None
     if settings.adaptive_min_samples > settings.adaptive_window:
         raise ConfigError("SIDECAR_ADAPTIVE_MIN_SAMPLES must not exceed SIDECAR_ADAPTIVE_WINDOW")
     return AdaptiveCapacity(
-        estimator=EstimatorConfig(
-            settings.adaptive_quantile, settings.adaptive_min_samples, settings.adaptive_window
-        ),
+        estimator=EstimatorConfig(settings.adaptive_min_samples, settings.adaptive_window),
         aimd=AimdConfig(
             low=settings.adaptive_min_overcommit,
             high=settings.adaptive_max_overcommit,
             start=1.0,
             increase=settings.adaptive_increase,
             decrease=settings.adaptive_decrease,
-            high_watermark=settings.adaptive_kv_high_watermark,
+            target=settings.adaptive_kv_target,
         ),
+        binding=binding,
     )
 
 
@@ -157,7 +167,7 @@ def _limit_rule(settings: Settings, adaptive: AdaptiveCapacity | None) -> Callab
     tokens (pool x alpha x over-commit) in adaptive mode."""
     if adaptive is not None:
         return adaptive.limit_of
-    if settings.admission == "tokens":
+    if admission_mode(settings) == "tokens":
         return lambda plan: plan.admissible_bytes
     cap = settings.max_concurrent_calls
     return lambda plan: plan.permits if cap is None else min(plan.permits, cap)
@@ -172,7 +182,7 @@ def _floor(
 ) -> Floor:
     """SIDECAR_FLOOR_PERMITS, else the static plan where one is declared, else one permit."""
     per_request = {"tokens": cost.request_bytes(budget.total), "adaptive": budget.total}.get(
-        settings.admission, 1
+        admission_mode(settings), 1
     )
     if settings.floor_permits is not None:
         return Floor(None, settings.floor_permits * per_request)

@@ -72,6 +72,7 @@ class Bulkhead:
         self._open = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self._pressed = False
 
     # --- public ----------------------------------------------------------------------------------
 
@@ -157,9 +158,29 @@ class Bulkhead:
             self._hold(permit, decision.ticket, decision.cost, decision.compartment, 0.0)
             return None
         if isinstance(decision, Rejected):
+            self._pressed |= decision.reason in ("queue_full", "shed")  # refused for room
             self._rejected(permit, decision)
             return None
+        self._pressed = True  # it waits: the limit binds
+        if not self._shadow and self._hopeless(decision):
+            # Just queued, so still queued: the withdrawal removes it (and may let others in).
+            self._wake(self._core.withdraw(decision.ticket, "queue_full").granted)
+            refusal = Rejected("queue_full", decision.compartment, decision.cost, self._core.queued)
+            self._rejected(permit, refusal)  # raises: not in shadow mode
         return self._enqueue(permit, decision)
+
+    def _hopeless(self, queued: Queued) -> bool:
+        """Whether the queued request would wait past its deadline, at the recent rate of releases
+        (one release lets about one waiter in, whatever the unit of cost): then it is refused now
+        (``queue_full``) rather than queued to time out."""
+        wait = self._hint.wait_s(queued.ahead, self._clock())
+        return wait is not None and wait > self._max_wait_s
+
+    def pressed(self) -> bool:
+        """Whether the limit bound since the last call: a request waited, waits now, or was
+        refused. Adaptive admission grows its limit only then."""
+        pressed, self._pressed = self._pressed or self._core.queued > 0, False
+        return pressed
 
     def took(self, permit: Permit, wait_s: float) -> None:
         """The queued ``permit``'s future was set (to how long it waited): it holds the grant."""

@@ -9,6 +9,8 @@ and an ``adaptive_unsupported`` warning says so.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
 
 import structlog
 
@@ -24,6 +26,7 @@ log = structlog.get_logger("sidecar.live.adaptive")
 
 NO_PREEMPTION_SERIES = "the engine exports no vllm:num_preemptions_total (it may not preempt)"
 NO_ENGINE = "no engine metrics to watch (capacity source without the engine)"
+STEERED = "the engine reports its KV usage, preemptions and queue: the limit follows them"
 
 
 class AdaptiveCapacity:
@@ -34,12 +37,29 @@ class AdaptiveCapacity:
         *,
         estimator: EstimatorConfig | None = None,
         aimd: AimdConfig | None = None,
+        binding: Callable[[], bool] = lambda: True,
     ) -> None:
+        """``binding`` says whether the limit bound since it was last asked (requests waited or
+        were refused for room): only then may the ratio grow."""
         self.estimator = CompletionEstimator(estimator)
+        self.binding = binding
         self.overcommit = Overcommit(aimd)
         self.unsupported: str | None = NO_ENGINE
         self.block_size = 1
         self.pool_tokens = 0
+
+    @property
+    def pricing(self) -> str:
+        """closed-loop (steered by the engine's evidence) or worst-case (nothing to steer by)."""
+        return self._pricing(self.unsupported)
+
+    @property
+    def pricing_reason(self) -> str:
+        return self.unsupported or STEERED
+
+    @staticmethod
+    def _pricing(unsupported: str | None) -> str:
+        return "worst-case" if unsupported else "closed-loop"
 
     @property
     def ratio(self) -> float:
@@ -54,13 +74,20 @@ class AdaptiveCapacity:
             return (adaptive_unsupported(self.unsupported),) if self.unsupported else ()
         reason = NO_PREEMPTION_SERIES if engine.preemptions_total is None else None
         if reason != self.unsupported:
-            log.info("adaptive_mode", overcommit=reason is None, reason=reason)
+            log.info("admission_pricing", pricing=self._pricing(reason), reason=reason or STEERED)
         self.unsupported = reason
         if reason is not None:
             return (adaptive_unsupported(reason),)
         before = self.overcommit.ratio
         ratio = self.overcommit.observe(
-            EngineEvidence(engine.preemptions_total, engine.kv_usage_ratio, engine.requests_waiting)
+            EngineEvidence(
+                engine.preemptions_total,
+                engine.kv_usage_ratio,
+                engine.requests_waiting,
+                # Until lengths are learned requests are priced at their worst case: a ratio
+                # grown meanwhile would over-commit the moment the learned prices take over.
+                binding=self.binding() and self.estimator.learned(),
+            )
         )
         if ratio < before:
             log.info("adaptive_backoff", pressure=self.overcommit.last_pressure, ratio=ratio)
@@ -81,15 +108,14 @@ class AdaptiveCapacity:
     def usage_for(
         self, compartment: str, prompt_tokens: int, max_tokens: int, sequences: int
     ) -> StreamUsage:
-        """A new request's footprint, priced at its learned length (worst case if unsupported)."""
-        expected = (
-            max_tokens if self.unsupported else self.estimator.expected(compartment, max_tokens)
-        )
+        """A new request's footprint: its growth as learned (the worst case if unsupported)."""
+        learned = partial(self.estimator.growth, compartment, max_tokens)
+        growth = None if self.unsupported else learned
         return StreamUsage(
             compartment=compartment,
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
-            expected_tokens=expected,
+            growth=growth,
             sequences=sequences,
             block_size=self.block_size,
         )

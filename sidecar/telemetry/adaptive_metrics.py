@@ -74,10 +74,11 @@ def _expected(adaptive: AdaptiveCapacity) -> Iterator[Metric]:
 def adaptive_json(adaptive: AdaptiveCapacity, snap: BulkheadSnapshot) -> dict[str, Any]:
     """The adaptive terms for /capacity: ratio, limit, ledger, learned lengths."""
     return {
+        "pricing": adaptive.pricing,
+        "pricing_reason": adaptive.pricing_reason,
         "overcommit_ratio": round(adaptive.ratio, 4),
         "last_pressure": adaptive.overcommit.last_pressure,
         "fallback_reason": adaptive.unsupported,
-        "quantile": adaptive.estimator.config.quantile,
         "min_samples": adaptive.estimator.config.min_samples,
         "pool_tokens": adaptive.pool_tokens,
         "limit_tokens": snap.limit,

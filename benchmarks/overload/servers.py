@@ -1,0 +1,110 @@
+"""The processes an overload run needs: a real vLLM on CPU and a `sidecar serve` in front of it.
+
+Each leads its own process group and is stopped by its PID (TERM, then KILL after a grace).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+VLLM_VENV = Path(os.environ.get("E2E_VLLM_VENV", "~/.cache/gpu-sidecar/vllm-venv")).expanduser()
+MODEL_DIR = Path(os.environ.get("E2E_TINY_MODEL", "~/.cache/gpu-sidecar/tiny-llama")).expanduser()
+SERVED_MODEL = "tiny-llama"
+KV_CACHE_BYTES = 8 * 1024 * 1024  # 8,192 tokens of the tiny model (1 KiB each)
+MAX_MODEL_LEN = 2048
+SIDECAR = str(Path(sys.executable).with_name("sidecar"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Poll ``url`` until it answers 200; fail if the process exits first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args!r} exited ({process.returncode}) before ready")
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} not ready after {timeout_s:.0f} s")
+
+
+def stop(process: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
+    """TERM the process group ``process`` leads; KILL it if it is still there after the grace."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+@contextlib.contextmanager
+def vllm(flags: tuple[str, ...], log: Path) -> Iterator[str]:
+    """A real vLLM on CPU with an 8 MiB KV cache and ``flags``; yields its base URL."""
+    port = free_port()
+    command = [
+        str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(MODEL_DIR), "--served-model-name", SERVED_MODEL,
+        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+        "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",
+        "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), *flags,
+    ]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url + "/health", process, 300)
+        yield url
+    finally:
+        stop(process)
+
+
+@contextlib.contextmanager
+def sidecar(upstream: str, mode: str | None, log: Path, **extra: str) -> Iterator[str]:
+    """`sidecar serve` in front of ``upstream`` with default settings, but for the admission
+    mode (None: the default) and ``extra`` SIDECAR_* settings; yields its base URL."""
+    port, admin = free_port(), free_port()
+    env = {
+        **os.environ,
+        "SIDECAR_UPSTREAM_URL": upstream,
+        "SIDECAR_HOST": "127.0.0.1",
+        "SIDECAR_PORT": str(port),
+        "SIDECAR_ADMIN_HOST": "127.0.0.1",
+        "SIDECAR_ADMIN_PORT": str(admin),
+        "SIDECAR_LOG_LEVEL": "warning",
+        **{f"SIDECAR_{key.upper()}": value for key, value in extra.items()},
+    }
+    env.pop("SIDECAR_ADMISSION", None)
+    if mode is not None:
+        env["SIDECAR_ADMISSION"] = mode
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [SIDECAR, "serve"], stdout=out, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        wait_ready(f"http://127.0.0.1:{admin}/readyz", process, 60)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(process)
