@@ -30,8 +30,8 @@ def error_body(
 
 
 # The longest wait we ask for. The openai SDK honours a server's delay only within
-# 0 < delay <= its limit (60 s in openai 1.x, MAX_RETRY_AFTER_DELAY = 120 s in 3.x), beyond which it
-# falls back to its own backoff (1.x) or gives up (3.x): 60 s is inside both.
+# 0 < delay <= its limit (_base_client.py: 60 s in openai 1.54.0, MAX_RETRY_AFTER_DELAY = 120 s in
+# 3.60.0), beyond which it falls back to its own backoff (1.x) or gives up (3.x): 60 s fits both.
 SDK_MAX_RETRY_S = 60.0
 
 
