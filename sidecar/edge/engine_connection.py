@@ -6,7 +6,7 @@ at most ``HIGH_WATER`` of them wait for a slow reader before reading is paused (
 reader may instead attach a :data:`Sink`: each read's body bytes then go to it from
 ``data_received``, with no task woken, until it declines some (they stay the next read's, and it
 is detached) or the body ends (its last bytes are the next read's). One read timer per
-connection, re-armed lazily: a relayed chunk costs no timer handle.
+connection (:mod:`read_deadline`), re-armed lazily: a relayed chunk costs no timer handle.
 
 Failures are raised as the errors ``engine_client.translated`` maps: ``OSError`` (a reset, an
 answer cut short: ``ConnectionResetError``; ``StaleConnectionError`` when not one byte of it
@@ -26,6 +26,7 @@ import httptools
 from sidecar.edge.engine_errors import EngineProtocolError, StaleConnectionError
 from sidecar.edge.engine_head import MAX_HEAD_BYTES, Head, ends_at_close, make_head
 from sidecar.edge.flow import FlowControl
+from sidecar.edge.read_deadline import ReadDeadline
 
 # Body bytes held for a reader that is slower than the engine before the socket stops reading.
 HIGH_WATER = 256 * 1024
@@ -53,7 +54,9 @@ class EngineConnection(asyncio.Protocol):
 
     def __init__(self, loop: asyncio.AbstractEventLoop, read_timeout_s: float) -> None:
         self._loop = loop
-        self._read_timeout_s = read_timeout_s
+        self._deadline = ReadDeadline(
+            read_timeout_s, self._timed_out, clock=loop.time, call_later=loop.call_later
+        )
         self.transport: asyncio.Transport | None = None
         self._flow: FlowControl | None = None
         self.phase = Phase.IDLE
@@ -63,8 +66,6 @@ class EngineConnection(asyncio.Protocol):
         self._held = 0  # their length
         self._sink: Sink | None = None
         self._waiter: asyncio.Future[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._last_data = 0.0
         self._new_answer(head_request=False)
 
     def _new_answer(self, *, head_request: bool) -> None:
@@ -92,7 +93,7 @@ class EngineConnection(asyncio.Protocol):
                 self._unasked()
                 return
             self._head_bytes += len(data)
-        self._last_data = self._loop.time()
+        self._deadline.touch()
         self._feed(data)
         if self.phase is Phase.BODY:
             sink = self._sink
@@ -132,7 +133,7 @@ class EngineConnection(asyncio.Protocol):
         return False  # close our side too; connection_lost follows
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self._cancel_timer()
+        self._deadline.stop()
         self.keep_alive = False
         if self.phase is Phase.BODY and exc is None and self._ends_at_close:
             self.phase = Phase.COMPLETE  # a close-delimited body ends here; a reset is no end
@@ -196,7 +197,7 @@ class EngineConnection(asyncio.Protocol):
         self._new_answer(head_request=head_request)
         self.phase = Phase.SENT
         # The read deadline counts from here: a timer left from the last answer re-arms by it.
-        self._last_data = self._loop.time()
+        self._deadline.touch()
         self.transport.write(request)
 
     def push_to(self, sink: Sink | None) -> None:
@@ -238,9 +239,7 @@ class EngineConnection(asyncio.Protocol):
     async def _wait(self) -> None:
         self._raise_if_broken()
         self._waiter = self._loop.create_future()
-        if self._timer is None:
-            self._last_data = self._loop.time()
-            self._arm(self._read_timeout_s)
+        self._deadline.watch()
         try:
             await self._waiter
         finally:
@@ -266,27 +265,10 @@ class EngineConnection(asyncio.Protocol):
         assert self._flow is not None, "connection_made first"
         return self._flow
 
-    # The read deadline -----------------------------------------------------------------------
-
-    def _arm(self, delay: float) -> None:
-        self._timer = self._loop.call_later(delay, self._on_timer)
-
-    def _on_timer(self) -> None:
-        """Fired at the deadline the last byte set, or earlier: it re-arms itself for the rest.
-        It outlives an answer: idle in the pool, it fires once and stays off."""
-        self._timer = None
-        if self._waiter is None:
-            return  # nobody reading: the next wait arms a fresh one
-        idle = self._loop.time() - self._last_data
-        if idle < self._read_timeout_s:
-            self._arm(self._read_timeout_s - idle)
-            return
-        self._fail(TimeoutError(f"no byte from the engine for {self._read_timeout_s:g}s"))
-
-    def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+    def _timed_out(self) -> None:
+        if self._waiter is not None:  # else nobody reads: the next wait starts it again
+            timeout_s = self._deadline.timeout_s
+            self._fail(TimeoutError(f"no byte from the engine for {timeout_s:g}s"))
 
     # The pool's side -------------------------------------------------------------------------
 
@@ -316,7 +298,7 @@ class EngineConnection(asyncio.Protocol):
 
     def close(self) -> None:
         """Drop the connection at once: vLLM aborts the request when its connection drops."""
-        self._cancel_timer()
+        self._deadline.stop()
         self.keep_alive = False
         if self.transport is not None and not self.closing:
             self.transport.abort()
