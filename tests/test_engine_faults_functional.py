@@ -29,11 +29,13 @@ BOUND_S = 5.0
 
 @dataclass
 class RawEngine:
-    """An engine that answers every request with ``answer``, byte for byte, and ``then`` once
-    ``go`` is set, then holds the connection open: a parser that waits for more would wait for
-    the read timeout."""
+    """An engine that answers each request with the next of ``script`` (then ``answer``), byte
+    for byte, and ``then`` once ``go`` is set; it keeps the connection for the next request.
+    ``HANG_UP`` answers by closing the connection. A parser that waits for more than an answer
+    holds would wait for the read timeout."""
 
     answer: bytes = b""
+    script: list[bytes] = field(default_factory=list)
     then: bytes = b""
     go: asyncio.Event = field(default_factory=asyncio.Event)
     port: int = 0
@@ -43,20 +45,31 @@ class RawEngine:
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.writers.append(writer)
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next(
-                (int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                 if line.lower().startswith(b"content-length:")),
-                0,
-            )  # fmt: skip
-            await reader.readexactly(length)
-            self.requests += 1
-            writer.write(self.answer)
-            await writer.drain()
-            if self.then:
-                await self.go.wait()
-                writer.write(self.then)
-            await reader.read()  # held until the sidecar drops it
+            while True:
+                await _read_request(reader)
+                self.requests += 1
+                answer = self.script.pop(0) if self.script else self.answer
+                if answer == HANG_UP:
+                    writer.close()
+                    return
+                writer.write(answer)
+                await writer.drain()
+                if self.then:
+                    await self.go.wait()
+                    writer.write(self.then)
+
+
+HANG_UP = b"<hang up>"
+
+
+async def _read_request(reader: asyncio.StreamReader) -> None:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        (int(line.split(b":")[1]) for line in head.split(b"\r\n")
+         if line.lower().startswith(b"content-length:")),
+        0,
+    )  # fmt: skip
+    await reader.readexactly(length)
 
 
 @pytest.fixture
@@ -178,3 +191,20 @@ async def test_a_broken_head_after_a_good_answer_never_reuses_the_connection(
     status, _, body = await _post(sidecar, stream=True)
     assert (status, sse_events(body)) == (200, [(None, EVENT.decode()[6:].strip())])
     assert len(raw_engine.writers) == 2
+
+
+async def test_a_post_the_engine_may_have_seen_is_never_sent_again(
+    raw_engine: RawEngine, sidecar: SidecarServer
+) -> None:
+    """RFC 9112 §9.3.1: the engine hangs up on a kept-alive connection as the next POST goes
+    out on it. It may be generating for it: the client gets a 502 and the engine saw it once;
+    the permit comes back, and the next request is answered on a new connection."""
+    done = SSE_HEAD + b"\r\n" + FIRST + b"0\r\n\r\n"
+    raw_engine.script = [done, HANG_UP, done]
+    assert (await _post(sidecar, stream=True))[0] == 200
+    status, _, body = await _post(sidecar, stream=True)
+    assert (status, error_of(body)["code"]) == (502, "upstream_unavailable")
+    assert raw_engine.requests == 2
+    assert await _in_use(sidecar) == 0
+    assert (await _post(sidecar, stream=True))[0] == 200
+    assert (raw_engine.requests, len(raw_engine.writers)) == (3, 2)
