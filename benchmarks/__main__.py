@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import platform
 import sys
 
 import benchmarks
-from benchmarks.interpreter import describe
 
 
 def main() -> int:
@@ -16,7 +16,7 @@ def main() -> int:
         for info in pkgutil.iter_modules(benchmarks.__path__)
         if info.name.endswith("_bench")
     )
-    print(describe())  # a build moves every figure: benchmarks/interpreter.py
+    print(f"{platform.python_implementation()} {platform.python_version()} ({sys.executable})")
     for name in names:
         print(f"== {name}")
         module = importlib.import_module(f"benchmarks.{name}")

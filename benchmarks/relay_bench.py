@@ -12,17 +12,14 @@ are a second load: 64 streams paced by the engine (BENCH_RELAY_PACE_MS between e
 engine decoding 100 tokens/s per stream), their starts spread over one stream's length, for
 BENCH_RELAY_PACED_SECONDS (6); BENCH_RELAY_PACE_MS=0 leaves them out.
 
+Targets (issue 30), PASS/MISS in the same run: CPU per relayed event at 64 streams <= 1.25x
+nginx's; added TTFT p50 at 64 paced streams <= nginx's added TTFT p50 + 0.3 ms.
+
 Sizes: BENCH_RELAY_LEVELS (1,64,256), BENCH_RELAY_SECONDS per measurement (3), BENCH_RELAY_ROUNDS
 (2, best round kept), BENCH_RELAY_EVENTS token events per stream (64), BENCH_RELAY_TARGETS
-(direct,sidecar,nginx,parse; ``parse`` is ``benchmarks.byte_pump --parse``, the floor of a Python
-proxy that reads each request, head and JSON, before it passes it on, shown beside the targets;
-add ``pump`` for the floor of any Python relay: bytes copied in protocol callbacks, nothing
-parsed), BENCH_RELAY_JSON (.bench/relay.json).
+(direct,sidecar,nginx), BENCH_RELAY_JSON (.bench/relay.json).
 SIDECAR_* variables in the environment reach the sidecar (e.g. SIDECAR_LOG_LEVEL=info);
-BENCH_SIDECAR_PROFILE=FILE runs it under cProfile and writes its stats to FILE;
-BENCH_SIDECAR_PHASES=FILE runs it with a clock at each phase of a request
-(``benchmarks.phase_clock``), writes every request's marks to FILE and prints, for each of the
-sidecar's measurements, where a request's time went before its first byte out.
+BENCH_SIDECAR_PROFILE=FILE runs it under cProfile and writes its stats to FILE.
 """
 
 from __future__ import annotations
@@ -31,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import os
+import platform
 import socket
 import statistics
 import subprocess
@@ -41,7 +39,6 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks import interpreter, phase_clock
 from benchmarks.loops import loop_factory, run, serve_loop
 from benchmarks.nginx_proxy import INSTALL_HINT, nginx_binary, start_nginx, worker_pids
 from benchmarks.stream_client import LoadResult, load
@@ -51,7 +48,7 @@ SECONDS = float(os.environ.get("BENCH_RELAY_SECONDS", "3"))
 ROUNDS = int(os.environ.get("BENCH_RELAY_ROUNDS", "2"))
 TOKENS = int(os.environ.get("BENCH_RELAY_EVENTS", "64"))
 EVENTS_PER_STREAM = TOKENS + 2  # the role event, the tokens, [DONE]
-TARGETS = os.environ.get("BENCH_RELAY_TARGETS", "direct,sidecar,nginx,parse").split(",")
+TARGETS = os.environ.get("BENCH_RELAY_TARGETS", "direct,sidecar,nginx").split(",")
 JSON_PATH = Path(os.environ.get("BENCH_RELAY_JSON", ".bench/relay.json"))
 MAX_STREAMS = 200_000
 TTFT_LEVEL = 64
@@ -59,9 +56,10 @@ TTFT_LEVEL = 64
 # at 1000 / PACE_MS tokens/s per stream), starts staggered; 0 leaves them out.
 PACE_MS = float(os.environ.get("BENCH_RELAY_PACE_MS", "10"))
 PACED_SECONDS = float(os.environ.get("BENCH_RELAY_PACED_SECONDS", "6"))
-PHASES_PATH = os.environ.get("BENCH_SIDECAR_PHASES")
-# The sidecar's measurements, for the phase clock: (label, perf_counter_ns at start, at end).
-WINDOWS: list[tuple[str, int, int]] = []
+# The targets: the sidecar's CPU per relayed event against nginx's at TTFT_LEVEL streams, and the
+# TTFT it adds (paced rows, p50) beyond what nginx adds.
+CPU_VS_NGINX = 1.25
+ADDED_TTFT_OVER_NGINX_MS = 0.3
 
 
 @dataclass(frozen=True)
@@ -168,8 +166,6 @@ def _sidecar_args() -> list[str]:
     profile = os.environ.get("BENCH_SIDECAR_PROFILE")
     if profile:
         return [sys.executable, "-m", "cProfile", "-o", profile, "-m", "sidecar", "serve"]
-    if PHASES_PATH:
-        return [sys.executable, "-m", "benchmarks.phase_clock", PHASES_PATH, "serve"]
     return [sys.executable, "-m", "sidecar", "serve"]
 
 
@@ -207,7 +203,6 @@ async def _measure(
     best: tuple[LoadResult, Cpu, Cpu] | None = None
     for _ in range(1 if paced else ROUNDS):
         proxy0, engine0 = _cpu_seconds(target.pids), _cpu_seconds([engine_pid])
-        began = time.perf_counter_ns()
         result = await load(
             target.port,
             concurrency=level,
@@ -217,9 +212,6 @@ async def _measure(
             gap_ms=PACE_MS if paced else 0.0,
             stagger_s=EVENTS_PER_STREAM * PACE_MS / 1e3 if paced else 0.0,
         )
-        if target.name == "sidecar":
-            label = f"{level} streams" + (f", paced at {PACE_MS:g} ms" if paced else "")
-            WINDOWS.append((label, began, time.perf_counter_ns()))
         measured = (
             result,
             _cpu_seconds(target.pids) - proxy0,
@@ -266,16 +258,6 @@ async def _start_targets(
         started.append(nginx)
         await _ready(port, "/health", nginx)
         targets.append(_Target("nginx", port, nginx, [nginx.pid, *worker_pids(nginx.pid)]))
-    for name, mode in (("pump", []), ("parse", ["--parse"])):
-        if name not in TARGETS:
-            continue
-        port = _free_port()
-        pump_args = ["--port", str(port), "--upstream-port", str(engine_port), *mode]
-        with _pinned(cores):
-            pump = _start([sys.executable, "-m", "benchmarks.byte_pump", *pump_args])
-        started.append(pump)
-        await _ready(port, "/health", pump)  # the engine's answer, through the pump
-        targets.append(_Target(name, port, pump, [pump.pid]))
     return targets
 
 
@@ -396,54 +378,37 @@ def _failed(count: int) -> str:
 
 
 def _targets(rows: list[Row]) -> None:
-    """The sidecar's verdicts; where the parse floor ran, what it measured, in brackets."""
+    """The sidecar against the issue's targets, each against nginx in the same run."""
     found = {(r.level, r.target, r.paced_ms): r for r in rows}
-    for level in LEVELS:
-        nginx = found.get((level, "nginx", 0.0))
-        if nginx is None or nginx.proxy_cpu_us_per_event is None:
-            continue
-        nginx_us = nginx.proxy_cpu_us_per_event
-        ratio = {
-            name: row.proxy_cpu_us_per_event / nginx_us
-            for name in ("sidecar", "parse")
-            if (row := found.get((level, name, 0.0))) and row.proxy_cpu_us_per_event is not None
-        }
-        if "sidecar" in ratio:
-            _verdict(
-                f"CPU per relayed event at {level} streams <= 1.0x nginx",
-                ratio["sidecar"] <= 1.0,
-                f"{ratio['sidecar']:.2f}x",
-                f"{ratio['parse']:.2f}x" if "parse" in ratio else None,
-            )
-    for paced_ms, how in ((0.0, "saturated"), (PACE_MS, f"paced at {PACE_MS:g} ms")):
-        sidecar = found.get((TTFT_LEVEL, "sidecar", paced_ms))
-        if sidecar is None or sidecar.added_ttft_p50_ms is None:
-            continue
-        assert sidecar.added_ttft_p99_ms is not None
-        floor = found.get((TTFT_LEVEL, "parse", paced_ms))
-        where = f"at {TTFT_LEVEL} streams, {how}"
-        for q, added, at_floor, limit in (
-            ("p50", sidecar.added_ttft_p50_ms, floor and floor.added_ttft_p50_ms, 0.25),
-            ("p99", sidecar.added_ttft_p99_ms, floor and floor.added_ttft_p99_ms, 1.0),
-        ):
-            _verdict(
-                f"added TTFT {q} {where} <= {limit:g} ms",
-                added <= limit,
-                f"{added:+.2f} ms",
-                None if at_floor is None else f"{at_floor:+.2f} ms",
-            )
+    sidecar, nginx = found.get((TTFT_LEVEL, "sidecar", 0.0)), found.get((TTFT_LEVEL, "nginx", 0.0))
+    if sidecar and nginx and sidecar.proxy_cpu_us_per_event and nginx.proxy_cpu_us_per_event:
+        ratio = sidecar.proxy_cpu_us_per_event / nginx.proxy_cpu_us_per_event
+        _verdict(
+            f"CPU per relayed event at {TTFT_LEVEL} streams <= {CPU_VS_NGINX:g}x nginx",
+            ratio <= CPU_VS_NGINX,
+            f"{ratio:.2f}x ({sidecar.proxy_cpu_us_per_event:.1f} vs "
+            f"{nginx.proxy_cpu_us_per_event:.1f} us)",
+        )
+    sidecar, nginx = (found.get((TTFT_LEVEL, name, PACE_MS)) for name in ("sidecar", "nginx"))
+    if sidecar and nginx and sidecar.added_ttft_p50_ms is not None:
+        assert nginx.added_ttft_p50_ms is not None
+        limit = nginx.added_ttft_p50_ms + ADDED_TTFT_OVER_NGINX_MS
+        _verdict(
+            f"added TTFT p50 at {TTFT_LEVEL} streams, paced at {PACE_MS:g} ms <= nginx's "
+            f"+ {ADDED_TTFT_OVER_NGINX_MS:g} ms",
+            sidecar.added_ttft_p50_ms <= limit,
+            f"{sidecar.added_ttft_p50_ms:+.2f} ms (nginx {nginx.added_ttft_p50_ms:+.2f} ms)",
+        )
 
 
-def _verdict(target: str, met: bool, measured: str, floor: str | None = None) -> None:
-    """One target's line; ``floor``: what the parse floor measured against it."""
-    beside = f"  (parse floor: {floor})" if floor is not None else ""
-    print(f"  {'PASS' if met else 'MISS'}  {target}: {measured}{beside}")
+def _verdict(target: str, met: bool, measured: str) -> None:
+    print(f"  {'PASS' if met else 'MISS'}  {target}: {measured}")
 
 
 def _write_json(rows: list[Row]) -> None:
     JSON_PATH.parent.mkdir(parents=True, exist_ok=True)
     meta = {
-        "interpreter": interpreter.build(),
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
         "cpus": os.cpu_count(),
         "seconds": SECONDS,
         "rounds": ROUNDS,
@@ -459,37 +424,10 @@ def _write_json(rows: list[Row]) -> None:
     print(f"  written to {JSON_PATH}")
 
 
-def _phases(path: str) -> None:
-    """Where a request's time went up to its first byte out, for each of the sidecar's
-    measurements (benchmarks.phase_clock): each phase's p50 and p90, then the spans from the
-    request's first byte in to the engine's request written and to the first byte out."""
-    rows = json.loads(Path(path).read_text(encoding="utf-8"))
-    names = [*phase_clock.PHASES, "to engine", "to out"]
-    print("the sidecar's phases (BENCH_SIDECAR_PHASES): us, p50/p90, of requests with a byte out")
-    print(f"  {'measurement':26} {'requests':>8}" + "".join(f"{n:>12}" for n in names))
-    for label, began, ended in WINDOWS:
-        spans = [phase_clock.spans(r) for r in rows if began <= r["read"] <= ended]
-        spans = [s for s in spans if "out" in s]
-        if not spans:
-            continue
-        for s in spans:
-            s["to engine"] = sum(
-                s[n] for n in phase_clock.PHASES[: phase_clock.PHASES.index("engine") + 1]
-            )
-            s["to out"] = sum(s[n] for n in phase_clock.PHASES)
-        cells = []
-        for name in names:
-            values = sorted(s[name] for s in spans)
-            cells.append(f"{_p(values, 50):.0f}/{_p(values, 90):.0f}")
-        print(f"  {label:26} {len(spans):8d}" + "".join(f"{c:>12}" for c in cells))
-
-
 def main() -> None:
     rows = run(bench())
     _report(rows)
     _write_json(rows)
-    if PHASES_PATH:
-        _phases(PHASES_PATH)
 
 
 if __name__ == "__main__":
