@@ -1,4 +1,5 @@
-# Every target builds or refreshes the project's own virtual environment first.
+# Every target builds or refreshes the project's own virtual environment first, every package at
+# the version constraints.txt pins (`make lock` refreshes it), so a fresh machine gets what CI ran.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -6,10 +7,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test check docs bench bench-venv soak test-vllm plan clean lock
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,demo]'
+	$(BIN)/python -m pip install -q -c constraints.txt --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,demo]'
 	@touch $(STAMP)
 
 demo: $(STAMP)
@@ -48,7 +49,8 @@ bench-venv: $(STAMP)
 	@if [ "$$(cat .venv-bench/.python 2>/dev/null)" != "$(BENCH_PYTHON)" ] \
 		|| [ pyproject.toml -nt .venv-bench/.python ]; then \
 		$(BENCH_PYTHON) -m venv --clear --without-pip .venv-bench \
-		&& $(BIN)/python -m pip --python .venv-bench/bin/python install -q -e '.[dev,demo]' \
+		&& $(BIN)/python -m pip --python .venv-bench/bin/python install -q -c constraints.txt \
+			-e '.[dev,demo]' \
 		&& echo '$(BENCH_PYTHON)' > .venv-bench/.python; fi
 
 # Thousands of hostile and faulty requests; SOAK_REQUESTS sets the size (default 10000).
@@ -58,12 +60,15 @@ soak: $(STAMP)
 test-vllm: $(STAMP)
 	bash scripts/test_vllm.sh
 
-# The image's hash-locked dependencies (Dockerfile), resolved from PyPI alone, whatever pip.conf says.
-LOCK := PIP_CONFIG_FILE=/dev/null $(BIN)/pip-compile --quiet --generate-hashes --strip-extras \
-	--no-emit-index-url --no-emit-find-links --index-url https://pypi.org/simple
+# The pins, resolved from PyPI alone, whatever pip.conf says: the image's hash-locked dependencies
+# (Dockerfile), and constraints.txt, every package the dev, test and demo venv installs.
+COMPILE := PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= $(BIN)/pip-compile --quiet --strip-extras \
+	--no-emit-index-url --no-emit-find-links --index-url https://pypi.org/simple --upgrade
+LOCK := $(COMPILE) --generate-hashes
 lock: $(STAMP)
-	$(LOCK) --upgrade -o deploy/docker/requirements.lock pyproject.toml
-	$(LOCK) --upgrade --allow-unsafe -o deploy/docker/build-requirements.lock deploy/docker/build-requirements.in
+	$(LOCK) -o deploy/docker/requirements.lock pyproject.toml
+	$(LOCK) --allow-unsafe -o deploy/docker/build-requirements.lock deploy/docker/build-requirements.in
+	$(COMPILE) --allow-unsafe --extra dev --extra demo -o constraints.txt pyproject.toml
 
 clean:
 	rm -rf $(VENV) .venv-bench .mypy_cache .ruff_cache .pytest_cache
