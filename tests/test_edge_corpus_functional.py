@@ -86,7 +86,8 @@ async def test_no_corpus_vector_reaches_the_engine_without_a_permit(
     edge: Start, double: EngineDouble
 ) -> None:
     """Every vector of the corpus, as it is and with a Host, with a priced request behind it:
-    the engine sees only what was admitted, permits balance, no 500, every connection ends."""
+    the engine sees only what was admitted, permits and body bytes balance, no 500, every
+    connection ends."""
     server = await edge(
         SIDECAR_HEADER_TIMEOUT_MS="300", SIDECAR_BODY_TIMEOUT_MS="300", SIDECAR_KV_POOL="1GiB"
     )
@@ -106,6 +107,8 @@ async def test_no_corpus_vector_reaches_the_engine_without_a_permit(
     assert needing_a_permit(double.seen) <= snapshot.granted_total
     assert snapshot.in_use == 0
     assert await until(lambda: _no_connections(server))
+    assert server.proxy_server is not None
+    assert server.proxy_server.bodies.held == 0  # every body's bytes came back
 
 
 async def _no_connections(server: SidecarServer) -> bool:

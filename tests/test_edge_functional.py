@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 from structlog.testing import capture_logs
 
+from sidecar.edge.limits import BodyBudget
 from sidecar.entry.app import SidecarServer
 from tests.engine_double import EngineDouble, double, numbered_events
 from tests.servers import admin_url, error_of, proxy_url, scrape, sidecars, sse_events, until
@@ -630,6 +631,40 @@ async def test_stalled_bodies_hold_no_slot_of_the_port(edge: Start, double: Engi
 
 async def _seen_heads(server: SidecarServer, n: int) -> bool:
     return server.proxy_connections is not None and server.proxy_connections.open >= n
+
+
+async def test_bodies_held_at_once_stay_within_the_ports_budget(
+    edge: Start, double: EngineDouble
+) -> None:
+    """A body arriving while others hold the port's body budget is refused 503 edge_busy (never
+    buffered past it); once they end, their bytes come back and the same request is served."""
+    server = await edge(SIDECAR_MAX_BUFFERED_BODY_BYTES="1000")
+    assert server.proxy_server is not None
+    bodies = server.proxy_server.bodies
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.proxy_port)
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 990\r\n\r\n")
+    writer.write(b" " * 900)
+    body = json.dumps(COMPLETION).encode() + b" " * 300
+    try:
+        assert await until(lambda: _held(bodies, 900))
+        async with aiohttp.ClientSession() as s:
+            async with s.post(proxy_url(server) + "/v1/completions", data=body) as r:
+                assert r.status == 503
+                assert error_of(await r.read())["code"] == "edge_busy"
+                assert r.headers["Retry-After"] == "1"
+            writer.close()
+            assert await until(lambda: _held(bodies, 0))
+            async with s.post(proxy_url(server) + "/v1/completions", data=body) as r:
+                assert r.status == 200
+    finally:
+        writer.close()
+        del reader
+    assert await until(lambda: _held(bodies, 0))
+    assert double.seen == [("POST", "/v1/completions")]
+
+
+async def _held(bodies: BodyBudget, n: int) -> bool:
+    return bodies.held == n
 
 
 async def test_prompt_counting_is_capped_by_the_gate(edge: Start, double: EngineDouble) -> None:

@@ -26,7 +26,7 @@ from sidecar.edge.deadline import Deadline, Due
 from sidecar.edge.flow import FlowControl
 from sidecar.edge.head import Head
 from sidecar.edge.http_errors import error_response
-from sidecar.edge.limits import EdgeLimits, raw_answer
+from sidecar.edge.limits import BodyBudget, EdgeLimits, raw_answer
 from sidecar.edge.request import Request
 from sidecar.edge.response import Answer, Response, StreamResponse, UnsendableHeadError
 
@@ -56,6 +56,7 @@ class Port:
     limits: EdgeLimits
     max_body_bytes: int
     connections: ConnectionTable[Connection]
+    bodies: BodyBudget
     closing: bool = False  # shutting down: no connection is kept for another request
 
     @property
@@ -130,6 +131,8 @@ class Connection(asyncio.Protocol):
             self.task.cancel()  # the client hung up: its handler ends now
         if self._body_of is not None:
             self._body_of.fail("cut_off")
+        for queued in self._queue:
+            queued.release()
         self._queue.clear()
         self._flow.release()
 
@@ -157,7 +160,8 @@ class Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         head = self._receiving_head()
-        request = head.request(self._parser, self.transport, self, self._port.max_body_bytes)
+        port = self._port
+        request = head.request(self._parser, self.transport, self, port.max_body_bytes, port.bodies)
         self._head = None
         self._body_of = request if request.body_exists else None
         if self.task is None:
@@ -229,6 +233,7 @@ class Connection(asyncio.Protocol):
         try:
             response: Answer | None = await self._port.handler(request)
         except asyncio.CancelledError:
+            request.release()
             # The client is gone, or the shutdown ended it, or a stop the handler did not turn
             # into an answer: no answer will come, so the connection ends (a stream unfinished).
             self.task = None
@@ -239,6 +244,7 @@ class Connection(asyncio.Protocol):
         except Exception:
             log.exception("proxy_handler_failed")
             response = None
+        request.release()
         self.task = None
         if not self.lost:
             self._answered(request, response)

@@ -10,7 +10,7 @@ import httptools
 from multidict import CIMultiDict
 
 from sidecar.edge.conformance import HeadRefusedError, check_head
-from sidecar.edge.limits import EdgeLimits
+from sidecar.edge.limits import BodyBudget, EdgeLimits
 from sidecar.edge.request import Request, Wire
 
 
@@ -49,6 +49,7 @@ class Head:
         transport: asyncio.Transport,
         wire: Wire,
         max_body_bytes: int,
+        budget: BodyBudget,
     ) -> Request:
         """The complete head as a Request; HeadRefusedError where it breaks a rule."""
         headers = self.headers()
@@ -62,7 +63,7 @@ class Head:
         request = Request(
             parser.get_method().decode("ascii"), checked.target, checked.version, headers,
             transport=transport, wire=wire, client_max_size=max_body_bytes,
-            keep_alive=checked.keep_alive, body_exists=checked.body_exists,
+            keep_alive=checked.keep_alive, body_exists=checked.body_exists, budget=budget,
         )  # fmt: skip
         declared = headers.get("Content-Length")
         if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:

@@ -18,6 +18,7 @@ class EdgeLimits:
 
     max_connections: int = 512
     max_connections_per_client: int = 256
+    max_buffered_body_bytes: int = 128 * 1024 * 1024
     header_timeout_s: float = 10.0
     keepalive_timeout_s: float = 15.0
     max_line_size: int = 8190
@@ -43,6 +44,29 @@ class BodyLimits:
         if self.min_rate <= 0:
             return deadline
         return min(deadline, started + max(self.grace_s, received / self.min_rate))
+
+
+class BodyBudget:
+    """Request body bytes held at once by one port, whatever the number of connections.
+
+    A body is awaited outside the pre-admission gate, so without this the memory that bodies
+    hold would be bounded only by the connections times the body limit. A body whose next bytes
+    do not fit is refused (503 ``edge_busy``); its bytes come back when its request ends."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.refused = 0
+
+    def take(self, size: int) -> bool:
+        if self.held + size > self.limit:
+            self.refused += 1
+            return False
+        self.held += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.held -= size
 
 
 @dataclass(slots=True)

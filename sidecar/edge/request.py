@@ -12,9 +12,10 @@ from typing import Literal, Protocol
 
 from multidict import CIMultiDict
 
-from sidecar.core.errors import RequestError
+from sidecar.core.errors import EdgeRefusedError, RequestError
+from sidecar.edge.limits import BodyBudget
 
-BodyFault = Literal["too_large", "bad_framing", "cut_off"]
+BodyFault = Literal["too_large", "bad_framing", "cut_off", "no_room"]
 
 
 class Wire(Protocol):
@@ -41,11 +42,13 @@ class Request:
     """One request: method, target, version, fields, and a body that may still be arriving."""
 
     __slots__ = (
+        "_charged",
         "_chunks",
         "_continued",
         "_fault",
         "_waiter",
         "body_exists",
+        "budget",
         "client_max_size",
         "complete",
         "headers",
@@ -72,6 +75,7 @@ class Request:
         client_max_size: int,
         keep_alive: bool,
         body_exists: bool,
+        budget: BodyBudget | None = None,
     ) -> None:
         self.method, self.raw_path, self.version, self.headers = method, raw_path, version, headers
         self.transport, self.wire = transport, wire
@@ -84,6 +88,8 @@ class Request:
         self.task: asyncio.Task[None] | None = None  # the handler's, once it runs
         self._chunks: list[bytes] = []
         self.received = 0  # body bytes so far
+        self.budget = budget  # the port's, charged for the bytes held here
+        self._charged = 0
         self._fault: BodyFault | None = None
         self._waiter: asyncio.Future[None] | None = None
 
@@ -110,9 +116,13 @@ class Request:
             return
         self.received += len(data)
         if self.received > self.client_max_size:
-            self._chunks.clear()
             self.fail("too_large")
             return
+        if self.budget is not None:
+            if not self.budget.take(len(data)):
+                self.fail("no_room")
+                return
+            self._charged += len(data)
         self._chunks.append(data)
 
     def end_of_body(self) -> None:
@@ -122,7 +132,15 @@ class Request:
     def fail(self, fault: BodyFault) -> None:
         if self._fault is None:
             self._fault = fault
+        self._chunks.clear()
+        self.release()
         self._wake()
+
+    def release(self) -> None:
+        """Give the port's budget back what this request's body held (once it has ended)."""
+        if self.budget is not None:
+            self.budget.give(self._charged)
+        self._charged = 0
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -138,6 +156,8 @@ class Request:
                 await self._waiter
             finally:
                 self._waiter = None
+        if self._fault == "no_room":
+            raise EdgeRefusedError("edge_busy")
         if self._fault is not None:
             raise _body_error(self._fault, self.client_max_size)
         return b"".join(self._chunks)
@@ -150,6 +170,7 @@ class Request:
 
 
 def _body_error(fault: BodyFault, limit: int) -> RequestError:
+    """The client's error (``no_room`` is the server's: a 503, raised apart)."""
     if fault == "too_large":
         return RequestError(
             f"request body is larger than this server's limit of {limit} bytes",

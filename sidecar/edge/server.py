@@ -18,8 +18,9 @@ sidecar.edge.conformance's. Around it, the edge's bounds:
   before it; a client that hangs up cancels its handler at once.
 
 The handler starts when the head is complete; the body is buffered into the :class:`Request` as
-it arrives. A connection that closes with a body still unread half-closes first and reads off
-what the client still sends for a second, so the client reads its answer, not a reset.
+it arrives, and the bodies a port holds at once stay within ``max_buffered_body_bytes``. A
+connection that closes with a body still unread half-closes first and reads off what the client
+still sends for a second, so the client reads its answer, not a reset.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import socket
 
 from sidecar.edge.connection import Connection, Handler, Port
 from sidecar.edge.connections import ConnectionTable
-from sidecar.edge.limits import EdgeLimits
+from sidecar.edge.limits import BodyBudget, EdgeLimits
 
 __all__ = ["Handler", "HttpServer"]
 
@@ -43,7 +44,8 @@ class HttpServer:
             limits.max_connections, limits.max_connections_per_client
         )
         self.count = self.connections.count
-        self._port = Port(handler, limits, max_body_bytes, self.connections)
+        self.bodies = BodyBudget(limits.max_buffered_body_bytes)
+        self._port = Port(handler, limits, max_body_bytes, self.connections, self.bodies)
         self._server: asyncio.Server | None = None
 
     async def start(self, sock: socket.socket) -> None:

@@ -201,11 +201,12 @@ class SidecarServer:
             return usage.worst()
         return self.controller.cost.request_bytes(budget.total_tokens)
 
-    def _edge_limits(self, max_connections: int, per_client: int) -> EdgeLimits:
+    def _edge_limits(self, max_connections: int, per_client: int, bodies: int) -> EdgeLimits:
         s = self.settings
         return EdgeLimits(
             max_connections=max_connections,
             max_connections_per_client=per_client,
+            max_buffered_body_bytes=bodies,
             header_timeout_s=s.header_timeout_ms / 1000,
             keepalive_timeout_s=s.keepalive_timeout_ms / 1000,
         )
@@ -240,13 +241,18 @@ class SidecarServer:
         self.controller.start()
         s = self.settings
         self.admin_server = await serve(
-            admin_handler(self._admin()), admin_sock, self._edge_limits(64, 64), max_body_bytes=1024
+            admin_handler(self._admin()),
+            admin_sock,
+            self._edge_limits(64, 64, 64 * 1024),
+            max_body_bytes=1024,
         )
         self.admin_port = int(admin_sock.getsockname()[1])  # the real port, also when 0 asked
         self.proxy_server = await serve(
             proxy_handler(self._proxy()),
             proxy_sock,
-            self._edge_limits(s.max_connections, s.max_connections_per_client),
+            self._edge_limits(
+                s.max_connections, s.max_connections_per_client, int(s.max_buffered_body_bytes)
+            ),
             max_body_bytes=int(s.max_body_bytes),
         )
         self.proxy_connections = self.proxy_server.count

@@ -80,6 +80,11 @@ class Settings(BaseSettings):
     max_body_bytes: Size = Field(
         4 * 1024 * 1024, description="largest request body (a size); larger bodies get 413"
     )
+    max_buffered_body_bytes: Size = Field(
+        128 * 1024 * 1024,
+        description="request body bytes held at once on the proxy port, all connections "
+        "together (a size); a body that does not fit gets 503 edge_busy",
+    )
     drain_grace_s: Annotated[float, Field(ge=0)] = Field(
         30.0,
         description="after SIGTERM, how long running streams may finish before the sidecar stops",
