@@ -90,14 +90,16 @@ def format_comparison(results: Sequence[RunResult]) -> list[str]:
     return lines
 
 
-def _check(ok: bool, what: str, figures: str) -> str:
-    return f"  {'yes' if ok else 'NO '}  {what}: {figures}"
+def _check(ok: bool | None, what: str, figures: str) -> str:
+    mark = "n/a" if ok is None else "yes" if ok else "NO "
+    return f"  {mark}  {what}: {figures}"
 
 
 def verdict_paged(ours: RunResult, bare: RunResult) -> list[str]:
     """The paged engine's targets, each said plainly, met or not."""
     p99_ours, p99_bare = ours.p99_ttft_s, bare.p99_ttft_s
-    far_lower = p99_ours is not None and (p99_bare is None or p99_ours * 2 <= p99_bare)
+    # Without completed streams on both sides there is nothing to compare: n/a, not a win.
+    far_lower = None if p99_ours is None or p99_bare is None else p99_ours * 2 <= p99_bare
     return [
         f"{ours.label} against {bare.label}:",
         _check(

@@ -105,12 +105,27 @@ def outcome_of(exc: openai.APIError) -> str:
     return code if code in FALLBACK_CODES else ERROR
 
 
+def retry_hint_s(exc: openai.APIError) -> float | None:
+    """The busy answer's retry advice (its error object's ``retry_after_ms``), if it has one."""
+    body = exc.body
+    hint = body.get("retry_after_ms") if isinstance(body, dict) else None
+    return hint / 1000 if isinstance(hint, int | float) and hint >= 0 else None
+
+
+@dataclass(frozen=True)
+class Answer:
+    """How one request ended, and when the server advised to come back (busy answers)."""
+
+    outcome: str
+    retry_after_s: float | None = None
+
+
 async def one_request(
     client: openai.AsyncOpenAI,
     request: Request,
     clock: Callable[[], float],
     on_first_token: Callable[[float], None],
-) -> str:
+) -> Answer:
     """Stream one chat completion; its outcome, and its time to first token once it completed
     (a stream that fails later does not count: the TTFT shown is of completed requests)."""
     started = clock()
@@ -127,10 +142,10 @@ async def one_request(
                 if first is None and chunk.choices and chunk.choices[0].delta.content:
                     first = clock() - started
     except openai.APIError as exc:
-        return outcome_of(exc)
+        return Answer(outcome_of(exc), retry_hint_s(exc))
     if first is not None:
         on_first_token(first)
-    return COMPLETED
+    return Answer(COMPLETED)
 
 
 class Load:
@@ -166,16 +181,20 @@ class Load:
     async def _client_loop(self, phase: Phase, deadline: float) -> None:
         while self._clock() < deadline:
             self._tally.sent(phase.name)
-            outcome = await one_request(
+            answer = await one_request(
                 self._client,
                 self._request,
                 self._clock,
                 partial(self._tally.first_token, phase.name),
             )
-            self._tally.record(phase.name, outcome)
-            # A polite client backs off after a busy answer instead of hammering the queue, with
-            # jitter (0.5x..1.5x, seeded) so refused clients do not come back as one wave.
-            backoff = self._backoff_s * (0.5 + self._jitter.random())
-            pause = phase.think_s if outcome == COMPLETED else backoff
+            self._tally.record(phase.name, answer.outcome)
+            pause = phase.think_s if answer.outcome == COMPLETED else self._backoff(answer)
             if pause > 0:
                 await self._sleep(pause)
+
+    def _backoff(self, answer: Answer) -> float:
+        # A polite client backs off after a busy answer, for as long as the answer advised (at
+        # least backoff_s), with jitter (0.5x..1.5x, seeded) so refused clients do not come back
+        # as one wave.
+        wait = max(self._backoff_s, answer.retry_after_s or 0.0)
+        return wait * (0.5 + self._jitter.random())

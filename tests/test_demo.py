@@ -21,7 +21,7 @@ from demo.__main__ import (
 )
 from demo.compare import RunResult, format_comparison, verdict_oom, verdict_paged
 from demo.dashboard import Sample, engine_gauges, engine_running, format_line
-from demo.load import Tally, outcome_of
+from demo.load import Tally, outcome_of, retry_hint_s
 from demo.simulated_gpu import ENGINE_PID, GIB, NEIGHBOUR_PID, SimulatedGpu
 from demo.story import PATH_HINT, progress
 from sidecar.entry.settings import Settings
@@ -115,6 +115,21 @@ def test_outcome_of_an_sdk_error(code: str | None, outcome: str) -> None:
     body = {"message": "busy", "code": code}
     exc = openai.APIError("busy", _sdk_request(), body=body)
     assert outcome_of(exc) == outcome
+
+
+@pytest.mark.parametrize(
+    ("body", "hint"),
+    [
+        pytest.param({"code": "queue_full", "retry_after_ms": 2500}, 2.5, id="advised"),
+        pytest.param({"code": "queue_full", "should_retry": False}, None, id="no-advice"),
+        pytest.param({"code": "queue_full", "retry_after_ms": "soon"}, None, id="not-a-number"),
+        pytest.param(None, None, id="no-body"),
+    ],
+)
+def test_retry_hint_is_read_from_the_busy_answer(body: object, hint: float | None) -> None:
+    """A polite client waits what the busy answer advised; without advice, its own backoff."""
+    exc = openai.APIError("busy", _sdk_request(), body=body)
+    assert retry_hint_s(exc) == hint
 
 
 def test_tally_counts_fallbacks_and_median_ttft_per_phase() -> None:
@@ -228,6 +243,9 @@ def _result(label: str, completed: int, p99_s: float, preemptions: int, failed: 
                      ["NO", "yes", "yes"], id="fewer-completed-says-no"),
         pytest.param(_result("o", 30, 6.0, 1, 0), _result("b", 25, 9.0, 5, 0),
                      ["yes", "NO", "NO"], id="p99-not-far-lower-and-a-preemption"),
+        pytest.param(_result("o", 30, 2.0, 0, 0),
+                     RunResult("b", 9, {}, 40, 1.0, 5, 0, None, None),
+                     ["yes", "n/a", "yes"], id="bare-completed-nothing-no-ttft-to-compare"),
     ],
 )  # fmt: skip
 def test_paged_verdict_says_no_where_the_sidecar_lost(
