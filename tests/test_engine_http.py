@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from sidecar.core.errors import UpstreamTimeoutError, UpstreamUnavailableError
 from sidecar.edge.engine_client import Upstream, read_all, read_chunk, release
 from sidecar.edge.engine_connection import HIGH_WATER, EngineConnection, Phase
+from sidecar.edge.engine_errors import EngineProtocolError
 from sidecar.edge.engine_http import EngineResponse
 
 # One scripted answer: given the request's bytes (head and body), the bytes to send back, and
@@ -721,3 +722,32 @@ def test_a_sink_waits_behind_pieces_not_yet_read() -> None:
         connection.push_to(sink)
         connection.data_received(b"3\r\ndef\r\n")
         assert (taken, connection._pieces) == ([], [b"abc", b"def"])
+
+
+ANSWER_BYTES = st.one_of(
+    st.binary(max_size=200),
+    st.lists(
+        st.sampled_from(
+            [b"HTTP/1.1 200 OK\r\n", b"HTTP/1.0 204 x\r\n", b"HTTP/1.1 100 Continue\r\n\r\n",
+             b"Content-Length: 3\r\n", b"Transfer-Encoding: chunked\r\n", b"X: a\x00b\r\n",
+             b"X: a\nb\r\n", b"\r\n", b"\n", b"3\r\nabc\r\n", b"0\r\n\r\n", b"zz\r\n", b"abc",
+             b"Connection: close\r\n", b"\x00", b"\xff"]
+        ),
+        max_size=12,
+    ).map(b"".join),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(ANSWER_BYTES, st.data())
+def test_any_answer_is_parsed_or_refused_never_raised(raw: bytes, data: st.DataObject) -> None:
+    """Whatever the engine sends, cut anywhere: the connection reads it, or fails with an
+    EngineProtocolError the client sees as a 502; no other error escapes the parser."""
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=6)))
+    with _asked() as connection:
+        for read in _reads(raw, cuts):
+            connection.data_received(read)
+        if connection.phase is Phase.BROKEN:
+            assert isinstance(connection.error, EngineProtocolError)
+        else:
+            assert connection.phase in (Phase.SENT, Phase.HEAD, Phase.BODY, Phase.COMPLETE)
