@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--prefill-tokens-per-s",
         type=float,
-        default=defaults.prefill_tokens_per_s,
+        default=10_000.0,  # like --tokens-per-s 40, a GPU's pace: a recompute costs its time
         help="engine compute: each token a step computes adds 1/this to the step; 0 = free",
     )
     parser.add_argument(

@@ -29,6 +29,7 @@ def test_flags_build_the_config() -> None:
     config = config_from_args(args)
     assert (config.num_gpu_blocks, config.kv_cache_size_tokens) == (200, 6400)
     assert (config.max_num_seqs, config.oom, config.tokens_per_s) == (8, True, 40.0)
+    assert (config.prefill_tokens_per_s, config.max_num_batched_tokens) == (10_000.0, 8192)
 
 
 @pytest.mark.parametrize(
