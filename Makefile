@@ -16,8 +16,10 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/python -m demo
 
+# PYTEST_ARGS="-n 4": the suite on four worker processes (pytest-xdist), as CI runs it.
+PYTEST_ARGS ?=
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 check: $(STAMP)
 	$(BIN)/ruff check sidecar emulator demo tests benchmarks scripts tests_vllm

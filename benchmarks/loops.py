@@ -1,8 +1,8 @@
 """The event loop the benchmark's own processes (client, stand-in engine) run on: uvloop if present.
 
 The tools should cost as little CPU as possible, so that what a run measures is the proxy. uvloop
-is a project dependency since issue 14's seventh pass (the sidecar's own loop, where installed:
-sidecar/entry/event_loop.py); the load tools use it whatever the sidecar is told to run on.
+is a project dependency (the sidecar's own loop, where installed: sidecar/entry/event_loop.py);
+the load tools use it whatever the sidecar is told to run on.
 """
 
 from __future__ import annotations
