@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check docs bench bench-venv soak test-vllm plan clean lock
+.PHONY: demo test check docs bench bench-venv bench-overload soak test-vllm plan clean lock
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ docs: $(STAMP)
 # changes). The image's CPython is built with PGO and LTO; pyenv's default build is not, and that
 # moves the figures (docs/benchmarks.md).
 BENCH_PYTHON ?=
+# Where scripts/vllm_env.sh and scripts/test_vllm.sh keep the vLLM venv and the tiny model.
+export E2E_VLLM_VENV ?= $(HOME)/.cache/gpu-sidecar/vllm-venv
+export E2E_TINY_MODEL ?= $(HOME)/.cache/gpu-sidecar/tiny-llama
+E2E_VLLM_PYTHON := $(E2E_VLLM_VENV)/bin/python
 ifeq ($(strip $(BENCH_PYTHON)),)
 BENCH_BIN := $(BIN)
 BENCH_VENV :=
@@ -58,6 +62,13 @@ bench-venv: $(STAMP)
 # Thousands of hostile and faulty requests; SOAK_REQUESTS sets the size (default 10000).
 soak: $(STAMP)
 	$(BIN)/python -m benchmarks.soak
+
+# The sidecar against vLLM's own options on a real vLLM (CPU) under overload, side by side: about
+# 30 min on 2 cores (docs/overload.md). OVERLOAD_LOADS, OVERLOAD_CONFIGS, OVERLOAD_MEASURE_S narrow it.
+bench-overload: $(STAMP)
+	bash scripts/vllm_env.sh
+	$(E2E_VLLM_PYTHON) scripts/build_tiny_model.py $(E2E_TINY_MODEL)
+	$(BIN)/python -m benchmarks.overload
 
 test-vllm: $(STAMP)
 	bash scripts/test_vllm.sh

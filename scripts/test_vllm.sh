@@ -21,7 +21,8 @@ export E2E_MAX_MODEL_LEN=1024
 export E2E_KV_CACHE_BYTES=$((4 * 1024 * 1024))
 export E2E_MAX_NUM_SEQS=4
 export E2E_SERVED_MODEL=tiny-llama
-# The sidecar: a 768-token budget (1 KiB/token) at alpha 0.4 -> floor(5.33 x 0.4) = 2 permits, a
+# The sidecar, in count mode (the default, auto, is tried by tests_vllm/test_adaptive.py): a
+# 768-token budget (1 KiB/token) at alpha 0.4 -> floor(5.33 x 0.4) = 2 permits, a
 # short queue and a short wait, so a burst of 8 shows every outcome within a few seconds. The
 # completion budget is long enough (a few seconds on CPU) for a test to hang up mid-stream.
 export E2E_MAX_PROMPT_TOKENS=256
@@ -120,7 +121,7 @@ wait_ready "$E2E_VLLM_URL/health" "$VLLM_PID" vllm
 env SIDECAR_UPSTREAM_URL="$E2E_VLLM_URL" \
     SIDECAR_HOST=127.0.0.1 SIDECAR_PORT="$PROXY_PORT" \
     SIDECAR_ADMIN_HOST=127.0.0.1 SIDECAR_ADMIN_PORT="$ADMIN_PORT" \
-    SIDECAR_CAPACITY_SOURCE=vllm SIDECAR_MODEL="$MODEL_DIR" \
+    SIDECAR_CAPACITY_SOURCE=vllm SIDECAR_MODEL="$MODEL_DIR" SIDECAR_ADMISSION=count \
     SIDECAR_MAX_PROMPT_TOKENS="$E2E_MAX_PROMPT_TOKENS" \
     SIDECAR_MAX_COMPLETION_TOKENS="$E2E_MAX_COMPLETION_TOKENS" \
     SIDECAR_SAFETY_FACTOR="$E2E_SAFETY_FACTOR" \

@@ -496,3 +496,22 @@ async def test_pressed_says_whether_the_limit_bound_since_last_asked() -> None:
     gate.set()
     await asyncio.gather(holder, waiter)
     assert not bulkhead.pressed()  # granted, and nobody waited since the last question
+
+
+async def test_a_request_with_a_shorter_wait_is_refused_by_its_own() -> None:
+    """Two releases a second: with 1 ahead the wait is about 1 s, within the bulkhead's 3 s but
+    past the 0.5 s the request asked for (an SLO header): refused at once."""
+    fake = FakeTime()
+    bulkhead = make(fake, max_queue=10, max_wait_s=3.0)
+    for _ in range(5):
+        async with bulkhead.admit():
+            fake.advance(0.5)
+    gate, log = asyncio.Event(), new_log()
+    tasks = [asyncio.create_task(hold(bulkhead, gate, log, f"w{i}")) for i in range(2)]
+    await settle()
+    with pytest.raises(AdmissionRejectedError) as caught:
+        async with bulkhead.admit(max_wait_s=0.5):
+            pass
+    assert caught.value.reason == "queue_full"
+    gate.set()
+    await asyncio.gather(*tasks)

@@ -1,7 +1,7 @@
-"""Adaptive admission against the real vLLM: completions that stop long before max_tokens let an
-adaptive sidecar (zero-config, started here) run more streams at once than the script's sidecar,
-which prices every request at its worst case (2 permits) on the same budget and alpha, while
-vLLM's own preemption counter stays flat."""
+"""The default admission (auto: adaptive) against the real vLLM: completions that stop long
+before max_tokens let a sidecar with default settings (zero-config, started here) run more streams
+at once than the script's sidecar, which prices every request at its worst case (2 permits) on the
+same budget and alpha, while vLLM's own preemption counter stays flat."""
 
 from __future__ import annotations
 
@@ -38,19 +38,21 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def adaptive_sidecar(stack: Stack) -> Iterator[tuple[str, str]]:
-    """A second sidecar, SIDECAR_ADMISSION=adaptive and no SIDECAR_MODEL, stopped by its PID."""
+    """A second sidecar with the default admission (auto: adaptive in front of vLLM) and no
+    SIDECAR_MODEL, stopped by its PID."""
     port, admin = _free_port(), _free_port()
     env = {
         **os.environ,
         "SIDECAR_UPSTREAM_URL": stack.vllm_url, "SIDECAR_HOST": "127.0.0.1",
         "SIDECAR_PORT": str(port), "SIDECAR_ADMIN_HOST": "127.0.0.1",
         "SIDECAR_ADMIN_PORT": str(admin), "SIDECAR_CAPACITY_SOURCE": "vllm",
-        "SIDECAR_ADMISSION": "adaptive", "SIDECAR_ADAPTIVE_MIN_SAMPLES": "4",
+        "SIDECAR_ADAPTIVE_MIN_SAMPLES": "4",
         "SIDECAR_MAX_PROMPT_TOKENS": str(stack.max_prompt_tokens),
         "SIDECAR_MAX_COMPLETION_TOKENS": str(stack.max_completion_tokens),
         "SIDECAR_SAFETY_FACTOR": str(stack.safety_factor), "SIDECAR_REFRESH_MS": "250",
         "SIDECAR_MAX_WAIT_MS": "20000",
     }  # fmt: skip
+    env.pop("SIDECAR_ADMISSION", None)
     sidecar = str(Path(sys.executable).with_name("sidecar"))
     # Its log beside the script's two, which scripts/test_vllm.sh prints when the suite fails.
     with (stack.logs / "adaptive-sidecar.log").open("wb") as out:

@@ -34,7 +34,7 @@ async def _within(seconds: float, check: Callable[[], Awaitable[bool]], what: st
 # vLLM on a starved CPU sometimes sends a whole answer in one burst at its end; a client cannot
 # hang up mid-stream then. Four sequences per request make the stream last longer, and a try
 # whose answer was already whole when the client left proves nothing and is made again.
-SEQUENCES = 4
+SEQUENCES = 2  # the sidecar's permits: count mode charges a permit per sequence
 ATTEMPTS = 5
 
 

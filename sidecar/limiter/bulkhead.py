@@ -162,19 +162,25 @@ class Bulkhead:
             self._rejected(permit, decision)
             return None
         self._pressed = True  # it waits: the limit binds
-        if not self._shadow and self._hopeless(decision):
+        if not self._shadow and self._hopeless(decision, self._wait_for(permit)):
             # Just queued, so still queued: the withdrawal removes it (and may let others in).
             self._wake(self._core.withdraw(decision.ticket, "queue_full").granted)
             refusal = Rejected("queue_full", decision.compartment, decision.cost, self._core.queued)
             self._rejected(permit, refusal)  # raises: not in shadow mode
         return self._enqueue(permit, decision)
 
-    def _hopeless(self, queued: Queued) -> bool:
-        """Whether the queued request would wait past its deadline, at the recent rate of releases
-        (one release lets about one waiter in, whatever the unit of cost): then it is refused now
-        (``queue_full``) rather than queued to time out."""
+    def _hopeless(self, queued: Queued, max_wait_s: float) -> bool:
+        """Whether the queued request would wait past ``max_wait_s``, at the recent rate of
+        releases (one release lets about one waiter in, whatever the unit of cost): then it is
+        refused now (``queue_full``) rather than queued to time out."""
         wait = self._hint.wait_s(queued.ahead, self._clock())
-        return wait is not None and wait > self._max_wait_s
+        return wait is not None and wait > max_wait_s
+
+    def _wait_for(self, permit: Permit) -> float:
+        """The longest ``permit`` may wait: the bulkhead's, or less where the request asked."""
+        if permit.max_wait_s is None:
+            return self._max_wait_s
+        return min(self._max_wait_s, permit.max_wait_s)
 
     def pressed(self) -> bool:
         """Whether the limit bound since the last call: a request waited, waits now, or was
@@ -220,12 +226,7 @@ class Bulkhead:
             # Shadow: run now, but leave the ticket queued so every later decision is the same.
             self._hold(permit, ticket, queued.cost, queued.compartment, 0.0)
         self._waiters[ticket] = permit
-        wait = (
-            self._max_wait_s
-            if permit.max_wait_s is None
-            else min(self._max_wait_s, permit.max_wait_s)
-        )
-        self._deadlines(loop).add(ticket, wait)
+        self._deadlines(loop).add(ticket, self._wait_for(permit))
         return future
 
     def _deadlines(self, loop: asyncio.AbstractEventLoop) -> Expiry:
