@@ -55,7 +55,8 @@ class ProxyConfig:
 
     budget: Callable[[], TokenPolicy]  # the budget in force (it follows the engine's limits)
     reject_mode: Literal["sse", "http"]
-    price: Callable[[CheckedRequest], int]
+    # A checked request's cost in the admission mode's unit, and its live footprint (adaptive).
+    price: Callable[[CheckedRequest, str], tuple[int, StreamUsage | None]]
     compartment_of: Callable[[Mapping[str, str], str | None], str]  # headers, tenant
     tenant_of: Callable[[Mapping[str, str]], str | None]
     flat_price: Callable[[], int] = lambda: 1
@@ -65,8 +66,7 @@ class ProxyConfig:
     sheddable: Callable[[Mapping[str, str]], bool] = lambda _headers: False
     # The longest this request may wait for a permit (a TTFT target), where it says one.
     max_wait_of: Callable[[Mapping[str, str]], float | None] = lambda _headers: None
-    # Adaptive admission: a request's live footprint, and what a completed one teaches.
-    usage_of: Callable[[CheckedRequest, str], StreamUsage | None] = lambda _r, _c: None
+    # Adaptive admission: what a completed request teaches.
     learn: Callable[[StreamUsage], None] = lambda _u: None
 
 
@@ -87,7 +87,7 @@ class Job(NamedTuple):
 
     target: Target
     body: bytes | None
-    cost: int
+    cost: int  # what a request without a token budget costs; a checked one is priced at admission
     stream: bool  # streaming completion: busy answers are SSE
     whole: bool  # a non-streaming completion: read the engine's answer whole
     prompt_tokens: int | None = None
@@ -150,7 +150,7 @@ async def _intake(request: Request, proxy: Proxy, target: Target, request_id: st
             body, target.endpoint, config.budget(), counter=proxy.counter, headers=headers or {}
         )
     return Job(
-        target, checked.body, config.price(checked), checked.stream, not checked.stream,
+        target, checked.body, 0, checked.stream, not checked.stream,
         checked.prompt_tokens, checked.completion_tokens, checked, headers,
     )  # fmt: skip
 
@@ -161,8 +161,10 @@ async def _admit_and_forward(
 ) -> Answer:  # fmt: skip
     config = proxy.config
     compartment = config.compartment_of(request.headers, tenant)
-    usage = config.usage_of(job.checked, compartment) if job.checked is not None else None
-    cost = usage.charge() if usage is not None else job.cost
+    if job.checked is not None:
+        cost, usage = config.price(job.checked, compartment)
+    else:
+        cost, usage = job.cost, None
     outcome, queue_wait = "error", 0.0
     try:
         may_wait = not config.sheddable(request.headers)

@@ -13,9 +13,8 @@ from functools import partial
 import structlog
 from prometheus_client import CollectorRegistry
 
-from sidecar.core.compartments import DEFAULT, parse_compartments
-from sidecar.core.ledger import StreamUsage
-from sidecar.core.request_checks import CheckedRequest, TokenPolicy
+from sidecar.core.compartments import parse_compartments
+from sidecar.core.request_checks import TokenPolicy
 from sidecar.core.tenancy import (
     compartment_key,
     is_sheddable,
@@ -38,10 +37,10 @@ from sidecar.entry.listen import SHUTDOWN_TIMEOUT_S, bind, reserve_descriptors, 
 from sidecar.entry.settings import Settings
 from sidecar.entry.wiring import (
     adaptive_resize,
-    admission_mode,
     build_adaptive,
     build_bulkhead,
     build_controller,
+    build_pricing,
 )
 from sidecar.limiter.events import AdmissionEvent
 from sidecar.live.control_loop import CapacityController
@@ -67,15 +66,18 @@ class SidecarServer:
         gpu_probe: GpuProbe | None = None,
     ) -> None:
         self.settings, self.clock = settings, clock
-        self.mode = admission_mode(settings)
         self.registry = CollectorRegistry(auto_describe=True)
         self.metrics = RequestMetrics(self.registry)
         self.bulkhead = build_bulkhead(settings, limit=0, clock=clock, on_event=self._on_event)
         self.adaptive = build_adaptive(settings, self.bulkhead.pressed)
-        self._compartments = parse_compartments(settings.compartments)
+        compartments = parse_compartments(settings.compartments)
+        self.pricing = build_pricing(
+            settings, self.adaptive, compartments.resolve, lambda: self.controller.cost
+        )
         self.controller: CapacityController = build_controller(
             settings,
             adaptive_resize(self.bulkhead, self.adaptive),
+            self.pricing,
             clock=clock,
             nvml=gpu_probe,
             adaptive=self.adaptive,
@@ -114,33 +116,12 @@ class SidecarServer:
             if event.shadow and event.reason is not None:
                 self.metrics.shadow_rejected(event.reason)
 
-    def _price(self, request: CheckedRequest) -> int:
-        """Token mode: every sequence's own worst case in KV bytes. Count mode: a permit per
-        sequence (`n`, a batch's prompts), since each pins a worst-case request's KV cache."""
-        if self.mode == "count":
-            return request.sequences
-        per_sequence = self.controller.cost.request_bytes(
-            request.prompt_tokens + request.completion_tokens
-        )
-        return per_sequence * request.sequences
-
-    def _usage(self, request: CheckedRequest, compartment: str) -> StreamUsage | None:
-        """Adaptive mode: the request's live footprint, priced at its learned length."""
-        if self.adaptive is None:
-            return None
-        return self.adaptive.usage_for(
-            self._compartments.resolve(compartment),
-            request.prompt_tokens,
-            request.completion_tokens,
-            request.sequences,
-        )
-
     def _proxy(self) -> Proxy:
         s = self.settings
         config = ProxyConfig(
             budget=self._token_policy,
             reject_mode=s.reject_mode,
-            price=self._price,
+            price=self.pricing.price,
             flat_price=self._flat_price,
             free_paths=parse_free_paths(s.free_paths),
             body=BodyLimits(s.body_timeout_ms / 1000, s.body_min_rate, s.body_rate_grace_ms / 1000),
@@ -158,7 +139,6 @@ class SidecarServer:
                 priorities=parse_priorities(s.objective_priorities),
             ),
             max_wait_of=queue_wait_cap_s,
-            usage_of=self._usage,
             learn=self.adaptive.learn if self.adaptive is not None else lambda _u: None,
         )
         counter = EnginePromptCounter(self.upstream) if s.prompt_tokens == "engine" else None
@@ -189,17 +169,9 @@ class SidecarServer:
         return policy
 
     def _flat_price(self) -> int:
-        """A POST with no token budget of its own costs one full-budget request, in the unit the
-        bulkhead counts: a permit, or the plan's cost (KV bytes; tokens in adaptive mode)."""
-        if self.mode == "count":
-            return 1
-        budget = self.controller.token_budget
-        if self.adaptive is not None:
-            usage = self.adaptive.usage_for(
-                DEFAULT, budget.prompt_tokens, budget.completion_tokens, 1
-            )
-            return usage.worst()
-        return self.controller.cost.request_bytes(budget.total_tokens)
+        """A POST with no token budget of its own costs one full-budget request at its worst."""
+        tokens = self.controller.token_budget.total_tokens
+        return self.pricing.full_request(tokens, self.controller.cost)
 
     def _edge_limits(self, max_connections: int, per_client: int, bodies: int) -> EdgeLimits:
         s = self.settings
@@ -263,7 +235,7 @@ class SidecarServer:
             admin_port=self.admin_port,
             upstream=s.upstream_url,
             admission=s.admission,
-            mode=self.mode,
+            mode=self.pricing.mode,
             shadow=s.shadow,
             event_loop=running_loop_name(),
         )

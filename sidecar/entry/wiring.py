@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 
-from sidecar.core.capacity import Budget, KvCost, Plan, engine_cost, make_plan
+from sidecar.core.capacity import Budget, KvCost, engine_cost, make_plan
 from sidecar.core.compartments import parse_compartments
 from sidecar.core.errors import ConfigError
 from sidecar.core.estimator import EstimatorConfig
@@ -26,6 +26,7 @@ from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.limiter.events import Mode
 from sidecar.live.adaptive import AdaptiveCapacity
 from sidecar.live.control_loop import CapacityController, Floor
+from sidecar.live.pricing import AdaptivePricing, CountPricing, Pricing, TokenPricing
 from sidecar.live.probes import GpuProbe
 from sidecar.live.probes.engine_probe import ENGINES, EngineMetricsProbe
 from sidecar.live.probes.nvml import NvmlProbe, parse_gpu_selection
@@ -84,6 +85,20 @@ def build_adaptive(
     )
 
 
+def build_pricing(
+    settings: Settings,
+    adaptive: AdaptiveCapacity | None,
+    resolve: Callable[[str], str],
+    cost_of: Callable[[], KvCost],
+) -> Pricing:
+    """The admission mode's prices and limit (``adaptive`` is built for adaptive modes)."""
+    if adaptive is not None:
+        return AdaptivePricing(adaptive, resolve)
+    if admission_mode(settings) == "tokens":
+        return TokenPricing(cost_of)
+    return CountPricing(settings.max_concurrent_calls)
+
+
 def model_cost(settings: Settings) -> KvCost | None:
     """The model config's pricing; None without SIDECAR_MODEL, where the engine's must do."""
     if not settings.model:
@@ -106,6 +121,7 @@ def model_cost(settings: Settings) -> KvCost | None:
 def build_controller(
     settings: Settings,
     resize: Callable[[int], None],
+    pricing: Pricing | None = None,
     *,
     clock: Callable[[], float] = time.monotonic,
     nvml: GpuProbe | None = None,
@@ -123,19 +139,20 @@ def build_controller(
     )
     budget = budget_rule(None).plan_budget()  # until the engine says its max_model_len
     declared = declared_from(settings, clock())
-    limit_of = _limit_rule(settings, adaptive)
     live = settings.capacity_source != "static"
     upstream = settings.upstream_url.rstrip("/")
     metrics_url = settings.engine_metrics_url or upstream + "/metrics"
-    return CapacityController(
+    if pricing is None:  # a controller on its own (sidecar probe): the settings' mode
+        pricing = build_pricing(settings, adaptive, str, lambda: controller.cost)
+    controller = CapacityController(
         source=settings.capacity_source,
         cost=cost,
         budget=budget,
         alpha=settings.safety_factor,
         declared=declared,
         resize=resize,
-        limit_of=limit_of,
-        floor=_floor(settings, cost or engine_cost(1, None), budget, declared, limit_of),
+        limit_of=pricing.limit_of,
+        floor=_floor(settings, cost or engine_cost(1, None), budget, declared, pricing),
         gpu_probe=(nvml or NvmlProbe(parse_gpu_selection(settings.gpus), clock=clock))
         if live
         else None,
@@ -160,17 +177,7 @@ def build_controller(
         cap_at_engine_slots=settings.admission == "count",
         budget_rule=budget_rule,
     )
-
-
-def _limit_rule(settings: Settings, adaptive: AdaptiveCapacity | None) -> Callable[[Plan], int]:
-    """Permits (capped by SIDECAR_MAX_CONCURRENT_CALLS) in count mode, bytes in token mode,
-    tokens (pool x alpha x over-commit) in adaptive mode."""
-    if adaptive is not None:
-        return adaptive.limit_of
-    if admission_mode(settings) == "tokens":
-        return lambda plan: plan.admissible_bytes
-    cap = settings.max_concurrent_calls
-    return lambda plan: plan.permits if cap is None else min(plan.permits, cap)
+    return controller
 
 
 def _floor(
@@ -178,17 +185,15 @@ def _floor(
     cost: KvCost,
     budget: Budget,
     declared: Declared,
-    limit_of: Callable[[Plan], int],
+    pricing: Pricing,
 ) -> Floor:
-    """SIDECAR_FLOOR_PERMITS, else the static plan where one is declared, else one permit."""
-    per_request = {"tokens": cost.request_bytes(budget.total), "adaptive": budget.total}.get(
-        admission_mode(settings), 1
-    )
+    """SIDECAR_FLOOR_PERMITS, else the static plan where one is declared, else one request."""
+    per_request = pricing.full_request(budget.total, cost)
     if settings.floor_permits is not None:
         return Floor(None, settings.floor_permits * per_request)
     if declared.plannable:
         plan = make_plan(cost, static_memory(declared), budget, settings.safety_factor)
-        return Floor(plan, limit_of(plan))
+        return Floor(plan, pricing.limit_of(plan))
     return Floor(None, per_request)
 
 
