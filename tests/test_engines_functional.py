@@ -89,12 +89,21 @@ async def stream(session: aiohttp.ClientSession, url: str) -> int:
         return response.status
 
 
-async def test_llamacpp_never_runs_more_than_the_sidecar_admits(start_pair: StartPair) -> None:
+@pytest.mark.parametrize(
+    "admission",
+    [
+        pytest.param("count", id="count: the slots cap the permits"),
+        pytest.param("auto", id="auto: worst-case tokens would fit 32, the slots cap in flight"),
+    ],
+)
+async def test_llamacpp_never_runs_more_than_the_sidecar_admits(
+    start_pair: StartPair, admission: str
+) -> None:
     """Eight streams at four slots: four run, four wait at the sidecar; none is deferred at the
-    engine, and all eight complete."""
+    engine, and all eight complete, in every admission mode."""
     config = EmulatorConfig(engine="llamacpp", model_name="tiny", max_num_seqs=4, tokens_per_s=50)
     server, engine_url = await start_pair(
-        config, SIDECAR_MAX_QUEUE="8", SIDECAR_MAX_WAIT_MS="10000"
+        config, SIDECAR_MAX_QUEUE="8", SIDECAR_MAX_WAIT_MS="10000", SIDECAR_ADMISSION=admission
     )
     seen: list[tuple[float, float]] = []
 

@@ -65,7 +65,8 @@ class Admission:
         self._max_queue = max_queue
         self._compartments = compartments or Compartments()
         self._set_limit(limit)
-        self._max_in_flight = max_in_flight
+        self._max_in_flight_setting = max_in_flight
+        self._max_in_flight = max_in_flight  # the setting, or the engine's slots where fewer
         # A request bigger than its compartment's whole reach can never run at this limit. One
         # unit is never refused so: in count mode it is one request, which waits as it always has.
         self._reject_oversize = reject_oversize
@@ -162,6 +163,14 @@ class Admission:
         self._ceiling = ceiling
         self._reguard()
         self._evict_oversize()
+        return self._pump()
+
+    def cap_in_flight(self, slots: int | None) -> tuple[Granted, ...]:
+        """The engine's fixed slots (llama.cpp's ``-np``), where it has them: never more requests
+        in flight, whatever the limit (a request past them would only wait at the engine, outside
+        this queue). Returns the waiters a larger cap lets in."""
+        caps = [c for c in (self._max_in_flight_setting, slots) if c is not None]
+        self._max_in_flight = min(caps) if caps else None
         return self._pump()
 
     def refused_oversize(self) -> tuple[int, ...]:

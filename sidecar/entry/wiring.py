@@ -56,10 +56,17 @@ def build_bulkhead(settings: Settings, *, limit: int, **seams: Any) -> Bulkhead:
 
 
 def adaptive_resize(bulkhead: Bulkhead, adaptive: AdaptiveCapacity | None) -> Callable[[int], None]:
-    """The controller's resize: adaptive limits also carry the pool as the too_large ceiling."""
+    """The controller's resize: adaptive limits also carry the pool as the too_large ceiling,
+    and the engine's fixed slots (llama.cpp) as a cap on requests in flight (count mode has them
+    in its limit already)."""
     if adaptive is None:
         return bulkhead.resize
-    return lambda limit: bulkhead.resize(limit, adaptive.ceiling())
+
+    def resize(limit: int) -> None:
+        bulkhead.cap_in_flight(adaptive.slots)
+        bulkhead.resize(limit, adaptive.ceiling())
+
+    return resize
 
 
 def build_adaptive(

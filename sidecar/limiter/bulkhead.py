@@ -106,6 +106,11 @@ class Bulkhead:
             self._refuse_waiter(self._waiters.pop(ticket), "too_large")
         self._wake(grants)
 
+    def cap_in_flight(self, slots: int | None) -> None:
+        """At most ``slots`` requests in flight (the engine's fixed slots; None: no such cap),
+        on top of ``max_in_flight``; a larger cap wakes waiters now, a smaller revokes nothing."""
+        self._wake(self._core.cap_in_flight(slots))
+
     def set_available(self, available: bool) -> None:
         """False while there is no capacity at all: refuse at once (no_capacity), queued too."""
         for ticket in self._core.set_available(available):

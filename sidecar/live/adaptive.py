@@ -24,7 +24,10 @@ from sidecar.live.sources import Readings
 
 log = structlog.get_logger("sidecar.live.adaptive")
 
-NO_PREEMPTION_SERIES = "the engine exports no vllm:num_preemptions_total (it may not preempt)"
+NO_PREEMPTION_SERIES = (
+    "the engine exports no preemption counter (vllm:num_preemptions_total, "
+    "sglang:num_retracted_requests_total): it may not preempt"
+)
 NO_ENGINE = "no engine metrics to watch (capacity source without the engine)"
 STEERED = "the engine reports its KV usage, preemptions and queue: the limit follows them"
 
@@ -47,6 +50,7 @@ class AdaptiveCapacity:
         self.unsupported: str | None = NO_ENGINE
         self.block_size = 1
         self.pool_tokens = 0
+        self.slots: int | None = None  # the engine's fixed slots, where it has them (llama.cpp)
 
     @property
     def pricing(self) -> str:
@@ -72,6 +76,7 @@ class AdaptiveCapacity:
         if engine is None:
             # Not seen this tick: hold the ratio, keep the last verdict (unless never seen).
             return (adaptive_unsupported(self.unsupported),) if self.unsupported else ()
+        self.slots = engine.slots
         reason = NO_PREEMPTION_SERIES if engine.preemptions_total is None else None
         if reason != self.unsupported:
             log.info("admission_pricing", pricing=self._pricing(reason), reason=reason or STEERED)
