@@ -148,7 +148,12 @@ async def _read_stream(response: aiohttp.ClientResponse, sent: float) -> Result:
             return Result("busy", now, elapsed_s=now - sent,
                           retry_after_s=None if hint is None else hint / 1000)  # fmt: skip
         if "error" in chunk:
-            return Result("error", time.monotonic(), detail=str(chunk["error"].get("code")))
+            # vLLM's own queue caps answer a stream with 200 and an in-band error of code 503.
+            code = chunk["error"].get("code")
+            now = time.monotonic()
+            if code in (429, 503, "429", "503"):
+                return Result("busy", now, elapsed_s=now - sent)
+            return Result("error", now, detail=str(code))
         if chunk.get("usage"):
             tokens = int(chunk["usage"].get("completion_tokens") or 0)
         if chunk.get("choices") and chunk["choices"][0].get("text"):

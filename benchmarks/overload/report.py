@@ -9,9 +9,9 @@ from pathlib import Path
 from benchmarks.overload.engine_watch import Timeline
 from benchmarks.overload.load import Tally, Window
 
-BASELINES = ("vllm", "vllm-queued-reqs", "vllm-queued-tokens")
 QUEUE_CAP = "vllm-queued-reqs"
 OURS = "sidecar"
+TRACED = ("vllm", QUEUE_CAP, OURS)  # the KV panels show these three; the bars show every one
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -114,7 +114,8 @@ def print_targets(rows: list[Row]) -> bool:
 
 
 def write_plot(rows: list[Row], path: Path) -> None:
-    """KV usage over time per configuration (one panel per load), and goodput per load."""
+    """KV usage over time of vLLM alone, with its queue cap and behind the sidecar (one panel
+    per load), and every configuration's goodput per load."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -122,12 +123,13 @@ def write_plot(rows: list[Row], path: Path) -> None:
 
     loads = sorted({r.load for r in rows})
     configs = list(dict.fromkeys(r.config for r in rows))
-    figure, axes = plt.subplots(2, len(loads), figsize=(4.2 * len(loads), 7), squeeze=False)
+    figure, axes = plt.subplots(2, len(loads), figsize=(3.6 * len(loads), 6.5), squeeze=False)
     for column, load in enumerate(loads):
         top, bottom = axes[0][column], axes[1][column]
-        for row in (r for r in rows if r.load == load):
+        for row in (r for r in rows if r.load == load and r.config in TRACED):
             times = [t for t, _ in row.kv_usage]
-            top.plot(times, [u for _, u in row.kv_usage], label=row.config, linewidth=1)
+            color = f"C{configs.index(row.config)}"
+            top.plot(times, [u for _, u in row.kv_usage], color, label=row.config, linewidth=1)
         top.set_title(load)
         top.set_ylim(0, 1.05)
         top.set_xlabel("s into the measurement")

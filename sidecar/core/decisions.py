@@ -8,6 +8,7 @@ from typing import Literal
 from sidecar.core.outcomes import RejectReason
 
 Outcome = Literal["completed", "cancelled", "failed"]
+Mode = Literal["count", "tokens", "adaptive"]  # the unit costs and limits are counted in
 WithdrawReason = Literal["timeout", "cancelled", "draining", "queue_full"]
 
 

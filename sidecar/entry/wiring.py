@@ -16,6 +16,7 @@ import aiohttp
 
 from sidecar.core.capacity import Budget, KvCost, engine_cost, make_plan
 from sidecar.core.compartments import parse_compartments
+from sidecar.core.decisions import Mode
 from sidecar.core.errors import ConfigError
 from sidecar.core.estimator import EstimatorConfig
 from sidecar.core.model_spec import load_model_spec, weights_bytes_in
@@ -23,7 +24,6 @@ from sidecar.core.overcommit import AimdConfig
 from sidecar.core.token_budget import resolve_budget
 from sidecar.entry.settings import Settings
 from sidecar.limiter.bulkhead import Bulkhead
-from sidecar.limiter.events import Mode
 from sidecar.live.adaptive import AdaptiveCapacity
 from sidecar.live.control_loop import CapacityController, Floor
 from sidecar.live.pricing import AdaptivePricing, CountPricing, Pricing, TokenPricing

@@ -16,12 +16,12 @@ import structlog
 
 from sidecar.core.admission import Admission
 from sidecar.core.compartments import DEFAULT, Compartments
-from sidecar.core.decisions import Granted, Outcome, Queued, Rejected
+from sidecar.core.decisions import Granted, Mode, Outcome, Queued, Rejected
 from sidecar.core.errors import AdmissionRejectedError
 from sidecar.core.ledger import Ledger, StreamUsage
 from sidecar.core.outcomes import RejectReason
 from sidecar.core.retry_hint import ReleaseRate
-from sidecar.limiter.events import AdmissionEvent, BulkheadSnapshot, EventKind, Mode
+from sidecar.limiter.events import AdmissionEvent, BulkheadSnapshot, EventKind
 from sidecar.limiter.expiry import CallLater, Expiry
 from sidecar.limiter.permit import Permit
 

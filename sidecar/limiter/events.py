@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from sidecar.core.decisions import AdmissionSnapshot
+from sidecar.core.decisions import AdmissionSnapshot, Mode
 from sidecar.core.outcomes import RejectReason
 
-Mode = Literal["count", "tokens", "adaptive"]
 EventKind = Literal["granted", "queued", "rejected"]
 
 

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 from sidecar.core.capacity import KvCost, Plan
+from sidecar.core.decisions import Mode
 from sidecar.core.ledger import StreamUsage, in_blocks
 from sidecar.core.request_checks import CheckedRequest
-from sidecar.limiter.events import Mode
 from sidecar.live.adaptive import AdaptiveCapacity
 
 Price = tuple[int, StreamUsage | None]  # (cost in the mode's unit, live usage if adaptive)
