@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import re
 import sys
@@ -71,48 +70,6 @@ def redact_secrets(
             elif may_hold_secret(value):
                 event[key] = _scrub(value)
     return event
-
-
-class IsoTimestamp:
-    """A processor: ``timestamp``, UTC, ISO 8601 with microseconds and a Z, as structlog's
-    ``TimeStamper(fmt="iso", utc=True)`` writes it, with the date and time of day formatted
-    once a second."""
-
-    __slots__ = ("_prefix", "_second")
-
-    def __init__(self) -> None:
-        self._second, self._prefix = -1, ""
-
-    def __call__(
-        self, _logger: Any, _method: str, event: MutableMapping[str, Any]
-    ) -> MutableMapping[str, Any]:
-        now = time.time()
-        second = int(now)
-        if second != self._second:
-            self._second = second
-            self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        event["timestamp"] = f"{self._prefix}.{int((now - second) * 1_000_000):06d}Z"
-        return event
-
-
-def _unknown(value: object) -> object:
-    """What JSON cannot carry, as structlog's renderer writes it: its ``__structlog__()``, else
-    its repr."""
-    as_log = getattr(value, "__structlog__", None)
-    return as_log() if callable(as_log) else repr(value)
-
-
-class JsonLine:
-    """A processor: the event as one JSON line, through one encoder built once (structlog's
-    renderer builds one per line)."""
-
-    __slots__ = ("_encode",)
-
-    def __init__(self) -> None:
-        self._encode = json.JSONEncoder(default=_unknown).encode
-
-    def __call__(self, _logger: Any, _method: str, event: MutableMapping[str, Any]) -> str:
-        return self._encode(event)
 
 
 class OncePer:
@@ -197,8 +154,8 @@ def configure_logging(level: str, stream: TextIO = sys.stdout, *, cache: bool = 
             structlog.processors.format_exc_info,  # a traceback is text to redact too
             redact_secrets,  # before the level and the time, which are ours
             structlog.processors.add_log_level,
-            IsoTimestamp(),
-            JsonLine(),
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
         logger_factory=structlog.PrintLoggerFactory(stream),
