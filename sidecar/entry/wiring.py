@@ -149,7 +149,7 @@ def build_controller(
     live = settings.capacity_source != "static"
     upstream = settings.upstream_url.rstrip("/")
     metrics_url = settings.engine_metrics_url or upstream + "/metrics"
-    if pricing is None:  # a controller on its own (sidecar probe): the settings' mode
+    if pricing is None:  # a controller on its own (sidecar probe): permits, or bytes in tokens mode
         pricing = build_pricing(settings, adaptive, str, lambda: controller.cost)
     controller = CapacityController(
         source=settings.capacity_source,
@@ -181,7 +181,7 @@ def build_controller(
         feedback=adaptive.observe if adaptive is not None else None,
         available=available,
         probe_timeout_s=settings.probe_timeout_ms / 1000,
-        cap_at_engine_slots=settings.admission == "count",
+        cap_at_engine_slots=pricing.mode == "count",
         budget_rule=budget_rule,
     )
     return controller
