@@ -55,15 +55,11 @@ class AdaptiveCapacity:
     @property
     def pricing(self) -> str:
         """closed-loop (steered by the engine's evidence) or worst-case (nothing to steer by)."""
-        return self._pricing(self.unsupported)
+        return "worst-case" if self.unsupported else "closed-loop"
 
     @property
     def pricing_reason(self) -> str:
         return self.unsupported or STEERED
-
-    @staticmethod
-    def _pricing(unsupported: str | None) -> str:
-        return "worst-case" if unsupported else "closed-loop"
 
     @property
     def ratio(self) -> float:
@@ -79,8 +75,8 @@ class AdaptiveCapacity:
         self.slots = engine.slots
         reason = NO_PREEMPTION_SERIES if engine.preemptions_total is None else None
         if reason != self.unsupported:
-            log.info("admission_pricing", pricing=self._pricing(reason), reason=reason or STEERED)
-        self.unsupported = reason
+            self.unsupported = reason
+            log.info("admission_pricing", pricing=self.pricing, reason=self.pricing_reason)
         if reason is not None:
             return (adaptive_unsupported(reason),)
         before = self.overcommit.ratio
