@@ -339,7 +339,7 @@ def _fmt(value: float | None, spec: str) -> str:
 def _report(rows: list[Row]) -> None:
     print(
         f"{TOKENS + 2} events per stream, {SECONDS:g} s per measurement, best of {ROUNDS}; "
-        f"{os.cpu_count()} CPUs; proxy pinned to its own core; the sidecar and the pump on "
+        f"{os.cpu_count()} CPUs; proxy pinned to its own core; the sidecar on "
         f"{'asyncio' if serve_loop() is None else 'uvloop'}"
     )
     _table([r for r in rows if not r.paced_ms])
