@@ -6,6 +6,7 @@ Read from vLLM's ``/metrics`` every half second through ``prometheus_client.pars
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -43,8 +44,9 @@ class Timeline:
         return inside[-1].preemptions - inside[0].preemptions
 
     def mean(self, name: str, start: float, end: float) -> float:
+        """The mean of the samples inside [start, end]; NaN if no scrape answered in time."""
         values = [getattr(s, name) for s in self.samples if start <= s.at <= end]
-        return sum(values) / len(values) if values else 0.0
+        return sum(values) / len(values) if values else math.nan
 
 
 def parse(text: str, at: float) -> Sample:
@@ -60,7 +62,7 @@ def parse(text: str, at: float) -> Sample:
 
 async def watch(metrics_url: str, timeline: Timeline, until: float) -> None:
     """Append a sample every PERIOD_S until ``until`` (a missed scrape is skipped)."""
-    timeout = aiohttp.ClientTimeout(total=2)
+    timeout = aiohttp.ClientTimeout(total=5)  # an engine under overload answers slowly
     async with aiohttp.ClientSession(timeout=timeout) as session:
         while (now := time.monotonic()) < until:
             try:

@@ -51,6 +51,7 @@ class Tally:
 
     completed: int = 0
     tokens: int = 0
+    sent: int = 0  # requests sent inside the window (open loop: what it managed to offer)
     busy: int = 0
     errors: int = 0
     ttft_s: list[float] = field(default_factory=list)
@@ -199,6 +200,7 @@ async def closed_loop(
         async def client(index: int) -> None:
             await asyncio.sleep(index * 0.01)  # a ramp over a second, not one instant
             while time.monotonic() < window.end:
+                tally.sent += window.holds(time.monotonic())
                 result = await one_request(session, url, load, model, rng)
                 record(tally, result, window)
                 if result.ending != "completed":
@@ -218,6 +220,8 @@ async def open_loop(
         pending: set[asyncio.Task[None]] = set()
 
         async def one() -> None:
+            if window.holds(time.monotonic()):
+                tally.sent += 1
             record(tally, await one_request(session, url, load, model, rng), window)
 
         while (now := time.monotonic()) < window.end:

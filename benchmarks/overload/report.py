@@ -29,6 +29,7 @@ class Row:
     config: str
     load: str
     goodput: float  # completion tokens per second of completed requests
+    offered_per_s: float  # requests sent per second inside the window
     completed: int
     busy: int
     errors: int
@@ -50,6 +51,7 @@ class Row:
             config=config,
             load=load,
             goodput=tally.tokens / span,
+            offered_per_s=tally.sent / span,
             completed=tally.completed,
             busy=tally.busy,
             errors=tally.errors,
@@ -67,7 +69,8 @@ class Row:
     def line(self) -> str:
         busy = "-" if math.isnan(self.busy_p50_s) else f"{self.busy_p50_s:.2f} s"
         return (
-            f"{self.load:<16} {self.config:<20} {self.goodput:>7,.0f} {self.completed:>6} "
+            f"{self.load:<16} {self.config:<20} {self.goodput:>7,.0f} {self.offered_per_s:>5.1f} "
+            f"{self.completed:>6} "
             f"{self.preemptions_per_completed:>7.2f} {self.ttft_p50_s:>6.2f} / "
             f"{self.ttft_p99_s:<6.2f} {busy:>8} {self.kv_usage_mean:>5.2f} "
             f"{self.running_mean:>6.1f} {self.engine_waiting_mean:>6.1f} {self.errors:>4}"
@@ -75,7 +78,8 @@ class Row:
 
 
 HEADER = (
-    f"{'load':<16} {'in front of the engine':<20} {'tok/s':>7} {'done':>6} {'preempt':>7} "
+    f"{'load':<16} {'in front of the engine':<20} {'tok/s':>7} {'req/s':>5} {'done':>6} "
+    f"{'preempt':>7} "
     f"{'TTFT p50 / p99 s':<15} {'busy p50':>8} {'KV':>5} {'run':>6} {'wait':>6} {'err':>4}"
 )
 
