@@ -11,6 +11,12 @@ from pathlib import Path
 
 import pytest
 import uvloop
+from hypothesis import settings
+
+# Hypothesis' per-example deadline is a timed assertion: on 2 cores shared by four test workers
+# (CI) an example can take 200 ms for no fault of the code. Properties are checked, not timed.
+settings.register_profile("sidecar", deadline=None)
+settings.load_profile("sidecar")
 
 pytest_plugins = ["tests.servers"]
 
