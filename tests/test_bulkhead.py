@@ -40,6 +40,13 @@ def make(fake: FakeTime, events: list[AdmissionEvent] | None = None, **kwargs: o
     )
 
 
+async def release_twice_a_second(bulkhead: Bulkhead, fake: FakeTime) -> None:
+    """Five permits held half a second each: the release rate the retry hint sees is 2/s."""
+    for _ in range(5):
+        async with bulkhead.admit():
+            fake.advance(0.5)
+
+
 async def hold(bulkhead: Bulkhead, gate: asyncio.Event, log: list[str], name: str) -> Permit:
     async with bulkhead.admit() as permit:
         log.append(name)
@@ -330,9 +337,7 @@ async def test_retry_hint_follows_the_release_rate_and_queue() -> None:
     """Two releases a second and 2 queued ahead: come back in about (2 + 1) / 2 = 1.5 s."""
     fake = FakeTime()
     bulkhead = make(fake, max_queue=2)
-    for _ in range(5):
-        async with bulkhead.admit():
-            fake.advance(0.5)
+    await release_twice_a_second(bulkhead, fake)
     gate, log = asyncio.Event(), new_log()
     tasks = [asyncio.create_task(hold(bulkhead, gate, log, f"w{i}")) for i in range(3)]
     await settle()
@@ -452,9 +457,7 @@ async def test_a_wait_past_the_deadline_is_refused_at_once() -> None:
     the one with 2 ahead (1.5 s) is refused at once, queue_full, though the queue has room."""
     fake = FakeTime()
     bulkhead = make(fake, max_queue=10, max_wait_s=1.0)
-    for _ in range(5):
-        async with bulkhead.admit():
-            fake.advance(0.5)
+    await release_twice_a_second(bulkhead, fake)
     gate, log = asyncio.Event(), new_log()
     tasks = [asyncio.create_task(hold(bulkhead, gate, log, f"w{i}")) for i in range(3)]
     await settle()
@@ -503,9 +506,7 @@ async def test_a_request_with_a_shorter_wait_is_refused_by_its_own() -> None:
     past the 0.5 s the request asked for (an SLO header): refused at once."""
     fake = FakeTime()
     bulkhead = make(fake, max_queue=10, max_wait_s=3.0)
-    for _ in range(5):
-        async with bulkhead.admit():
-            fake.advance(0.5)
+    await release_twice_a_second(bulkhead, fake)
     gate, log = asyncio.Event(), new_log()
     tasks = [asyncio.create_task(hold(bulkhead, gate, log, f"w{i}")) for i in range(2)]
     await settle()
