@@ -29,9 +29,12 @@ Pressure = Literal["preempted", "kv_high", "engine_waiting"]
 class AimdConfig:
     """Bounds and steps of the ratio.
 
-    ``target``: the KV usage (0..1) to hold the engine at; ``gain``: how much of the gap to the
-    target one tick closes; ``decrease``: the cut on a preemption; ``increase``: the additive step
-    when the engine reports no KV usage; ``patience``: ticks of engine-side waiting tolerated.
+    ``target``: the KV usage (0..1) to hold the engine at; ``gain``: how much of an excess over
+    the target one tick takes back; ``decrease``: the cut on a preemption (half of it for
+    requests waiting at the engine); ``increase``: the step up on a tick the limit binds;
+    ``patience``: ticks of engine-side waiting tolerated, and calm ticks after a preemption
+    before the ratio may grow again; ``smoothing``: the weight of a new KV usage reading in the
+    average the ratio is steered by.
     """
 
     low: float = 0.5

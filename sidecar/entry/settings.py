@@ -295,8 +295,8 @@ class Settings(BaseSettings):
     )
     adaptive_increase: Annotated[float, Field(ge=0)] = Field(
         0.05,
-        description="added to the over-commit ratio on each tick the limit binds, where the "
-        "engine reports no KV usage",
+        description="added to the over-commit ratio on each calm tick the limit binds (requests "
+        "wait at the sidecar, KV usage below the target, nothing waiting at the engine)",
     )
     adaptive_decrease: Annotated[float, Field(gt=0, lt=1)] = Field(
         0.8, description="the over-commit ratio is multiplied by this when the engine preempts"
