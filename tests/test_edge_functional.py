@@ -444,10 +444,8 @@ async def test_busy_connections_past_the_cap_are_refused_and_admin_still_answers
     """A flood of half-sent heads up to the cap (none idle): the next connection gets a 503,
     /healthz keeps answering."""
     server = await edge(SIDECAR_MAX_CONNECTIONS="20")
-    busy = [await asyncio.open_connection("127.0.0.1", server.proxy_port) for _ in range(20)]
+    busy = await connections(server, 20, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")
     try:
-        for _reader, writer in busy:
-            writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")
         assert await until(lambda: _open(server, 20))
         answer = await exchange(server.proxy_port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
         assert answer.startswith(b"HTTP/1.1 503")
@@ -470,7 +468,7 @@ async def test_idle_connections_past_the_cap_make_room_longest_idle_first(
     kept = await asyncio.open_connection("127.0.0.1", server.proxy_port)
     kept[1].write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
     assert (await kept[0].readline()).startswith(b"HTTP/1.1 200")
-    idle = [await asyncio.open_connection("127.0.0.1", server.proxy_port) for _ in range(19)]
+    idle = await connections(server, 19)
     try:
         assert await until(lambda: _open(server, 20))
         answer = await exchange(server.proxy_port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -491,10 +489,8 @@ async def test_one_address_is_held_to_its_own_cap(edge: Start, double: EngineDou
     """Past its own cap with no idle connection, a client address is refused 503
     too_many_client_connections, while another address is still served."""
     server = await edge(SIDECAR_MAX_CONNECTIONS_PER_CLIENT="3")
-    busy = [await asyncio.open_connection("127.0.0.1", server.proxy_port) for _ in range(3)]
+    busy = await connections(server, 3, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")
     try:
-        for _reader, writer in busy:
-            writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")
         assert await until(lambda: _open(server, 3))
         answer = await exchange(server.proxy_port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
         assert answer.startswith(b"HTTP/1.1 503")
@@ -520,7 +516,7 @@ async def test_a_client_at_its_cap_reuses_its_own_idle_connection(
     other = await asyncio.open_connection(
         "127.0.0.1", server.proxy_port, local_addr=("127.0.0.2", 0)
     )
-    mine = [await asyncio.open_connection("127.0.0.1", server.proxy_port) for _ in range(2)]
+    mine = await connections(server, 2)
     try:
         assert await until(lambda: _open(server, 3))
         answer = await exchange(server.proxy_port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -531,6 +527,16 @@ async def test_a_client_at_its_cap_reuses_its_own_idle_connection(
     finally:
         for _reader, writer in [other, *mine]:
             writer.close()
+
+
+async def connections(
+    server: SidecarServer, n: int, send: bytes = b""
+) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """``n`` connections to the proxy port from 127.0.0.1, each having sent ``send``."""
+    opened = [await asyncio.open_connection("127.0.0.1", server.proxy_port) for _ in range(n)]
+    for _reader, writer in opened:
+        writer.write(send)
+    return opened
 
 
 async def _open(server: SidecarServer, n: int) -> bool:
@@ -612,10 +618,9 @@ async def test_stalled_bodies_hold_no_slot_of_the_port(edge: Start, double: Engi
     """Audit finding 1: 32 connections that declare a body and never send it hold only their own
     connections; every other request on the port is served at once, none gets edge_busy."""
     server = await edge(SIDECAR_BODY_TIMEOUT_MS="30000")
-    stalled = [await asyncio.open_connection("127.0.0.1", server.proxy_port) for _ in range(32)]
+    stalled_head = b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n"
+    stalled = await connections(server, 32, stalled_head)
     try:
-        for _reader, writer in stalled:
-            writer.write(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n")
         assert await until(lambda: _seen_heads(server, 32))
         async with aiohttp.ClientSession() as s:
             async with s.get(proxy_url(server) + "/v1/models") as r:
