@@ -13,8 +13,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+
+from benchmarks.overload.servers import free_port, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -48,12 +48,6 @@ ENGINE_FLAGS = (
 )  # fmt: skip
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Tally:
     """What the clients saw inside the measurement window."""
@@ -75,12 +69,7 @@ def process(args: list[str], env: dict[str, str] | None = None) -> Iterator[None
     try:
         yield None
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop(proc)
 
 
 async def wait_ok(session: aiohttp.ClientSession, url: str, timeout_s: float = 30.0) -> None:
