@@ -411,3 +411,21 @@ async def test_sheddable_gateway_objective_is_refused_at_once_while_others_queue
     assert answer.status == 200
     assert body.rstrip().endswith("data: [DONE]")
     assert "fallback" not in body
+
+
+async def test_streams_are_timed_and_whole_answers_are_not(
+    start_sidecar: StartSidecar, client_for: OpenAIFactory
+) -> None:
+    """Each completed stream adds one TTFT (client's and engine's) and one TPOT observation;
+    a non-streaming answer has no first token to time."""
+    server = await start_sidecar()
+    client = client_for(proxy_url(server))
+    await consume(client)
+    await consume(client)
+    await client.completions.create(model="tiny-llama", prompt="once upon a time", max_tokens=4)
+    metrics = await scrape(f"{admin_url(server)}/metrics")
+    assert metrics["sidecar_time_to_first_token_seconds_count"] == 2
+    assert metrics["sidecar_engine_time_to_first_token_seconds_count"] == 2
+    assert metrics["sidecar_time_per_output_token_seconds_count"] == 2
+    client_ttft = metrics["sidecar_time_to_first_token_seconds_sum"]
+    assert client_ttft >= metrics["sidecar_engine_time_to_first_token_seconds_sum"] > 0

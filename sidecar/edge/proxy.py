@@ -23,6 +23,7 @@ from sidecar.core.errors import (
 )
 from sidecar.core.ledger import StreamUsage
 from sidecar.core.request_checks import CheckedRequest, TokenPolicy
+from sidecar.core.stream_timing import StreamTiming
 from sidecar.edge.busy import busy_response
 from sidecar.edge.engine_client import Upstream, read_all, release
 from sidecar.edge.engine_http import EngineResponse
@@ -68,6 +69,10 @@ class ProxyConfig:
     max_wait_of: Callable[[Mapping[str, str]], float | None] = lambda _headers: None
     # Adaptive admission: what a completed request teaches.
     learn: Callable[[StreamUsage], None] = lambda _u: None
+    # A relayed stream's timing, when it arrived, its headers and how it ended (metrics, the law).
+    timed: Callable[[StreamTiming, float, Mapping[str, str], str], None] = lambda _t, _a, _h, _o: (
+        None
+    )
 
 
 @dataclass(frozen=True)
@@ -174,9 +179,14 @@ async def _admit_and_forward(
         )  # fmt: skip
         async with admit as permit:
             queue_wait = permit.wait_s
+            timing = StreamTiming(proxy.clock()) if job.stream else None
             with proxy.in_flight.track() as stop:
-                forwarded = _forward(request, proxy, job, permit, request_id, stop=stop)
+                forwarded = _forward(
+                    request, proxy, job, permit, request_id, stop=stop, timing=timing
+                )
                 response, outcome = await forwarded
+            if timing is not None:
+                config.timed(timing, started, request.headers, outcome)
             if outcome == "completed" and permit.usage is not None:
                 config.learn(permit.usage)
             return response
@@ -230,12 +240,15 @@ class _GrantLine:
 
 
 async def _forward(
-    request: Request, proxy: Proxy, job: Job, permit: Permit, request_id: str, *, stop: Stop
-) -> tuple[Answer, str]:
+    request: Request, proxy: Proxy, job: Job, permit: Permit, request_id: str, *, stop: Stop,
+    timing: StreamTiming | None = None,
+) -> tuple[Answer, str]:  # fmt: skip
     headers = job.headers if job.headers is not None else _upstream_headers(request, request_id)
     granted = _GrantLine(permit, job)
     try:
         try:
+            if timing is not None:
+                timing.sent = proxy.clock()
             upstream = await proxy.upstream.send(
                 request.method, job.target.path_qs, headers, job.body, granted
             )
@@ -255,6 +268,7 @@ async def _forward(
         result = await relay_stream(
             request, upstream, request_id,
             write_timeout_s=proxy.config.write_timeout_s, stop=stop, tally=permit.usage,
+            timing=timing, clock=proxy.clock,
         )  # fmt: skip
         return result_response(result, permit)
     finally:

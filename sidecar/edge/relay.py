@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Coroutine
+import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from sidecar.core.errors import UpstreamError
 from sidecar.core.ledger import StreamUsage
 from sidecar.core.outcomes import REJECTIONS, Refusal
+from sidecar.core.stream_timing import StreamTiming
 from sidecar.edge.engine_client import read_chunk
 from sidecar.edge.engine_http import EngineResponse
 from sidecar.edge.http_errors import refusal_body
@@ -74,6 +76,8 @@ class _Relay:
     write_timeout_s: float
     framer: EventFramer | None  # an SSE stream's: passes on whole events only
     tally: StreamUsage | None = None  # adaptive admission: the token events relayed
+    timing: StreamTiming | None = None  # when the token events were relayed
+    clock: Callable[[], float] = time.monotonic
     room: int = 0  # what the client's buffer may hold with no wait: its high-water less HEADROOM
 
     def __post_init__(self) -> None:
@@ -93,9 +97,14 @@ class _Relay:
         return self.counted(self.framer.feed(chunk) if self.framer is not None else chunk)
 
     def counted(self, chunk: bytes) -> bytes:
-        """``chunk``, its token events added to the tally (adaptive admission)."""
-        if self.tally is not None and chunk:
-            self.tally.relayed += chunk.count(TOKEN_MARK)
+        """``chunk``, its token events added to the tally (adaptive admission) and stamped on
+        the timing (one clock read per chunk that carries any)."""
+        if chunk and (self.tally is not None or self.timing is not None):
+            tokens = chunk.count(TOKEN_MARK)
+            if self.tally is not None:
+                self.tally.relayed += tokens
+            if tokens and self.timing is not None:
+                self.timing.saw(tokens, self.clock())
         return chunk
 
     def push(self, chunk: bytes) -> bool:
@@ -150,19 +159,23 @@ async def relay_stream(
     write_timeout_s: float,
     stop: Stop | None = None,
     tally: StreamUsage | None = None,
+    timing: StreamTiming | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> RelayResult:
     """Copy the engine's body to the client as it arrives.
 
     Each read of the engine's runs through the engine connection's callback (``_Relay.push``):
     one framing scan for SSE, one write, no task woken. The task waits for the end, an error, or
     a chunk that must wait for the client (it writes that one, under the write deadline). With a
-    ``tally`` (adaptive admission), one ``bytes.count`` per chunk adds the token events relayed.
+    ``tally`` (adaptive admission), one ``bytes.count`` per chunk adds the token events relayed;
+    with a ``timing``, ``clock`` stamps the chunks that carry them.
     """
     response = response_for(upstream, request_id)
     # An encoded (e.g. gzip) stream cannot be framed or ended in-band: its bytes pass as they are.
     encoding = upstream.headers.get("Content-Encoding", "identity").strip().lower()
     sse = upstream.content_type == "text/event-stream" and encoding == "identity"
-    relay = _Relay(request, response, write_timeout_s, EventFramer() if sse else None, tally)
+    framer, timing = (EventFramer(), timing) if sse else (None, None)
+    relay = _Relay(request, response, write_timeout_s, framer, tally, timing, clock)
     if (end := await relay.prepare()) is not None:
         return RelayResult(end, response)
     try:

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 
 import structlog
@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.core.compartments import parse_compartments
 from sidecar.core.request_checks import TokenPolicy
+from sidecar.core.stream_timing import StreamTiming
 from sidecar.core.tenancy import (
     compartment_key,
     is_sheddable,
@@ -140,12 +141,19 @@ class SidecarServer:
             ),
             max_wait_of=queue_wait_cap_s,
             learn=self.adaptive.learn if self.adaptive is not None else lambda _u: None,
+            timed=self._timed,
         )
         counter = EnginePromptCounter(self.upstream) if s.prompt_tokens == "engine" else None
         return Proxy(
             config, self.bulkhead, self.upstream, self.metrics, self.clock, counter,
             self.gate, self.in_flight,
         )  # fmt: skip
+
+    def _timed(
+        self, timing: StreamTiming, arrived: float, headers: Mapping[str, str], outcome: str
+    ) -> None:
+        """A relayed stream's timing -> the TTFT and TPOT histograms."""
+        self.metrics.streamed(timing, arrived, completed=outcome == "completed")
 
     def _token_policy(self) -> TokenPolicy:
         """The request checks' budget in force: the engine's limits, narrowed by the settings;

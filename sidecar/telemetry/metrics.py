@@ -11,10 +11,21 @@ from prometheus_client.registry import Collector
 
 from sidecar.core.decisions import CompartmentSnapshot
 from sidecar.core.outcomes import REQUEST_OUTCOMES
+from sidecar.core.stream_timing import StreamTiming
 from sidecar.limiter.events import BulkheadSnapshot
 from sidecar.telemetry.gauges import gauge
 
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
+# vLLM's own buckets (vllm:time_to_first_token_seconds, request_time_per_output_token_seconds),
+# so that the sidecar's series and the engine's can be read side by side.
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+TPOT_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+)  # fmt: skip
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -43,6 +54,25 @@ class RequestMetrics:
             buckets=WAIT_BUCKETS,
             registry=registry,
         )
+        self.ttft = Histogram(
+            "sidecar_time_to_first_token_seconds",
+            "Time from a streaming request's arrival at the sidecar to its first token relayed "
+            "(what the client feels: queue wait included).",
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.engine_ttft = Histogram(
+            "sidecar_engine_time_to_first_token_seconds",
+            "Time from a streaming request sent to the engine to its first token relayed back.",
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.tpot = Histogram(
+            "sidecar_time_per_output_token_seconds",
+            "Mean time between token events of a completed stream, after its first.",
+            buckets=TPOT_BUCKETS,
+            registry=registry,
+        )
         self.shadow = Counter(
             "sidecar_shadow_rejections",
             "Requests shadow mode let through that enforcement would have rejected.",
@@ -56,6 +86,16 @@ class RequestMetrics:
 
     def waited(self, wait_s: float) -> None:
         self.queue_wait.observe(wait_s)
+
+    def streamed(self, timing: StreamTiming, arrived: float, completed: bool) -> None:
+        """A relayed stream's timing: its TTFTs once a token came, its TPOT if it completed."""
+        if timing.first is None:
+            return
+        self.ttft.observe(max(0.0, timing.first - arrived))
+        self.engine_ttft.observe(timing.ttft_s() or 0.0)
+        tpot = timing.tpot_s() if completed else None
+        if tpot is not None:
+            self.tpot.observe(tpot)
 
     def shadow_rejected(self, reason: str) -> None:
         self.shadow.labels(reason).inc()

@@ -1,0 +1,44 @@
+"""When a relayed stream's tokens came: time to first token at the engine and time per output token.
+
+The relay stamps each chunk that carries token events; nothing here reads a clock. TTFT at the
+engine runs from the request sent upstream to the first token event relayed back; TPOT is the
+mean gap between token events after the first, as vLLM's ``request_time_per_output_token`` is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class StreamTiming:
+    """One stream's clock readings: ``sent`` (the request went upstream), first and last token
+    events, and how many token events were relayed."""
+
+    sent: float
+    first: float | None = None
+    last: float | None = None
+    tokens: int = 0
+
+    def saw(self, tokens: int, now: float) -> None:
+        """``tokens`` token events were relayed at ``now``."""
+        if tokens <= 0:
+            return
+        if self.first is None:
+            self.first = now
+        self.last = now
+        self.tokens += tokens
+
+    def ttft_s(self) -> float | None:
+        """From sent to the first token event; None while none came."""
+        return None if self.first is None else max(0.0, self.first - self.sent)
+
+    def tpot_s(self) -> float | None:
+        """The mean gap between token events after the first; None with fewer than two."""
+        if self.first is None or self.last is None or self.tokens < 2:
+            return None
+        return max(0.0, self.last - self.first) / (self.tokens - 1)
+
+    def waiting_s(self, now: float) -> float | None:
+        """How long it has waited for its first token so far; None once that came."""
+        return now - self.sent if self.first is None else None
