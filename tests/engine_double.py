@@ -22,6 +22,7 @@ class EngineDouble:
 
     url: str = ""
     seen: list[tuple[str, str]] = field(default_factory=list)
+    request_ids: list[str | None] = field(default_factory=list)  # each request's X-Request-Id
     # Mode "held": the head goes out at once, the events only once this is set.
     released: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -126,6 +127,7 @@ def _asks_to_stream(body: bytes) -> bool:
 def build_double(double: EngineDouble) -> web.Application:
     async def handle(request: web.Request) -> web.StreamResponse:
         double.seen.append((request.method, request.raw_path))
+        double.request_ids.append(request.headers.get("X-Request-Id"))
         body = await request.read()
         mode = MODES.get(request.headers.get("x-double", ""))
         if mode is not None:

@@ -134,7 +134,11 @@ async def test_a_batch_of_prompts_counts_as_its_sequences(
 
 # --- llm-d: objectives and their priorities, the TTFT target -------------------------------------
 
-LLM_D = {"SIDECAR_MAX_QUEUE": "4", "SIDECAR_OBJECTIVE_PRIORITIES": "chat=10,batch=-1"}
+LLM_D = {
+    "SIDECAR_MAX_QUEUE": "4",
+    "SIDECAR_OBJECTIVE_PRIORITIES": "chat=10,batch=-1",
+    "SIDECAR_CLAIMS_FROM": "127.0.0.1/32",  # the gateway: these tests' own loopback
+}
 
 
 async def test_a_negative_priority_objective_is_shed_at_once(
@@ -144,7 +148,7 @@ async def test_a_negative_priority_objective_is_shed_at_once(
     though the queue has room; 'chat' (priority 10) would queue."""
     server = await start_sidecar(**LLM_D)
     held = [await hold(session, server) for _ in range(2)]
-    headers = {"x-gateway-inference-objective": "batch"}
+    headers = {"x-llm-d-inference-objective": "batch"}
     url = f"{proxy_url(server)}/v1/chat/completions"
     async with session.post(url, json={**CHAT, "max_tokens": 4}, headers=headers) as response:
         assert response.status == 429

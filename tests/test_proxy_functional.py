@@ -366,8 +366,8 @@ async def test_shadow_mode_lets_everything_through_but_counts(start_sidecar: Sta
 
 
 async def test_tenant_header_selects_its_compartment(start_sidecar: StartSidecar) -> None:
-    """A request carrying x-tenant-id runs in that tenant's compartment."""
-    server = await start_sidecar(SIDECAR_COMPARTMENTS="gold=50%")
+    """A request carrying x-tenant-id, from a trusted peer, runs in that tenant's compartment."""
+    server = await start_sidecar(SIDECAR_COMPARTMENTS="gold=50%", SIDECAR_CLAIMS_FROM="127.0.0.1")
     async with aiohttp.ClientSession() as session:
         response = await session.post(
             f"{proxy_url(server)}/v1/chat/completions",
@@ -387,7 +387,10 @@ async def test_sheddable_gateway_objective_is_refused_at_once_while_others_queue
 ) -> None:
     """With the permit taken, a sheddable objective gets a busy answer now; a normal one waits."""
     server = await start_sidecar(
-        SIDECAR_KV_POOL="131072", SIDECAR_MAX_QUEUE="2", SIDECAR_SHEDDABLE="batch"
+        SIDECAR_KV_POOL="131072",
+        SIDECAR_MAX_QUEUE="2",
+        SIDECAR_SHEDDABLE="batch",
+        SIDECAR_CLAIMS_FROM="127.0.0.0/8",
     )
     async with aiohttp.ClientSession() as session:
         holder = await hold_stream(session, proxy_url(server))

@@ -6,13 +6,13 @@ import hashlib
 
 import pytest
 
+from sidecar.core.claims import ClaimNames, read_claims
 from sidecar.core.tenancy import (
     compartment_key,
     hash_api_key,
     is_sheddable,
     parse_names,
     parse_priorities,
-    queue_wait_cap_s,
     tenant_id,
 )
 
@@ -30,8 +30,14 @@ HASHED = "key-" + hashlib.sha256(SECRET.encode()).hexdigest()[:12]
         pytest.param(
             {"x-tenant-id": "acme", "authorization": f"Bearer {SECRET}"},
             {},
+            HASHED,
+            id="key-wins-over-header",
+        ),
+        pytest.param(
+            {"x-tenant-id": "acme", "authorization": f"Bearer {SECRET}"},
+            {"from_api_key": False},
             "acme",
-            id="header-wins-over-key",
+            id="header-where-keys-name-no-tenant",
         ),
         pytest.param(
             {"authorization": f"Bearer {SECRET}"},
@@ -42,16 +48,17 @@ HASHED = "key-" + hashlib.sha256(SECRET.encode()).hexdigest()[:12]
         pytest.param({"authorization": "Basic abc"}, {}, None, id="not-bearer"),
         pytest.param({"authorization": "Bearer "}, {}, None, id="empty-key"),
         pytest.param({}, {}, None, id="nothing"),
-        pytest.param({"x-org": "acme"}, {"tenant_header": "X-Org"}, "acme", id="custom-header"),
+        pytest.param({"x-org": "acme"}, {"tenant": "X-Org"}, "acme", id="custom-header"),
         pytest.param({"x-tenant-id": "a b/../c"}, {}, "a_b_.._c", id="unsafe-chars-replaced"),
         pytest.param({"x-tenant-id": "t" * 500}, {}, "t" * 64, id="bounded-length"),
         pytest.param({"x-tenant-id": "  "}, {}, None, id="blank-header"),
         pytest.param(
             {"x-gateway-inference-fairness-id": "team-a", "authorization": f"Bearer {SECRET}"},
             {},
-            "team-a",
-            id="gateway-fairness-id-before-key",
+            HASHED,
+            id="key-before-gateway-fairness-id",
         ),
+        pytest.param({"x-llm-d-inference-fairness-id": "team-b"}, {}, "team-b", id="fairness-id"),
         pytest.param(
             {"x-tenant-id": "acme", "x-gateway-inference-fairness-id": "team-a"},
             {},
@@ -63,13 +70,16 @@ HASHED = "key-" + hashlib.sha256(SECRET.encode()).hexdigest()[:12]
 def test_tenant_id(
     headers: dict[str, str], kwargs: dict[str, object], expected: str | None
 ) -> None:
-    """The tenant comes from the header, else a hash of the bearer key, else nobody."""
-    assert tenant_id(headers, **kwargs) == expected  # type: ignore[arg-type]
+    """The tenant is a hash of the bearer key, else the header's, else nobody."""
+    names = ClaimNames(tenant=str(kwargs.pop("tenant", "x-tenant-id")))
+    claims = read_claims(headers, names)
+    assert tenant_id(headers, claims, **kwargs) == expected  # type: ignore[arg-type]
 
 
 def test_api_key_never_returned_in_clear() -> None:
     """The key itself, or any long piece of it, never appears in the tenant id."""
-    key = tenant_id({"authorization": f"Bearer {SECRET}"})
+    headers = {"authorization": f"Bearer {SECRET}"}
+    key = tenant_id(headers, read_claims(headers))
     assert key is not None
     assert SECRET not in key
     assert SECRET[3:15] not in key
@@ -98,7 +108,9 @@ def test_api_key_never_returned_in_clear() -> None:
 )
 def test_compartment_key(headers: dict[str, str], by: str, expected: str) -> None:
     """Compartments follow the configured dimension, falling back to default."""
-    assert compartment_key(headers, tenant_id(headers), by=by) == expected  # type: ignore[arg-type]
+    claims = read_claims(headers)
+    key = compartment_key(claims, tenant_id(headers, claims), by=by)  # type: ignore[arg-type]
+    assert key == expected
 
 
 @pytest.mark.parametrize(
@@ -113,7 +125,7 @@ def test_compartment_key(headers: dict[str, str], by: str, expected: str) -> Non
 )
 def test_is_sheddable(headers: dict[str, str], sheddable: str | None, expected: bool) -> None:
     """Only the configured priority classes are shed instead of queued."""
-    assert is_sheddable(headers, parse_names(sheddable)) is expected
+    assert is_sheddable(read_claims(headers), parse_names(sheddable)) is expected
 
 
 def test_parse_names_cleans_like_requests() -> None:
@@ -142,7 +154,7 @@ def test_a_negative_objective_priority_is_sheddable(
 ) -> None:
     """llm-d's rule: priority < 0 is sheddable; an objective not listed has priority 0."""
     priorities = {"batch": -1, "chat": 10, "zero": 0}
-    assert is_sheddable(headers, sheddable, priorities=priorities) is expected
+    assert is_sheddable(read_claims(headers), sheddable, priorities=priorities) is expected
 
 
 @pytest.mark.parametrize(
@@ -163,20 +175,3 @@ def test_parse_priorities_names_the_bad_entry(text: str) -> None:
     """Each malformed entry is refused, naming itself."""
     with pytest.raises(ValueError, match="not name=priority"):
         parse_priorities(text)
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        pytest.param("250", 0.25, id="ms"),
-        pytest.param(" 0 ", 0.0, id="zero"),
-        pytest.param("-5", None, id="negative"),
-        pytest.param("1.5", None, id="fraction"),
-        pytest.param("abc", None, id="text"),
-        pytest.param("9" * 10, None, id="absurd"),
-        pytest.param("", None, id="empty"),
-    ],
-)
-def test_the_ttft_target_caps_the_queue_wait(value: str, expected: float | None) -> None:
-    """x-slo-ttft-ms, whole milliseconds, as seconds; anything else is no cap."""
-    assert queue_wait_cap_s({"X-SLO-TTFT-MS": value}) == expected

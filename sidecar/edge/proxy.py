@@ -15,6 +15,7 @@ from typing import Any, Literal, NamedTuple
 import structlog
 from multidict import CIMultiDict
 
+from sidecar.core.claims import NO_CLAIMS, Claims
 from sidecar.core.errors import (
     AdmissionRejectedError,
     EdgeRefusedError,
@@ -23,6 +24,7 @@ from sidecar.core.errors import (
 )
 from sidecar.core.ledger import StreamUsage
 from sidecar.core.request_checks import CheckedRequest, TokenPolicy
+from sidecar.core.request_id import accepted_request_id
 from sidecar.core.stream_timing import StreamTiming
 from sidecar.edge.busy import busy_response
 from sidecar.edge.engine_client import Upstream, read_all, release
@@ -58,15 +60,15 @@ class ProxyConfig:
     reject_mode: Literal["sse", "http"]
     # A checked request's cost in the admission mode's unit, and its live footprint (adaptive).
     price: Callable[[CheckedRequest, str], tuple[int, StreamUsage | None]]
-    compartment_of: Callable[[Mapping[str, str], str | None], str]  # headers, tenant
-    tenant_of: Callable[[Mapping[str, str]], str | None]
+    compartment_of: Callable[[Claims, str | None], str]  # claims, tenant
+    tenant_of: Callable[[Mapping[str, str], Claims], str | None]
+    # What a request claims in its headers, as far as its peer (an IP address) is trusted to.
+    claims_of: Callable[[Mapping[str, str], str | None], Claims] = lambda _h, _p: NO_CLAIMS
     flat_price: Callable[[], int] = lambda: 1
     free_paths: frozenset[str] = frozenset(DEFAULT_FREE_PATHS)
     body: BodyLimits = field(default_factory=BodyLimits)
     write_timeout_s: float = 30.0
-    sheddable: Callable[[Mapping[str, str]], bool] = lambda _headers: False
-    # The longest this request may wait for a permit (a TTFT target), where it says one.
-    max_wait_of: Callable[[Mapping[str, str]], float | None] = lambda _headers: None
+    sheddable: Callable[[Claims], bool] = lambda _claims: False
     # Adaptive admission: what a completed request teaches.
     learn: Callable[[StreamUsage], None] = lambda _u: None
     # A relayed stream's timing, when it arrived, its headers and how it ended (metrics, the law).
@@ -109,10 +111,12 @@ def proxy_handler(proxy: Proxy) -> Handler:
 
 async def handle(proxy: Proxy, request: Request) -> Answer:
     """Route, read, check (inside the gate), admit, forward, relay."""
-    # 32 hex digits like uuid4().hex, without its getrandom syscall: an id must be unique, not
-    # unpredictable (a client may send its own).
-    request_id = request.headers.get("X-Request-Id") or f"{random_bits(128):032x}"
-    tenant = proxy.config.tenant_of(request.headers)
+    # The client's own id where it is a bounded token; else 32 hex digits like uuid4().hex,
+    # without its getrandom syscall: an id must be unique, not unpredictable.
+    given = accepted_request_id(request.headers.get("X-Request-Id"))
+    request_id = given or f"{random_bits(128):032x}"
+    claims = proxy.config.claims_of(request.headers, request.peer)
+    tenant = proxy.config.tenant_of(request.headers, claims)
     bound = bind_request(request_id, tenant)
     try:
         started = proxy.clock()
@@ -124,7 +128,7 @@ async def handle(proxy: Proxy, request: Request) -> Answer:
         except (RequestError, EdgeRefusedError) as exc:
             return _refused(proxy, exc, started)
         return await _admit_and_forward(
-            request, proxy, job, request_id, tenant=tenant, started=started
+            request, proxy, job, request_id, Admission(claims, tenant), started=started
         )
     finally:
         unbind_request(bound)
@@ -160,23 +164,28 @@ async def _intake(request: Request, proxy: Proxy, target: Target, request_id: st
     )  # fmt: skip
 
 
+class Admission(NamedTuple):
+    """Who a request is, as admission sees it: what it may claim, and its tenant."""
+
+    claims: Claims
+    tenant: str | None
+
+
 async def _admit_and_forward(
-    request: Request, proxy: Proxy, job: Job, request_id: str, *, tenant: str | None,
-    started: float,
-) -> Answer:  # fmt: skip
+    request: Request, proxy: Proxy, job: Job, request_id: str, who: Admission, *, started: float
+) -> Answer:
     config = proxy.config
-    compartment = config.compartment_of(request.headers, tenant)
+    compartment = config.compartment_of(who.claims, who.tenant)
     if job.checked is not None:
         cost, usage = config.price(job.checked, compartment)
     else:
         cost, usage = job.cost, None
     outcome, queue_wait = "error", 0.0
     try:
-        may_wait = not config.sheddable(request.headers)
+        may_wait = not config.sheddable(who.claims)
         admit = proxy.bulkhead.admit(
-            cost, compartment, usage, may_wait=may_wait,
-            max_wait_s=config.max_wait_of(request.headers),
-        )  # fmt: skip
+            cost, compartment, usage, may_wait=may_wait, max_wait_s=who.claims.max_wait_s
+        )
         async with admit as permit:
             queue_wait = permit.wait_s
             timing = StreamTiming(proxy.clock()) if job.stream else None

@@ -106,6 +106,12 @@ class Request:
         return None
 
     @property
+    def peer(self) -> str | None:
+        """The IP address at the client's end of the connection; None where it has none."""
+        peer = self.transport.get_extra_info("peername")
+        return str(peer[0]) if isinstance(peer, tuple) and peer else None
+
+    @property
     def fault(self) -> BodyFault | None:
         return self._fault
 

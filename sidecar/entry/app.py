@@ -13,6 +13,7 @@ from functools import partial
 import structlog
 from prometheus_client import CollectorRegistry
 
+from sidecar.core.claims import ClaimNames, parse_claim_trust
 from sidecar.core.compartments import parse_compartments
 from sidecar.core.request_checks import TokenPolicy
 from sidecar.core.stream_timing import StreamTiming
@@ -21,7 +22,6 @@ from sidecar.core.tenancy import (
     is_sheddable,
     parse_names,
     parse_priorities,
-    queue_wait_cap_s,
     tenant_id,
 )
 from sidecar.core.token_budget import TokenBudget
@@ -127,22 +127,21 @@ class SidecarServer:
             free_paths=parse_free_paths(s.free_paths),
             body=BodyLimits(s.body_timeout_ms / 1000, s.body_min_rate, s.body_rate_grace_ms / 1000),
             write_timeout_s=s.client_write_timeout_ms / 1000,
-            compartment_of=partial(
-                compartment_key, by=s.compartment_by, priority_header=s.priority_header
-            ),
-            tenant_of=partial(
-                tenant_id, tenant_header=s.tenant_header, from_api_key=s.tenant_from_api_key
+            compartment_of=partial(compartment_key, by=s.compartment_by),
+            tenant_of=partial(tenant_id, from_api_key=s.tenant_from_api_key),
+            claims_of=partial(
+                parse_claim_trust(s.claims_from).claims,
+                names=ClaimNames(s.tenant_header, s.priority_header),
             ),
             sheddable=partial(
                 is_sheddable,
                 sheddable=parse_names(s.sheddable),
-                priority_header=s.priority_header,
                 priorities=parse_priorities(s.objective_priorities),
             ),
-            max_wait_of=queue_wait_cap_s,
             learn=self.adaptive.learn if self.adaptive is not None else lambda _u: None,
             timed=self._timed,
         )
+        _warn_unclaimable(s)
         counter = EnginePromptCounter(self.upstream) if s.prompt_tokens == "engine" else None
         return Proxy(
             config, self.bulkhead, self.upstream, self.metrics, self.clock, counter,
@@ -277,3 +276,18 @@ class SidecarServer:
         self.proxy_server = self.admin_server = None
         await self.controller.stop()
         await self.upstream.close()
+
+
+def _warn_unclaimable(s: Settings) -> None:
+    """Settings that act on claimed objectives, with nobody trusted to claim one: said once."""
+    acting = [
+        name
+        for name, given in (
+            ("SIDECAR_COMPARTMENT_BY=priority", s.compartment_by == "priority"),
+            ("SIDECAR_SHEDDABLE", bool(s.sheddable)),
+            ("SIDECAR_OBJECTIVE_PRIORITIES", bool(s.objective_priorities)),
+        )
+        if given
+    ]
+    if acting and not parse_claim_trust(s.claims_from).trusts_anyone:
+        log.warning("claims_ignored", settings=acting, fix="SIDECAR_CLAIMS_FROM=<gateway CIDRs>")

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from sidecar.core.claims import parse_claim_trust
 from sidecar.core.errors import ConfigError
 from sidecar.core.sizes import parse_size
 from sidecar.core.tenancy import parse_priorities
@@ -259,10 +260,17 @@ class Settings(BaseSettings):
     compartment_by: Literal["tenant", "priority"] = Field(
         "tenant", description="what picks a request's compartment: tenant or priority"
     )
+    claims_from: str = Field(
+        "none",
+        description="whose tenant, objective, priority and SLO headers are honoured: none, any "
+        "(only behind a gateway that strips and sets them), or the gateway's networks as CIDRs, "
+        "e.g. 10.0.0.0/8,fd00::/8; from any other peer they are ignored",
+    )
     tenant_header: str = Field("x-tenant-id", description="request header naming the tenant")
     tenant_from_api_key: bool = Field(
         True,
-        description="without the tenant header: key- + 12 hex of the API key's SHA-256",
+        description="a bearer API key names the tenant (key- + 12 hex of its SHA-256), before "
+        "any tenant header",
     )
     priority_header: str = Field(
         "x-priority", description="request header naming the priority class"
@@ -270,7 +278,7 @@ class Settings(BaseSettings):
     sheddable: str | None = Field(
         default=None,
         description="comma-separated priority classes (x-priority or the gateway's "
-        "x-gateway-inference-objective) that are refused at once rather than queued when full",
+        "x-llm-d-inference-objective) that are refused at once rather than queued when full",
     )
     objective_priorities: str | None = Field(
         default=None,
@@ -318,6 +326,12 @@ class Settings(BaseSettings):
     @classmethod
     def _lower(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
+
+    @field_validator("claims_from")
+    @classmethod
+    def _claims_from(cls, value: str) -> str:
+        parse_claim_trust(value)  # ValueError names the bad entry
+        return value
 
     @field_validator("objective_priorities")
     @classmethod
