@@ -25,6 +25,8 @@ class EngineDouble:
     request_ids: list[str | None] = field(default_factory=list)  # each request's X-Request-Id
     # Mode "held": the head goes out at once, the events only once this is set.
     released: asyncio.Event = field(default_factory=asyncio.Event)
+    # Mode "trickle": how each stream ended, "whole" or "cut" (the sidecar closed it first).
+    trickles: list[str] = field(default_factory=list)
 
     def generating(self, free: frozenset[str] = frozenset({"/tokenize", "/detokenize"})) -> int:
         """Requests that needed a permit: every non-GET one off the free paths."""
@@ -55,6 +57,23 @@ async def _endless(request: web.Request) -> web.StreamResponse:
         await response.write(event)
         await asyncio.sleep(0)
     await response.write_eof()
+    return response
+
+
+async def _trickle(request: web.Request, double: EngineDouble) -> web.StreamResponse:
+    """A decoding engine's pace: 1 KiB events 5 ms apart for about 4 s (800 KiB in all, less
+    than a loopback socket's send buffer grows to), and how the stream ended, in ``trickles``."""
+    response = web.StreamResponse(headers={"Content-Type": SSE})
+    await response.prepare(request)
+    ended = "cut"
+    try:
+        for event in numbered_events(800):
+            await asyncio.sleep(0.005)
+            await response.write(event)
+        await response.write_eof()
+        ended = "whole"
+    finally:
+        double.trickles.append(ended)
     return response
 
 
@@ -111,6 +130,7 @@ MODES: dict[str, Mode] = {
         request, [b"data: 1\r\n\r\n", b"data: [DONE]\r\n\r\n"]
     ),
     "held": _held,
+    "trickle": _trickle,
     "one_write": _one_write,
 }
 

@@ -226,6 +226,41 @@ async def test_a_client_that_stops_reading_loses_its_permit(edge: Start) -> None
     assert samples["sidecar_requests_total{outcome=client_stalled}"] == 1
 
 
+async def test_clients_that_stop_reading_a_paced_stream_lose_their_permits(
+    edge: Start, double: EngineDouble
+) -> None:
+    """Four clients with a 4 KiB receive buffer that never read a stream paced like a decoding
+    engine's: each stream ends client_stalled and its engine connection is closed long before
+    the engine is done, instead of the kernel's send buffer soaking the stream up."""
+    server = await edge(SIDECAR_CLIENT_WRITE_TIMEOUT_MS="300", SIDECAR_KV_POOL=str(4 * 131_072))
+    clients = [await _small_buffer_client(server.proxy_port) for _ in range(4)]
+    try:
+        for sock in clients:
+            sock.send(_streamed_chat("trickle"))
+        assert await until(lambda: _in_use(server, 4), 5)
+        assert await until(lambda: _in_use(server, 0), 10)
+        assert await until(lambda: _length_is(double.trickles, 4), 5)
+    finally:
+        for sock in clients:
+            sock.close()
+    assert double.trickles == ["cut"] * 4
+    samples = await scrape(admin_url(server) + "/metrics")
+    assert samples["sidecar_requests_total{outcome=client_stalled}"] == 4
+
+
+async def _small_buffer_client(port: int) -> socket.socket:
+    """A connected client socket with a 4 KiB receive buffer, which the test never reads."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    return sock
+
+
+async def _length_is(items: list[str], n: int) -> bool:
+    return len(items) == n
+
+
 async def _in_use(server: SidecarServer, n: int) -> bool:
     return server.bulkhead.snapshot().in_use == n
 

@@ -138,3 +138,26 @@ async def test_an_unchunked_answer_carries_bare_events() -> None:
     assert relay.push(b"data: 1\n\n")
     assert relay.push(b"data: 2\n\n")
     assert socket.written == [b"data: 1\n\n", b"data: 2\n\n"]
+
+
+class _StalledWire(_Wire):
+    """A client that stopped reading with its buffer between the low and high marks: writing
+    is paused, and nothing ever drains."""
+
+    paused = True
+
+    async def drain(self) -> None:
+        await asyncio.Future()
+
+
+async def test_a_write_while_paused_has_a_deadline_though_the_buffer_has_room() -> None:
+    """Paused under the high-water mark, the push declines and the task's write ends
+    client_stalled at the write deadline instead of waiting on the drain for ever."""
+    socket, relay = await _prepared()
+    relay.request.wire = cast(Wire, _StalledWire())
+    relay.write_timeout_s = 0.01
+    aborted: list[bool] = []
+    socket.abort = lambda: aborted.append(True)  # type: ignore[method-assign]
+    assert not relay.push(b"data: 1\n\n")
+    assert await relay.write(b"data: 1\n\n") == "client_stalled"
+    assert aborted == [True]

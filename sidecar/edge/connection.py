@@ -36,6 +36,12 @@ Handler = Callable[[Request], Awaitable[Answer]]
 
 # How long a connection closed with its request body unread keeps reading it off.
 LINGER_S = 1.0
+# The bytes of an answer the kernel may hold unsent for a client (TCP_NOTSENT_LOWAT, where the
+# platform has it). Without a bound Linux grows a socket's send buffer to tcp_wmem's maximum
+# (4 MiB by default): a paced stream to a client that stopped reading then fills the kernel, not
+# the transport, for minutes, and the write deadline never starts. With it, what a stalled client
+# can leave unread is its own receive window, this, and the transport's high-water mark.
+UNSENT_LIMIT = 16 * 1024
 # A handler that failed, or an answer that cannot be sent: the same 500 as any unknown error.
 INTERNAL_ERROR = error_response(SidecarError())
 
@@ -106,6 +112,8 @@ class Connection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if hasattr(socket, "TCP_NOTSENT_LOWAT"):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, UNSENT_LIMIT)
         self._deadline.set("head", self._limits.header_timeout_s)
 
     def data_received(self, data: bytes) -> None:

@@ -89,8 +89,12 @@ class _Relay:
 
     def _fits(self, size: int) -> bool:
         """Whether writing ``size`` bytes stays below the high-water mark, so the connection is
-        never paused on a drain: such a write needs no deadline."""
-        return self.request.transport.get_write_buffer_size() + size <= self.room
+        never paused on a drain: such a write needs no deadline. Never while writing is paused
+        (the buffer may be back under the mark and over the low one): a write then waits."""
+        request = self.request
+        if request.wire.paused:
+            return False
+        return request.transport.get_write_buffer_size() + size <= self.room
 
     def ready(self, chunk: bytes) -> bytes:
         """What of the engine's ``chunk`` goes out now (whole events), counted."""
