@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sidecar.edge.connections import ConnectionTable
+from sidecar.edge.http.connections import ConnectionTable
 
 
 @dataclass(eq=False)

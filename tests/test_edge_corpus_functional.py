@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.edge.routes import DEFAULT_FREE_PATHS, SAFE_METHODS, normalise_path
+from sidecar.edge.proxy.routes import DEFAULT_FREE_PATHS, SAFE_METHODS, normalise_path
 from sidecar.entry.app import SidecarServer
 from tests.engine_double import EngineDouble, double
 from tests.servers import sidecars, until

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from structlog.testing import capture_logs
 
-from sidecar.edge.limits import BodyBudget
+from sidecar.edge.http.limits import BodyBudget
 from sidecar.entry.app import SidecarServer
 from tests.engine_double import EngineDouble, double, numbered_events
 from tests.servers import admin_url, error_of, proxy_url, scrape, sidecars, sse_events, until

@@ -10,18 +10,18 @@ import pytest
 from multidict import CIMultiDict
 
 from sidecar.core.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
-from sidecar.edge.engine_client import translated
-from sidecar.edge.engine_errors import (
+from sidecar.edge.engine.client import translated
+from sidecar.edge.engine.errors import (
     EngineProtocolError,
     StaleConnectionError,
     UnsendableRequestError,
 )
-from sidecar.edge.http1 import end_to_end
+from sidecar.edge.engine.http1 import end_to_end
 
 Make = Callable[[], BaseException]
 OFF, LATE = UpstreamUnavailableError, UpstreamTimeoutError
 
-# What the engine client (sidecar.edge.engine_http) and the socket layer under it raise, and
+# What the engine client (sidecar.edge.engine.pool) and the socket layer under it raise, and
 # what each must become: 504 for time, 502 for everything else.
 FAILURES: list[tuple[Make, type[UpstreamError]]] = [
     (lambda: TimeoutError("no byte from the engine for 300s"), LATE),

@@ -19,10 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.core.errors import UpstreamTimeoutError, UpstreamUnavailableError
-from sidecar.edge.engine_client import Upstream, read_all, read_chunk, release
-from sidecar.edge.engine_connection import HIGH_WATER, EngineConnection, Phase
-from sidecar.edge.engine_errors import EngineProtocolError
-from sidecar.edge.engine_http import EngineResponse
+from sidecar.edge.engine.client import Upstream, read_all, read_chunk, release
+from sidecar.edge.engine.connection import HIGH_WATER, EngineConnection, Phase
+from sidecar.edge.engine.errors import EngineProtocolError
+from sidecar.edge.engine.pool import EngineResponse
 
 # One scripted answer: given the request's bytes (head and body), the bytes to send back, and
 # whether to close the connection after sending them.

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from sidecar.edge.deadline import Deadline, Due
 from sidecar.edge.flow import FlowControl
+from sidecar.edge.http.deadline import Deadline, Due
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from multidict import CIMultiDict
 
-from sidecar.edge.engine_errors import UnsendableRequestError
-from sidecar.edge.http1 import encode_request
-from sidecar.edge.response import UnsendableHeadError, encode_head
+from sidecar.edge.engine.errors import UnsendableRequestError
+from sidecar.edge.engine.http1 import encode_request
+from sidecar.edge.http.response import UnsendableHeadError, encode_head
 
 BAD_FIELDS = [
     pytest.param("X-A", "1\r\nX-Smuggled: 2", id="crlf-in-a-value"),

@@ -23,13 +23,13 @@ from sidecar.core.outcomes import (
     RejectReason,
     UpstreamFailure,
 )
-from sidecar.edge.busy import busy_response
-from sidecar.edge.http_errors import error_response
-from sidecar.edge.limits import EdgeLimits
-from sidecar.edge.relay import in_band_error
-from sidecar.edge.request import Request
-from sidecar.edge.response import Answer
-from sidecar.edge.server import HttpServer
+from sidecar.edge.http.errors import error_response
+from sidecar.edge.http.limits import EdgeLimits
+from sidecar.edge.http.request import Request
+from sidecar.edge.http.response import Answer
+from sidecar.edge.http.server import HttpServer
+from sidecar.edge.proxy.busy import busy_response
+from sidecar.edge.proxy.relay import in_band_error
 from sidecar.entry.listen import bind
 from sidecar.telemetry.metrics import RequestMetrics
 

@@ -9,8 +9,8 @@ import pytest
 import structlog
 from aiohttp import web
 
-from sidecar.edge.engine_client import Upstream
-from sidecar.edge.prompt_count import EnginePromptCounter
+from sidecar.edge.engine.client import Upstream
+from sidecar.edge.proxy.prompt_count import EnginePromptCounter
 from tests.servers import StartSidecar, admin_url, error_of, get_json, proxy_url, serve_app
 
 MESSAGES = [{"role": "user", "content": "count these five words"}]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sidecar.edge.read_deadline import ReadDeadline
+from sidecar.edge.engine.read_deadline import ReadDeadline
 from tests.fake_time import FakeTime
 
 

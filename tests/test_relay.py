@@ -10,10 +10,10 @@ import pytest
 from multidict import CIMultiDict
 
 from sidecar.core.errors import UpstreamTimeoutError, UpstreamUnavailableError
-from sidecar.edge.relay import _Relay, in_band_error
-from sidecar.edge.request import Request, Wire
-from sidecar.edge.response import StreamResponse
-from sidecar.edge.sse_framing import EventFramer
+from sidecar.edge.http.request import Request, Wire
+from sidecar.edge.http.response import StreamResponse
+from sidecar.edge.proxy.relay import _Relay, in_band_error
+from sidecar.edge.proxy.sse_framing import EventFramer
 
 
 @pytest.mark.parametrize(

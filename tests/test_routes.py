@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.core.errors import RequestError
-from sidecar.edge.routes import DEFAULT_FREE_PATHS, normalise_path, parse_free_paths, route
+from sidecar.edge.proxy.routes import DEFAULT_FREE_PATHS, normalise_path, parse_free_paths, route
 
 FREE = frozenset(DEFAULT_FREE_PATHS)
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.edge.sse_framing import EventFramer
+from sidecar.edge.proxy.sse_framing import EventFramer
 
 
 def frame(chunks: list[bytes]) -> list[bytes]:

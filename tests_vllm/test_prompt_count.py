@@ -7,8 +7,8 @@ import pytest
 from conftest import Stack
 from openai.types.chat import ChatCompletionMessageParam
 
-from sidecar.edge.engine_client import Upstream
-from sidecar.edge.prompt_count import EnginePromptCounter
+from sidecar.edge.engine.client import Upstream
+from sidecar.edge.proxy.prompt_count import EnginePromptCounter
 
 MESSAGES: list[ChatCompletionMessageParam] = [
     {"role": "system", "content": "You are terse."},

@@ -1,6 +1,6 @@
 """The admin port: /capacity, /metrics, /healthz, /readyz. Never served on the proxy port.
 
-Served by the same HTTP/1.1 server side as the proxy port (sidecar.edge.server), with its own
+Served by the same HTTP/1.1 server side as the proxy port (sidecar.edge.http.server), with its own
 connection cap: GET and HEAD only; any other path is a JSON 404, any other method a 405.
 """
 
@@ -13,10 +13,10 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from sidecar.edge.http_errors import json_error
-from sidecar.edge.request import Request
-from sidecar.edge.response import Response
-from sidecar.edge.server import Handler
+from sidecar.edge.http.errors import json_error
+from sidecar.edge.http.request import Request
+from sidecar.edge.http.response import Response
+from sidecar.edge.http.server import Handler
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.live.adaptive import AdaptiveCapacity
 from sidecar.live.control_loop import CapacityController

@@ -26,13 +26,13 @@ from sidecar.core.tenancy import (
 )
 from sidecar.core.token_budget import TokenBudget
 from sidecar.edge.admin import Admin, admin_handler
-from sidecar.edge.engine_client import Upstream
-from sidecar.edge.in_flight import InFlight
-from sidecar.edge.limits import BodyLimits, ConnectionCount, EdgeLimits, Gate
-from sidecar.edge.prompt_count import EnginePromptCounter
-from sidecar.edge.proxy import Proxy, ProxyConfig, proxy_handler
-from sidecar.edge.routes import parse_free_paths
-from sidecar.edge.server import HttpServer
+from sidecar.edge.engine.client import Upstream
+from sidecar.edge.http.limits import BodyLimits, ConnectionCount, EdgeLimits, Gate
+from sidecar.edge.http.server import HttpServer
+from sidecar.edge.proxy.handler import Proxy, ProxyConfig, proxy_handler
+from sidecar.edge.proxy.in_flight import InFlight
+from sidecar.edge.proxy.prompt_count import EnginePromptCounter
+from sidecar.edge.proxy.routes import parse_free_paths
 from sidecar.entry.event_loop import running_loop_name
 from sidecar.entry.listen import SHUTDOWN_TIMEOUT_S, bind, reserve_descriptors, serve
 from sidecar.entry.settings import Settings

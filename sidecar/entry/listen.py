@@ -1,6 +1,6 @@
 """Opening a port: bind up front (so a clash or a bad host is one clear ConfigError), check that the
 connection cap leaves descriptors for the admin port and the engine, and serve on it
-(sidecar.edge.server)."""
+(sidecar.edge.http.server)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import resource
 import socket
 
 from sidecar.core.errors import ConfigError
-from sidecar.edge.limits import EdgeLimits
-from sidecar.edge.server import Handler, HttpServer
+from sidecar.edge.http.limits import EdgeLimits
+from sidecar.edge.http.server import Handler, HttpServer
 
 # Descriptors kept back from the proxy port's cap: the admin port, engine connections, logs.
 FD_MARGIN = 128

@@ -1,4 +1,4 @@
-"""What the engine client raises of its own; :func:`engine_client.translated` maps each to a 502.
+"""What the engine client raises of its own; :func:`client.translated` maps each to a 502.
 
 Exception
 └── EngineProtocolError        the engine's answer is not HTTP/1.1 the sidecar accepts

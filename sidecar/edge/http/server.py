@@ -1,10 +1,10 @@
 """The sidecar's HTTP/1.1 server side, for both ports: the listening socket, one
-:class:`~sidecar.edge.connection.Connection` per client, and the shutdown.
+:class:`~sidecar.edge.http.connection.Connection` per client, and the shutdown.
 
 Heads and bodies are parsed by llhttp, the C parser Node.js uses (through httptools), strictly:
 both Content-Length and Transfer-Encoding, two Content-Lengths, a bad chunk size or a bare LF are
 refused, never guessed at (request smuggling); RFC 9112's rules on the head beyond llhttp's are
-sidecar.edge.conformance's. Around it, the edge's bounds:
+sidecar.edge.http.conformance's. Around it, the edge's bounds:
 
 - at most ``max_connections`` open connections, ``max_connections_per_client`` from one address;
   at the first cap the longest idle connection is closed to make room, and only where none is
@@ -28,9 +28,9 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from sidecar.edge.connection import Connection, Handler, Port
-from sidecar.edge.connections import ConnectionTable
-from sidecar.edge.limits import BodyBudget, EdgeLimits
+from sidecar.edge.http.connection import Connection, Handler, Port
+from sidecar.edge.http.connections import ConnectionTable
+from sidecar.edge.http.limits import BodyBudget, EdgeLimits
 
 __all__ = ["Handler", "HttpServer"]
 

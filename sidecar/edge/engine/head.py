@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from sidecar.edge.engine_errors import EngineProtocolError
-from sidecar.edge.http1 import end_to_end_fields
+from sidecar.edge.engine.errors import EngineProtocolError
+from sidecar.edge.engine.http1 import end_to_end_fields
 
 # Past this the answer is refused, not buffered: it bounds what one engine head can cost.
 MAX_HEAD_BYTES = 64 * 1024

@@ -1,5 +1,6 @@
 """A client's request on a port of the sidecar, as the handler sees it: its head, parsed once by the
-connection (:mod:`sidecar.edge.server`), and its body, buffered as it arrives up to the body limit.
+connection (:mod:`sidecar.edge.http.server`), and its body, buffered as it arrives up to the body
+limit.
 
 The handler starts as soon as the head is complete, so routing, the gate and a refusal never wait
 for a body; :meth:`Request.read` waits for the rest of it.
@@ -13,7 +14,7 @@ from typing import Literal, Protocol
 from multidict import CIMultiDict
 
 from sidecar.core.errors import EdgeRefusedError, RequestError
-from sidecar.edge.limits import BodyBudget
+from sidecar.edge.http.limits import BodyBudget
 
 BodyFault = Literal["too_large", "bad_framing", "cut_off", "no_room"]
 

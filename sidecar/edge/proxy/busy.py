@@ -12,14 +12,14 @@ import json
 from typing import Literal
 
 from sidecar.core.errors import AdmissionRejectedError
-from sidecar.edge.http_errors import (
+from sidecar.edge.http.errors import (
     SDK_MAX_RETRY_S,
     error_response,
     refusal_body,
     refusal_headers,
     retry_headers,
 )
-from sidecar.edge.response import Response
+from sidecar.edge.http.response import Response
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 

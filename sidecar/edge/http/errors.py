@@ -19,7 +19,7 @@ from sidecar.core.errors import (
     UpstreamError,
 )
 from sidecar.core.outcomes import DROPPED_REASON_HEADER, Refusal
-from sidecar.edge.response import Response
+from sidecar.edge.http.response import Response
 
 
 def error_body(

@@ -2,14 +2,14 @@
 
 The sidecar talks to one origin, with bodies it has already read, and relays the answer's bytes
 as they come, so a client this small does: a pool of kept-alive connections
-(:mod:`engine_connection`, llhttp parsing each answer), one write per request (:mod:`http1`
+(:mod:`connection`, llhttp parsing each answer), one write per request (:mod:`http1`
 encodes it), a response head, and the body's bytes as they arrive.
 
 A connection goes back to the pool only when its answer was read to the end and neither side
 asked to close it. A request is written once, except where RFC 9112 §9.3.1 allows another try:
 an idempotent request on a kept-alive connection that the engine closed without answering. A
 POST may have reached the engine, which may be generating for it: it is never sent twice.
-Errors: as in :mod:`sidecar.edge.engine_connection`, plus ``OSError`` and ``TimeoutError`` on
+Errors: as in :mod:`sidecar.edge.engine.connection`, plus ``OSError`` and ``TimeoutError`` on
 connect.
 """
 
@@ -20,9 +20,9 @@ import ssl
 from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
-from sidecar.edge.engine_connection import EngineConnection, Phase, Sink
-from sidecar.edge.engine_errors import StaleConnectionError
-from sidecar.edge.http1 import encode_request
+from sidecar.edge.engine.connection import EngineConnection, Phase, Sink
+from sidecar.edge.engine.errors import StaleConnectionError
+from sidecar.edge.engine.http1 import encode_request
 
 # Idle kept-alive connections kept; more than the engine's concurrency gains nothing.
 MAX_IDLE = 256

@@ -17,9 +17,9 @@ from sidecar.core.request_checks import (
     enforce_prompt_budget,
     with_prompt_tokens,
 )
-from sidecar.edge.limits import BodyLimits
-from sidecar.edge.prompt_count import EnginePromptCounter
-from sidecar.edge.request import Request
+from sidecar.edge.http.limits import BodyLimits
+from sidecar.edge.http.request import Request
+from sidecar.edge.proxy.prompt_count import EnginePromptCounter
 
 
 async def read_body(request: Request, limits: BodyLimits) -> bytes:

@@ -8,7 +8,7 @@ reader may instead attach a :data:`Sink`: each read's body bytes then go to it f
 is detached) or the body ends (its last bytes are the next read's). One read timer per
 connection (:mod:`read_deadline`), re-armed lazily: a relayed chunk costs no timer handle.
 
-Failures are raised as the errors ``engine_client.translated`` maps: ``OSError`` (a reset, an
+Failures are raised as the errors ``client.translated`` maps: ``OSError`` (a reset, an
 answer cut short: ``ConnectionResetError``; ``StaleConnectionError`` when not one byte of it
 came), ``TimeoutError`` (no byte for ``read_timeout_s``) and ``EngineProtocolError`` (an answer
 that is not HTTP/1.1 as llhttp reads it, strictly, or bytes nobody asked for).
@@ -23,10 +23,10 @@ from typing import cast
 
 import httptools
 
-from sidecar.edge.engine_errors import EngineProtocolError, StaleConnectionError
-from sidecar.edge.engine_head import MAX_HEAD_BYTES, Head, ends_at_close, make_head
+from sidecar.edge.engine.errors import EngineProtocolError, StaleConnectionError
+from sidecar.edge.engine.head import MAX_HEAD_BYTES, Head, ends_at_close, make_head
+from sidecar.edge.engine.read_deadline import ReadDeadline
 from sidecar.edge.flow import FlowControl
-from sidecar.edge.read_deadline import ReadDeadline
 
 # Body bytes held for a reader that is slower than the engine before the socket stops reading.
 HIGH_WATER = 256 * 1024

@@ -15,7 +15,7 @@ from http import HTTPStatus
 
 from multidict import CIMultiDict
 
-from sidecar.edge.request import Request
+from sidecar.edge.http.request import Request
 
 REASONS = {status.value: status.phrase for status in HTTPStatus}
 NO_BODY_STATUSES = frozenset({204, 304})

@@ -3,7 +3,7 @@ hands it to the port's handler, writes its answer, and bounds the connection's l
 
 A connection is always in one :class:`State`; reading and writing are paused and resumed by its
 :class:`~sidecar.edge.flow.FlowControl`; its one deadline at a time is a
-:class:`~sidecar.edge.deadline.Deadline`.
+:class:`~sidecar.edge.http.deadline.Deadline`.
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ import httptools
 import structlog
 
 from sidecar.core.errors import SidecarError
-from sidecar.edge.conformance import HeadRefusedError
-from sidecar.edge.connections import ConnectionTable
-from sidecar.edge.deadline import Deadline, Due
 from sidecar.edge.flow import FlowControl
-from sidecar.edge.head import Head
-from sidecar.edge.http_errors import error_response
-from sidecar.edge.limits import BodyBudget, EdgeLimits, raw_answer
-from sidecar.edge.request import Request
-from sidecar.edge.response import Answer, Response, StreamResponse, UnsendableHeadError
+from sidecar.edge.http.conformance import HeadRefusedError
+from sidecar.edge.http.connections import ConnectionTable
+from sidecar.edge.http.deadline import Deadline, Due
+from sidecar.edge.http.errors import error_response
+from sidecar.edge.http.head import Head
+from sidecar.edge.http.limits import BodyBudget, EdgeLimits, raw_answer
+from sidecar.edge.http.request import Request
+from sidecar.edge.http.response import Answer, Response, StreamResponse, UnsendableHeadError
 
 log = structlog.get_logger(__name__)
 
@@ -78,7 +78,7 @@ def _client_address(transport: asyncio.BaseTransport) -> str:
 
 
 class Connection(asyncio.Protocol):
-    """One client connection (and, for requests, their :class:`~sidecar.edge.request.Wire`)."""
+    """One client connection (and, for requests, their :class:`~sidecar.edge.http.request.Wire`)."""
 
     transport: asyncio.Transport
     _flow: FlowControl
@@ -191,7 +191,7 @@ class Connection(asyncio.Protocol):
         assert self._head is not None, "llhttp calls on_message_begin first"
         return self._head
 
-    # The answer's side (sidecar.edge.request.Wire).
+    # The answer's side (sidecar.edge.http.request.Wire).
 
     @property
     def paused(self) -> bool:

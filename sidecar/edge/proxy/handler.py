@@ -26,20 +26,20 @@ from sidecar.core.ledger import StreamUsage
 from sidecar.core.request_checks import CheckedRequest, TokenPolicy
 from sidecar.core.request_id import accepted_request_id
 from sidecar.core.stream_timing import StreamTiming
-from sidecar.edge.busy import busy_response
-from sidecar.edge.engine_client import Upstream, read_all, release
-from sidecar.edge.engine_http import EngineResponse
-from sidecar.edge.http1 import end_to_end
-from sidecar.edge.http_errors import error_response
-from sidecar.edge.in_flight import InFlight, Stop
-from sidecar.edge.intake import checked_request, read_body, require_json
-from sidecar.edge.limits import BodyLimits, Gate
-from sidecar.edge.prompt_count import EnginePromptCounter
-from sidecar.edge.relay import RelayResult, relay_stream
-from sidecar.edge.request import Request
-from sidecar.edge.response import Answer, Response
-from sidecar.edge.routes import DEFAULT_FREE_PATHS, Target, route
-from sidecar.edge.server import Handler
+from sidecar.edge.engine.client import Upstream, read_all, release
+from sidecar.edge.engine.http1 import end_to_end
+from sidecar.edge.engine.pool import EngineResponse
+from sidecar.edge.http.errors import error_response
+from sidecar.edge.http.limits import BodyLimits, Gate
+from sidecar.edge.http.request import Request
+from sidecar.edge.http.response import Answer, Response
+from sidecar.edge.http.server import Handler
+from sidecar.edge.proxy.busy import busy_response
+from sidecar.edge.proxy.in_flight import InFlight, Stop
+from sidecar.edge.proxy.intake import checked_request, read_body, require_json
+from sidecar.edge.proxy.prompt_count import EnginePromptCounter
+from sidecar.edge.proxy.relay import RelayResult, relay_stream
+from sidecar.edge.proxy.routes import DEFAULT_FREE_PATHS, Target, route
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.limiter.permit import Permit
 from sidecar.telemetry.log_context import bind_request, unbind_request

@@ -23,13 +23,13 @@ from sidecar.core.errors import UpstreamError
 from sidecar.core.ledger import StreamUsage
 from sidecar.core.outcomes import REJECTIONS, Refusal
 from sidecar.core.stream_timing import StreamTiming
-from sidecar.edge.engine_client import read_chunk
-from sidecar.edge.engine_http import EngineResponse
-from sidecar.edge.http_errors import refusal_body
-from sidecar.edge.in_flight import Stop
-from sidecar.edge.request import Request
-from sidecar.edge.response import StreamResponse
-from sidecar.edge.sse_framing import EventFramer
+from sidecar.edge.engine.client import read_chunk
+from sidecar.edge.engine.pool import EngineResponse
+from sidecar.edge.http.errors import refusal_body
+from sidecar.edge.http.request import Request
+from sidecar.edge.http.response import StreamResponse
+from sidecar.edge.proxy.in_flight import Stop
+from sidecar.edge.proxy.sse_framing import EventFramer
 
 RelayEnd = Literal["completed", "client_gone", "client_stalled", "upstream_failed", "stopped"]
 # One per choice object of an OpenAI stream chunk: a token event (the usage chunk has none).

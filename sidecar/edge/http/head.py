@@ -1,5 +1,6 @@
 """A request head as llhttp hands it over, piece by piece, bounded as it grows; once complete,
-checked (sidecar.edge.conformance) and made into a :class:`~sidecar.edge.request.Request`."""
+checked (sidecar.edge.http.conformance) and made into a
+:class:`~sidecar.edge.http.request.Request`."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from dataclasses import dataclass, field
 import httptools
 from multidict import CIMultiDict
 
-from sidecar.edge.conformance import HeadRefusedError, check_head
-from sidecar.edge.limits import BodyBudget, EdgeLimits
-from sidecar.edge.request import Request, Wire
+from sidecar.edge.http.conformance import HeadRefusedError, check_head
+from sidecar.edge.http.limits import BodyBudget, EdgeLimits
+from sidecar.edge.http.request import Request, Wire
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The bounded edge, in plain values: the bounds of a port (its connection cap, deadlines and
-head sizes, enforced by sidecar.edge.server), the pace a request body must keep, the answers given
-at the door, and the cap on the work done before admission."""
+head sizes, enforced by sidecar.edge.http.server), the pace a request body must keep, the answers
+given at the door, and the cap on the work done before admission."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Every call to the engine runs inside :func:`translated`: a socket failure, a timeout or an answer
 that breaks HTTP/1.1 becomes an UpstreamUnavailableError (502) or UpstreamTimeoutError (504),
 raised ``from`` the original, so nothing of the client's own errors leaks past this module. The
-client is :mod:`sidecar.edge.engine_http`, a pooled HTTP/1.1 client made for this one origin.
+client is :mod:`sidecar.edge.engine.pool`, a pooled HTTP/1.1 client made for this one origin.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 from sidecar.core.errors import UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
-from sidecar.edge.engine_errors import EngineProtocolError
-from sidecar.edge.engine_http import EnginePool, EngineResponse
+from sidecar.edge.engine.errors import EngineProtocolError
+from sidecar.edge.engine.pool import EnginePool, EngineResponse
 
 # Errors raised while talking to the engine; order matters (TimeoutError is also an OSError).
 TIMEOUT_ERRORS: tuple[type[BaseException], ...] = (TimeoutError,)
@@ -88,7 +88,7 @@ class Upstream:
 
     @property
     def idle_connections(self) -> int:
-        """Kept-alive engine connections waiting for a request (at most engine_http.MAX_IDLE)."""
+        """Kept-alive engine connections waiting for a request (at most pool.MAX_IDLE)."""
         return 0 if self._pool is None else self._pool.idle
 
     async def send(

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Generic, Protocol, TypeVar
 
 from sidecar.core.outcomes import EdgeFault
-from sidecar.edge.limits import ConnectionCount
+from sidecar.edge.http.limits import ConnectionCount
 
 
 class Evictable(Protocol):

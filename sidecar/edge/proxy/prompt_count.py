@@ -14,7 +14,7 @@ from typing import Any
 import structlog
 
 from sidecar.core.errors import UpstreamError
-from sidecar.edge.engine_client import Upstream, read_all, release
+from sidecar.edge.engine.client import Upstream, read_all, release
 
 log = structlog.get_logger(__name__)
 

@@ -1,5 +1,5 @@
 """The request the sidecar writes to the engine, and which fields a proxy passes on (RFC 9110
-§7.6.1): pure functions, no I/O. Answers are parsed by llhttp (:mod:`engine_connection`)."""
+§7.6.1): pure functions, no I/O. Answers are parsed by llhttp (:mod:`connection`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 
 from multidict import CIMultiDict
 
-from sidecar.edge.engine_errors import UnsendableRequestError
+from sidecar.edge.engine.errors import UnsendableRequestError
 
 # Sent by the sidecar itself, whatever the client sent: the framing of the request it writes.
 # Expect too: the body goes out with the head, so there is nothing for a 100 Continue to unblock.

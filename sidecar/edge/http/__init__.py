@@ -1,0 +1,1 @@
+"""The HTTP/1.1 server side: connections, request heads and bodies, answers, and their bounds."""
