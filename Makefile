@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check docs bench bench-venv bench-overload soak test-vllm plan clean lock
+.PHONY: demo test check docs bench bench-venv bench-overload bench-cold-start soak test-vllm plan clean lock
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -63,12 +63,19 @@ bench-venv: $(STAMP)
 soak: $(STAMP)
 	$(BIN)/python -m benchmarks.soak
 
-# The sidecar against vLLM's own options on a real vLLM (CPU) under overload, side by side: about
-# 30 min on 2 cores (docs/overload.md). OVERLOAD_LOADS, OVERLOAD_CONFIGS, OVERLOAD_MEASURE_S narrow it.
+# SLO goodput under overload: the sidecar against vLLM alone and its queue cap, on a real vLLM
+# (CPU) and a GPU-shaped emulated engine, 3 repetitions interleaved: about 35 min on 2 cores
+# (docs/overload.md). OVERLOAD_LOADS, OVERLOAD_CONFIGS, OVERLOAD_MEASURE_S, OVERLOAD_REPETITIONS
+# narrow it. Writes .bench/overload.json (every request), .md and .png.
 bench-overload: $(STAMP)
 	bash scripts/vllm_env.sh
 	$(E2E_VLLM_PYTHON) scripts/build_tiny_model.py $(E2E_TINY_MODEL)
 	$(BIN)/python -m benchmarks.overload
+
+# 96 clients without max_tokens through a fresh sidecar to an H200-sized emulated engine: how many
+# run at the engine within 5 s (target >= 48). About 20 s.
+bench-cold-start: $(STAMP)
+	$(BIN)/python -m benchmarks.cold_start
 
 test-vllm: $(STAMP)
 	bash scripts/test_vllm.sh

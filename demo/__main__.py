@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from demo.compare import RunResult, format_comparison, verdict_oom, verdict_paged
+from demo.compare import OBJECTIVES, RunResult, format_comparison, verdict_oom, verdict_paged
 from demo.dashboard import HEADER, LEGEND
 from demo.load import Phase, Request
 from demo.plot import write_comparison
@@ -169,7 +169,16 @@ async def run_demo(
         results.append(await one_run(config, phase, ours, write, clock=clock, gpu=gpu))
         bare = f"{engine}, bare"
         results.append(await one_run(config, phase, bare, write, clock=clock, gpu=None))
-    lines = ["", *format_comparison(results), ""]
+    lines = [
+        "",
+        *format_comparison(results),
+        "",
+        f"SLO goodput: completion tokens/s of the streams whose first token came within "
+        f"{OBJECTIVES.ttft_s:g} s of sending and whose",
+        f"tokens then came {OBJECTIVES.tpot_s * 1000:g} ms apart or less on average; a busy "
+        "answer or a failed stream is a miss.",
+        "",
+    ]
     for (_, engine), with_sidecar, alone in zip(
         _engines(engine_name), results[::2], results[1::2], strict=True
     ):

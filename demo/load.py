@@ -18,6 +18,8 @@ from functools import partial
 
 import openai
 
+from demo.slo import Ending, Record
+
 COMPLETED = "completed"
 ERROR = "error"
 # The codes the sidecar's busy answer carries (sidecar.limiter.bulkhead's reject reasons).
@@ -57,6 +59,7 @@ class Tally:
         self.by_phase: dict[str, Counter[str]] = {}
         self._ttfts: dict[str, list[float]] = {}
         self.started: Counter[str] = Counter()
+        self.records: dict[str, list[Record]] = {}
 
     def sent(self, phase: str) -> None:
         """Count one request as it goes out."""
@@ -66,6 +69,10 @@ class Tally:
         """Count one finished request."""
         self.outcomes[outcome] += 1
         self.by_phase.setdefault(phase, Counter())[outcome] += 1
+
+    def request(self, phase: str, record: Record) -> None:
+        """Keep one finished request's record (for SLO goodput)."""
+        self.records.setdefault(phase, []).append(record)
 
     def first_token(self, phase: str, ttft_s: float) -> None:
         """A stream's first token arrived ``ttft_s`` after its request was sent."""
@@ -114,10 +121,13 @@ def retry_hint_s(exc: openai.APIError) -> float | None:
 
 @dataclass(frozen=True)
 class Answer:
-    """How one request ended, and when the server advised to come back (busy answers)."""
+    """How one request ended, when the server advised to come back (busy answers), and what a
+    completed stream brought: its time to first token and its tokens (a chunk each)."""
 
     outcome: str
     retry_after_s: float | None = None
+    ttft_s: float | None = None
+    tokens: int = 0
 
 
 async def one_request(
@@ -130,6 +140,7 @@ async def one_request(
     (a stream that fails later does not count: the TTFT shown is of completed requests)."""
     started = clock()
     first: float | None = None
+    tokens = 0
     try:
         stream = await client.chat.completions.create(
             model=request.model,
@@ -139,13 +150,15 @@ async def one_request(
         )
         async with stream:
             async for chunk in stream:
-                if first is None and chunk.choices and chunk.choices[0].delta.content:
-                    first = clock() - started
+                if chunk.choices and chunk.choices[0].delta.content:
+                    tokens += 1
+                    if first is None:
+                        first = clock() - started
     except openai.APIError as exc:
         return Answer(outcome_of(exc), retry_hint_s(exc))
     if first is not None:
         on_first_token(first)
-    return Answer(COMPLETED)
+    return Answer(COMPLETED, ttft_s=first, tokens=tokens)
 
 
 class Load:
@@ -181,6 +194,7 @@ class Load:
     async def _client_loop(self, phase: Phase, deadline: float) -> None:
         while self._clock() < deadline:
             self._tally.sent(phase.name)
+            sent_at = self._clock()
             answer = await one_request(
                 self._client,
                 self._request,
@@ -188,6 +202,7 @@ class Load:
                 partial(self._tally.first_token, phase.name),
             )
             self._tally.record(phase.name, answer.outcome)
+            self._tally.request(phase.name, _record(answer, sent_at, self._clock()))
             pause = phase.think_s if answer.outcome == COMPLETED else self._backoff(answer)
             if pause > 0:
                 await self._sleep(pause)
@@ -198,3 +213,10 @@ class Load:
         # as one wave.
         wait = max(self._backoff_s, answer.retry_after_s or 0.0)
         return wait * (0.5 + self._jitter.random())
+
+
+def _record(answer: Answer, sent_at: float, ended_at: float) -> Record:
+    if answer.outcome == COMPLETED:
+        return Record("completed", sent_at, ended_at, answer.ttft_s, answer.tokens)
+    ending: Ending = "busy" if answer.outcome in FALLBACK_CODES else "error"
+    return Record(ending, sent_at, ended_at, retry_after_s=answer.retry_after_s)

@@ -25,6 +25,7 @@ from emulator.config import EmulatorConfig
 from sidecar.entry.app import SidecarServer
 
 SAMPLE_S, LINE_S = 0.1, 1.0  # sample often enough to catch a peak; print a line every second
+GRACE_S = 2.0  # streams still unanswered this long after the last start are abandoned
 
 
 async def start_engine(config: EmulatorConfig) -> tuple[web.AppRunner, str]:
@@ -91,11 +92,15 @@ class Run:
             self.write(format_line(sample, progress(sample.t_s, self.duration_s)) + "\n")
 
     def result(self, phase: str) -> RunResult:
-        """The run as a column of the comparison."""
-        return result_of(self.label, self.tally, phase, self.gauges, tuple(self.samples))
+        """The run as a column of the comparison; its SLO goodput over the run's duration and
+        the grace."""
+        window = (self.started, self.started + self.duration_s + GRACE_S)
+        return result_of(
+            self.label, self.tally, phase, self.gauges, tuple(self.samples), window=window
+        )
 
 
-async def drive(run: Run, phase: Phase, request: Request, *, grace_s: float = 2.0) -> None:
+async def drive(run: Run, phase: Phase, request: Request, *, grace_s: float = GRACE_S) -> None:
     """Run the load while the dashboard watches; abandon what is unanswered after the grace."""
     async with aiohttp.ClientSession() as session, client_for(run.base_url) as client:
         run.started = run.clock()

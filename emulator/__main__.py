@@ -46,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens
     )
     parser.add_argument("--ttft-s", type=float, default=defaults.ttft_s)
+    parser.add_argument(
+        "--max-num-queued-reqs",
+        type=int,
+        default=None,
+        help="vLLM's cap on unfinished requests (waiting + running); beyond it a 503 at once",
+    )
     parser.add_argument("--bytes-per-token", type=int, default=defaults.bytes_per_token)
     parser.add_argument("--oom", action="store_true", help="fail streams when KV runs out")
     parser.add_argument(
@@ -74,6 +80,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         prefill_tokens_per_s=args.prefill_tokens_per_s,
         max_num_batched_tokens=args.max_num_batched_tokens,
         ttft_s=args.ttft_s,
+        max_num_queued_reqs=args.max_num_queued_reqs,
         oom=args.oom,
         bytes_per_token=args.bytes_per_token,
         completion_median_ratio=args.completion_median_ratio,
@@ -102,6 +109,7 @@ async def serve(config: EmulatorConfig, host: str, port: int) -> None:
             tokens_per_s=config.tokens_per_s,
             prefill_tokens_per_s=config.prefill_tokens_per_s,
             max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_queued_reqs=config.max_num_queued_reqs,
             oom=config.fails_on_overflow,
         )
         stop = asyncio.Event()

@@ -17,6 +17,7 @@ from emulator.generation import GenerationHandler, error_response
 from emulator.kv_pool import KVPool
 from emulator.lengths import completion_lengths
 from emulator.metrics import build_registry
+from emulator.queue_cap import QueueCap
 from emulator.runner import EngineRunner, Sleep, StepCost
 
 CONFIG_KEY = web.AppKey("emulator_config", EmulatorConfig)
@@ -46,8 +47,11 @@ def build_app(
     app[RUNNER_KEY] = runner
     app[REGISTRY_KEY] = build_registry(config, pool.snapshot)
     lengths = completion_lengths(config)
-    chat = GenerationHandler("chat", config, runner, clock, poll_s, lengths=lengths)
-    completion = GenerationHandler("completion", config, runner, clock, poll_s, lengths=lengths)
+    cap = QueueCap(config.max_num_queued_reqs)  # shared: vLLM counts every unfinished request
+    chat = GenerationHandler("chat", config, runner, clock, poll_s, lengths=lengths, queue_cap=cap)
+    completion = GenerationHandler(
+        "completion", config, runner, clock, poll_s, lengths=lengths, queue_cap=cap
+    )
     app.router.add_post("/v1/chat/completions", chat.handle)
     app.router.add_post("/v1/completions", completion.handle)
     app.router.add_get("/v1/models", _models)

@@ -33,6 +33,9 @@ class EmulatorConfig:
     # step, so prefills slow every running stream. 0: free (no compute limit).
     prefill_tokens_per_s: float = 0.0
     ttft_s: float = 0.0  # a fixed delay before a request reaches the engine's queue
+    # vLLM's --max-num-queued-reqs: at most this many unfinished requests (waiting + running);
+    # the next is answered 503 at once. None: no cap (vLLM's default).
+    max_num_queued_reqs: int | None = None
     oom: bool = False
     bytes_per_token: int = 1024
     gpu_memory_utilization: float = 0.9
@@ -56,6 +59,10 @@ class EmulatorConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_num_queued_reqs is not None and self.max_num_queued_reqs < 0:
+            raise ValueError(
+                f"max_num_queued_reqs must not be negative, got {self.max_num_queued_reqs}"
+            )
         ratio = self.completion_median_ratio
         if ratio is not None and not 0 < ratio <= 1:
             raise ValueError(f"completion_median_ratio must be in (0, 1], got {ratio}")

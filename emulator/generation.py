@@ -15,6 +15,7 @@ from aiohttp import web
 from emulator import sse, tokens
 from emulator.config import EmulatorConfig
 from emulator.faults import HEADER, Fault, parse_fault
+from emulator.queue_cap import QUEUE_FULL_MESSAGE, QUEUE_FULL_TYPE, QueueCap
 from emulator.requests import Generation, InvalidRequestError, Kind, parse_generation
 from emulator.runner import ClientGoneError, EngineRunner, KVCacheExhaustedError, Pacing
 
@@ -51,8 +52,10 @@ class GenerationHandler:
         poll_s: float = 0.05,
         *,
         lengths: Callable[[int], int] = lambda max_tokens: max_tokens,
+        queue_cap: QueueCap | None = None,
     ) -> None:
         self._lengths = lengths
+        self._queue_cap = queue_cap or QueueCap(None)
         self._kind = kind
         self._config = config
         self._runner = runner
@@ -69,9 +72,14 @@ class GenerationHandler:
             return error_response(exc.status, exc.message, exc.param)
         if job.fault.status is not None:
             return error_response(job.fault.status, f"injected fault: status {job.fault.status}")
-        if job.generation.stream:
-            return await self._stream(request, job)
-        return await self._complete(request, job)
+        if not self._queue_cap.admit():
+            return error_response(503, QUEUE_FULL_MESSAGE, error_type=QUEUE_FULL_TYPE)
+        try:
+            if job.generation.stream:
+                return await self._stream(request, job)
+            return await self._complete(request, job)
+        finally:
+            self._queue_cap.release()
 
     def _job(self, request: web.Request, body: object) -> Job:
         generation = parse_generation(body, self._kind, self._config)

@@ -19,10 +19,11 @@ from demo.__main__ import (
     run_demo,
     sidecar_settings,
 )
-from demo.compare import RunResult, format_comparison, verdict_oom, verdict_paged
+from demo.compare import RunResult, format_comparison, result_of, verdict_oom, verdict_paged
 from demo.dashboard import Sample, engine_gauges, engine_running, format_line
 from demo.load import Tally, outcome_of, retry_hint_s
 from demo.simulated_gpu import ENGINE_PID, GIB, NEIGHBOUR_PID, SimulatedGpu
+from demo.slo import Record
 from demo.story import PATH_HINT, progress
 from sidecar.entry.settings import Settings
 from sidecar.live.sources import engine_process_bytes, neighbour_bytes
@@ -228,32 +229,59 @@ def test_bad_flags_exit_2(argv: list[str]) -> None:
     assert raised.value.code == 2
 
 
-def _result(label: str, completed: int, p99_s: float, preemptions: int, failed: int) -> RunResult:
+def _result(
+    label: str,
+    completed: int,
+    p99_s: float,
+    preemptions: int,
+    failed: int,
+    *,
+    slo: float = 0.0,
+    raw: float = 0.0,
+) -> RunResult:
     outcomes = {"completed": completed, "error": failed, "queue_full": 3}
     sent = completed + failed + 3
-    return RunResult(label, sent, outcomes, 40, 0.9, preemptions, failed, p99_s / 2, p99_s)
+    return RunResult(label, sent, outcomes, 40, 0.9, preemptions, failed, p99_s / 2, p99_s,
+                     slo_goodput=slo, raw_tokens_per_s=raw)  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("ours", "bare", "marks"),
     [
-        pytest.param(_result("o", 30, 2.0, 0, 0), _result("b", 25, 9.0, 5, 0),
+        pytest.param(_result("o", 30, 2.0, 0, 0, slo=900, raw=1000),
+                     _result("b", 25, 9.0, 5, 0, slo=100, raw=1050),
                      ["yes", "yes", "yes"], id="wins-everywhere"),
-        pytest.param(_result("o", 20, 2.0, 0, 0), _result("b", 25, 9.0, 5, 0),
-                     ["NO", "yes", "yes"], id="fewer-completed-says-no"),
-        pytest.param(_result("o", 30, 6.0, 1, 0), _result("b", 25, 9.0, 5, 0),
-                     ["yes", "NO", "NO"], id="p99-not-far-lower-and-a-preemption"),
-        pytest.param(_result("o", 30, 2.0, 0, 0),
+        pytest.param(_result("o", 20, 2.0, 0, 0, slo=90, raw=1000),
+                     _result("b", 25, 9.0, 5, 0, slo=100, raw=1000),
+                     ["NO", "yes", "yes"], id="less-slo-goodput-says-no"),
+        pytest.param(_result("o", 30, 9.5, 7, 0, slo=900, raw=800),
+                     _result("b", 25, 9.0, 5, 0, slo=100, raw=1000),
+                     ["yes", "NO", "NO"], id="raw-below-0.9x-and-p99-higher"),
+        pytest.param(_result("o", 30, 2.0, 0, 0, slo=900, raw=900),
                      RunResult("b", 9, {}, 40, 1.0, 5, 0, None, None),
-                     ["yes", "n/a", "yes"], id="bare-completed-nothing-no-ttft-to-compare"),
+                     ["yes", "yes", "n/a"], id="bare-completed-nothing-no-ttft-to-compare"),
     ],
 )  # fmt: skip
 def test_paged_verdict_says_no_where_the_sidecar_lost(
     ours: RunResult, bare: RunResult, marks: list[str]
 ) -> None:
-    """Each target of the paged engine gets its own yes or NO from the figures."""
+    """What users feel, each with its own yes or NO: SLO goodput at least the bare engine's,
+    raw throughput at least 0.9x, TTFT p99 at most the bare engine's."""
     lines = verdict_paged(ours, bare)
     assert [line.split()[0] for line in lines[1:]] == marks
+    assert "SLO goodput at least the bare engine's" in lines[1]
+
+
+def test_slo_goodput_of_a_run_counts_the_streams_that_met_the_objectives() -> None:
+    """Over a 10 s run: a stream with its first token at 1 s and 100 tokens 50 ms apart met the
+    objectives; one whose first token came at 3 s did not; a busy answer is not served."""
+    tally = Tally()
+    tally.request("p", Record("completed", 0.0, 1.0 + 99 * 0.05, 1.0, 100))
+    tally.request("p", Record("completed", 0.0, 3.0 + 99 * 0.05, 3.0, 100))
+    tally.request("p", Record("busy", 1.0, 1.01))
+    result = result_of("ours", tally, "p", [], (), window=(0.0, 10.0))
+    assert (result.slo_goodput, result.raw_tokens_per_s, result.met) == (10.0, 20.0, 1)
+    assert format_comparison([result])[1].split()[-1] == "10"
 
 
 def test_oom_verdict_counts_the_engines_failures() -> None:

@@ -206,3 +206,42 @@ async def test_client_disconnect_mid_stream_aborts_and_frees(
     metrics = await scrape(base_url)
     assert metrics["vllm:kv_cache_usage_perc"] == 0.0
     assert metrics["vllm:generation_tokens_total"] < 200
+
+
+async def test_queue_cap_answers_503_as_vllm_does(
+    start: Callable[..., Awaitable[str]],
+) -> None:
+    """--max-num-queued-reqs 2: two unfinished requests (one running, one waiting behind a
+    one-sequence engine) take both places; the third is refused at once with vLLM's 503 body,
+    streaming or not, and once one finishes the next is let in."""
+    url = await start(max_num_seqs=1, max_num_queued_reqs=2, tokens_per_s=20.0)
+    body = {"model": MODEL, "prompt": "one two", "max_tokens": 10, "stream": True}
+    async with aiohttp.ClientSession() as session:
+        held = [asyncio.create_task(_drain(session, url, body)) for _ in range(2)]
+        await until(lambda: _unfinished_at_least(url, 2))
+        for stream in (True, False):
+            async with session.post(f"{url}/v1/completions", json=body | {"stream": stream}) as r:
+                refused = (r.status, await r.json(), r.headers.get("Retry-After"))
+            assert refused == (
+                503,
+                {"error": {
+                    "message": "The engine is currently busy and cannot accept new requests. "
+                    "Please try again later or on a different instance.",
+                    "type": "Service Unavailable", "param": None, "code": 503,
+                }},
+                None,
+            )  # fmt: skip
+        assert await asyncio.gather(*held) == [200, 200]
+        assert await _drain(session, url, body) == 200
+
+
+async def _drain(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> int:
+    async with session.post(f"{url}/v1/completions", json=body) as response:
+        await response.read()
+        return response.status
+
+
+async def _unfinished_at_least(url: str, count: int) -> bool:
+    metrics = await scrape(url)
+    running = metrics["vllm:num_requests_running"]
+    return running + metrics["vllm:num_requests_waiting"] >= count

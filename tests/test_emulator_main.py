@@ -30,6 +30,15 @@ def test_flags_build_the_config() -> None:
     assert (config.num_gpu_blocks, config.kv_cache_size_tokens) == (200, 6400)
     assert (config.max_num_seqs, config.oom, config.tokens_per_s) == (8, True, 40.0)
     assert (config.prefill_tokens_per_s, config.max_num_batched_tokens) == (10_000.0, 8192)
+    assert config.max_num_queued_reqs is None
+
+
+def test_queue_cap_flag_takes_vllms_name() -> None:
+    """--max-num-queued-reqs, as vLLM spells it; a negative cap is refused."""
+    config = config_from_args(build_parser().parse_args(["--max-num-queued-reqs", "32"]))
+    assert config.max_num_queued_reqs == 32
+    with pytest.raises(ValueError, match="max_num_queued_reqs must not be negative"):
+        config.replace(max_num_queued_reqs=-1)
 
 
 @pytest.mark.parametrize(

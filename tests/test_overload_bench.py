@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.overload.engine_watch import Timeline, parse
-from benchmarks.overload.load import Result, Tally, Window, backoff_s, record
+from benchmarks.overload.load import backoff_s
+from demo.slo import Record
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm-0.32" / "metrics-after-traffic.txt"
 
@@ -46,25 +47,14 @@ def test_preemptions_and_means_are_taken_inside_the_window() -> None:
     assert math.isnan(timeline.mean("kv_usage", 10.0, 20.0))
 
 
-def test_only_what_ends_inside_the_window_counts() -> None:
-    """Completed, busy and failed requests are counted by when they ended."""
-    tally, window = Tally(), Window(10.0, 20.0)
-    record(tally, Result("completed", 15.0, ttft_s=0.5, tokens=100), window)
-    record(tally, Result("completed", 25.0, ttft_s=0.5, tokens=100), window)  # after: not counted
-    record(tally, Result("busy", 12.0, elapsed_s=0.01), window)
-    record(tally, Result("error", 13.0, detail="503 x"), window)
-    assert (tally.completed, tally.tokens, tally.busy, tally.errors) == (1, 100, 1, 1)
-    assert (tally.ttft_s, tally.busy_s, tally.error_kinds) == ([0.5], [0.01], {"503 x": 1})
-
-
 @pytest.mark.parametrize(
     ("retry_after_s", "wait_s"),
     [
-        pytest.param(None, 0.5, id="no-hint-half-a-second"),
-        pytest.param(1.2, 1.2, id="the-servers-hint"),
-        pytest.param(30.0, 2.0, id="a-long-hint-capped-at-2s"),
+        pytest.param(None, 0.5, id="no-hint-the-sdks-first-delay"),
+        pytest.param(0.3, 0.3, id="the-servers-hint"),
+        pytest.param(30.0, 1.0, id="a-long-hint-capped-at-1s"),
     ],
 )
 def test_a_busy_client_waits_the_hint_capped(retry_after_s: float | None, wait_s: float) -> None:
-    """After a busy answer a closed-loop client waits what the server said, at most 2 s."""
-    assert backoff_s(Result("busy", 0.0, retry_after_s=retry_after_s)) == wait_s
+    """After a busy answer a closed-loop client waits what the server said, at most 1 s."""
+    assert backoff_s(Record("busy", 0.0, 0.01, retry_after_s=retry_after_s)) == wait_s

@@ -1,99 +1,98 @@
-"""`make bench-overload`: the sidecar against vLLM's own options, on a real vLLM under overload.
+"""`make bench-overload`: SLO goodput under overload, the sidecar against the engine's own caps.
 
-One run, side by side: vLLM alone, vLLM with `--max-num-queued-reqs` and with
-`--max-num-queued-tokens`, and `sidecar serve` in front of the plain engine in its default
-admission and in each mode. Every configuration meets the same loads (closed-loop clients, and
-Poisson arrivals at 1.5x and 3x what the engine alone completes), with short and long prompts.
-Printed: a table per load and the issue's targets as PASS/MISS; written: .bench/overload.json and
-.bench/overload.png (KV usage over time and goodput).
+One run, side by side and interleaved: vLLM alone, vLLM `--max-num-queued-reqs 32` and `sidecar
+serve` at its defaults in front of the plain engine, on three loads of a real vLLM (CPU, its
+compute pinned to core 0) and one GPU-shaped load of the emulated engine; every load and
+configuration once per repetition, the median of the repetitions reported. Printed: a table per
+load and the targets, yes or NO; written: .bench/overload.json (every request's record),
+.bench/overload.md and .bench/overload.png.
 
-    OVERLOAD_MEASURE_S   seconds measured per run (default 30, after OVERLOAD_WARMUP_S=10)
-    OVERLOAD_LOADS       e.g. closed-short,open3x-long (default: all six)
-    OVERLOAD_CONFIGS     e.g. vllm,vllm-queued-reqs,sidecar (default: all)
+    OVERLOAD_MEASURE_S      seconds measured per run (default 40, after OVERLOAD_WARMUP_S=10)
+    OVERLOAD_REPETITIONS    default 3
+    OVERLOAD_LOADS          closed-short,closed-long,open-long,gpu-long (default: all)
+    OVERLOAD_CONFIGS        alone,queued-reqs,queued-tokens,sidecar (default: all but
+                            queued-tokens)
+    OVERLOAD_OPEN_RATE      open-long's arrivals per second (default: 1.5x vLLM alone's
+                            completions per second under closed-long, first repetition)
+    OVERLOAD_SLO_TTFT_MS, OVERLOAD_SLO_TPOT_MS   the objectives (default 2000 and 100)
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from benchmarks.overload import servers
 from benchmarks.overload.engine_watch import Timeline, watch
-from benchmarks.overload.load import (
-    LONG_WORDS,
-    SHORT_WORDS,
-    Load,
-    Tally,
-    Window,
-    closed_loop,
-    open_loop,
+from benchmarks.overload.load import Load, Tally, Window, closed_loop, open_loop
+from benchmarks.overload.plan import (
+    ALONE,
+    CONFIGS,
+    DEFAULT_CONFIGS,
+    GPU_ENGINE_FLAGS,
+    LOADS,
+    OPEN_FACTOR,
+    SIDECAR_SETTINGS,
+    Config,
+    LoadSpec,
+    chosen,
+    schedule,
 )
-from benchmarks.overload.report import Row, print_table, print_targets, write_plot
+from benchmarks.overload.report import Report, markdown, print_report, run_figures, write_plot
+from demo.slo import Objectives, Record
 
 OUT = Path(".bench")
 WARMUP_S = float(os.environ.get("OVERLOAD_WARMUP_S", "10"))
-MEASURE_S = float(os.environ.get("OVERLOAD_MEASURE_S", "30"))
-CLIENTS = 96
-QUEUED_REQS = 32
-QUEUED_TOKENS = 2048
-PROMPTS = {"short": SHORT_WORDS, "long": LONG_WORDS}
-LOAD_NAMES = ("closed", "open1.5x", "open3x")
-
-
-@dataclass(frozen=True, slots=True)
-class Config:
-    """What stands in front of the engine, and the engine's own flags."""
-
-    name: str
-    engine_flags: tuple[str, ...] = ()
-    sidecar_mode: str | None = None
-    behind_sidecar: bool = False
-
-
-CONFIGS = (
-    Config("vllm"),
-    Config("vllm-queued-reqs", ("--max-num-queued-reqs", str(QUEUED_REQS))),
-    Config("vllm-queued-tokens", ("--max-num-queued-tokens", str(QUEUED_TOKENS))),
-    Config("sidecar", behind_sidecar=True),
-    Config("sidecar-count", sidecar_mode="count", behind_sidecar=True),
-    Config("sidecar-tokens", sidecar_mode="tokens", behind_sidecar=True),
+MEASURE_S = float(os.environ.get("OVERLOAD_MEASURE_S", "40"))
+REPETITIONS = int(os.environ.get("OVERLOAD_REPETITIONS", "3"))
+OBJECTIVES = Objectives(
+    ttft_s=float(os.environ.get("OVERLOAD_SLO_TTFT_MS", "2000")) / 1000,
+    tpot_s=float(os.environ.get("OVERLOAD_SLO_TPOT_MS", "100")) / 1000,
 )
-# The sidecar's only settings: the budget the load asks for, and how many bytes the tiny model's
-# tokenizer makes a token (2, where real tokenizers make about 4: the default); the rest are its
-# defaults.
-SIDECAR_SETTINGS = {
-    "max_prompt_tokens": "1000",
-    "max_completion_tokens": "1024",
-    "prompt_bytes_per_token": "2",
-}
 
 
-def wanted(env: str, names: tuple[str, ...]) -> tuple[str, ...]:
-    chosen = os.environ.get(env)
-    return names if not chosen else tuple(n for n in names if n in chosen.split(","))
-
-
-async def run_load(url: str, engine_url: str, load: Load) -> tuple[Tally, Timeline, Window]:
-    """One load against ``url`` for warm-up plus measurement; the engine watched meanwhile."""
+async def run_load(url: str, engine_url: str, load: Load, model: str) -> dict[str, Any]:
+    """One load against ``url`` for warm-up plus measurement, the engine watched meanwhile;
+    the records and samples with times in seconds into the measurement window."""
     now = time.monotonic()
     window = Window(now + WARMUP_S, now + WARMUP_S + MEASURE_S)
     tally, timeline = Tally(), Timeline()
     drive = closed_loop if load.clients else open_loop
-    clients = asyncio.create_task(drive(url, load, servers.SERVED_MODEL, window, tally))
+    clients = asyncio.create_task(drive(url, load, model, window, tally))
     await watch(engine_url + "/metrics", timeline, window.end)
     clients.cancel()
     await asyncio.gather(clients, return_exceptions=True)
-    return tally, timeline, window
+    start = window.start
+    return {
+        "window_s": MEASURE_S,
+        "offered_rate": load.rate or None,
+        "sent": [round(t - start, 4) for t in tally.sent],
+        "records": [_row(r, start) for r in tally.records],
+        "engine_samples": [
+            [round(s.at - start, 3), s.kv_usage, s.running, s.waiting, s.preemptions]
+            for s in timeline.samples
+        ],
+    }
+
+
+def _row(record: Record, start: float) -> list[object]:
+    """A record as the JSON keeps it (``Record``'s fields), times into the window."""
+    ttft = None if record.ttft_s is None else round(record.ttft_s, 4)
+    sent, ended = round(record.sent_at - start, 4), round(record.ended_at - start, 4)
+    return [record.ending, sent, ended, ttft, record.tokens, record.retry_after_s, record.detail]
 
 
 async def settle(engine_url: str) -> None:
     """Wait until the engine has nothing running or waiting (aborted streams leave quickly)."""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         timeline = Timeline()
         await watch(engine_url + "/metrics", timeline, time.monotonic() + 0.1)
@@ -102,73 +101,124 @@ async def settle(engine_url: str) -> None:
         await asyncio.sleep(0.5)
 
 
-def load_for(name: str, prompt: str, engine_rate: dict[str, float]) -> Load:
-    if name == "closed":
-        return Load(f"closed-{prompt}", PROMPTS[prompt], clients=CLIENTS)
-    factor = float(name.removeprefix("open").removesuffix("x"))
-    return Load(f"{name}-{prompt}", PROMPTS[prompt], rate=factor * engine_rate[prompt])
+class Engines:
+    """Every engine the run needs, started once: one per (engine, flags); all idle but one."""
+
+    def __init__(self, stack: contextlib.ExitStack) -> None:
+        self._stack = stack
+        self._urls: dict[tuple[str, tuple[str, ...]], str] = {}
+
+    def url(self, engine: str, flags: tuple[str, ...]) -> str:
+        key = (engine, flags)
+        if key not in self._urls:
+            slug = "-".join([engine, *flags]).replace("--", "").strip("-")
+            log = OUT / f"overload-{slug}.log"
+            print(f"starting {engine} {' '.join(flags)}", flush=True)
+            if engine == "vllm":
+                started = servers.vllm(flags, log)
+            else:
+                started = servers.emulator((*GPU_ENGINE_FLAGS, *flags), log)
+            self._urls[key] = self._stack.enter_context(started)
+        return self._urls[key]
 
 
-async def measure(config: Config, url: str, engine_url: str, load: Load) -> Row:
+async def measure(
+    engines: Engines, spec: LoadSpec, config: Config, rate: float, rep: int
+) -> dict[str, Any]:
+    engine_url = engines.url(spec.engine, config.engine_flags(spec.engine))
     await settle(engine_url)
-    tally, timeline, window = await run_load(url, engine_url, load)
-    row = Row.of(config.name, load.name, tally, timeline, window)
-    print(row.line(), flush=True)
-    return row
+    load = spec.load(rate)
+    if config.behind_sidecar:
+        log = OUT / f"overload-sidecar-{spec.engine}.log"
+        with servers.sidecar(engine_url, None, log, **SIDECAR_SETTINGS[spec.engine]) as url:
+            run = await run_load(url, engine_url, load, spec.model)
+    else:
+        run = await run_load(engine_url, engine_url, load, spec.model)
+    run |= {"rep": rep, "load": spec.name, "config": config.name, "engine": spec.engine,
+            "label": config.label(spec.engine)}  # fmt: skip
+    print(progress_line(run), flush=True)
+    return run
 
 
-async def main_async() -> list[Row]:
-    loads = wanted("OVERLOAD_LOADS", tuple(f"{n}-{p}" for n in LOAD_NAMES for p in PROMPTS))
-    configs = [
-        c for c in CONFIGS if c.name in wanted("OVERLOAD_CONFIGS", tuple(c.name for c in CONFIGS))
-    ]
-    rows: list[Row] = []
-    engine_rate: dict[str, float] = {}
-    for flags in dict.fromkeys(c.engine_flags for c in configs):
-        with servers.vllm(flags, OUT / "overload-vllm.log") as engine_url:
-            for config in (c for c in configs if c.engine_flags == flags):
-                rows += await run_config(config, engine_url, loads, engine_rate)
-    return rows
-
-
-async def run_config(
-    config: Config, engine_url: str, loads: tuple[str, ...], engine_rate: dict[str, float]
-) -> list[Row]:
-    """Every load on one configuration; the first closed loops set the open-loop rates."""
-    rows: list[Row] = []
-    for name in loads:
-        kind, prompt = name.rsplit("-", 1)
-        if kind != "closed" and prompt not in engine_rate:
-            engine_rate[prompt] = await calibrate(engine_url, prompt)
-        load = load_for(kind, prompt, engine_rate)
-        if config.behind_sidecar:
-            log = OUT / f"overload-{config.name}.log"
-            with servers.sidecar(engine_url, config.sidecar_mode, log, **SIDECAR_SETTINGS) as url:
-                rows.append(await measure(config, url, engine_url, load))
-        else:
-            rows.append(await measure(config, engine_url, engine_url, load))
-        if kind == "closed" and prompt not in engine_rate and config.name == "vllm":
-            engine_rate[prompt] = rows[-1].completed / MEASURE_S
-    return rows
-
-
-async def calibrate(engine_url: str, prompt: str) -> float:
-    """Completions per second of the engine alone under the closed loop (when not yet run)."""
-    await settle(engine_url)
-    tally, _timeline, _window = await run_load(
-        engine_url, engine_url, load_for("closed", prompt, {})
+def progress_line(run: dict[str, Any]) -> str:
+    f = run_figures(run, OBJECTIVES)
+    return (
+        f"rep {run['rep'] + 1} {run['load']:<12}  {run['label']:<34} offered {f.offered_per_s:5.1f}"
+        f" req/s  SLO {f.slo_goodput:7,.0f}  raw {f.raw:7,.0f} tok/s  met {f.met:.0f}/"
+        f"{f.completed:.0f}  TTFT p99 {f.ttft_p99_s:5.2f} s  busy {f.busy:.0f}"
     )
-    return tally.completed / MEASURE_S
+
+
+def completions_per_s(run: dict[str, Any]) -> float:
+    """Requests completed per second inside the run's window."""
+    span = float(run["window_s"])
+    ended = [float(r[2]) for r in run["records"] if r[0] == "completed"]
+    return sum(0 <= t < span for t in ended) / span
+
+
+def open_rate(runs: list[dict[str, Any]]) -> float:
+    """OVERLOAD_OPEN_RATE, else OPEN_FACTOR x vLLM alone's completions per second in its first
+    closed-long run."""
+    fixed = os.environ.get("OVERLOAD_OPEN_RATE")
+    if fixed:
+        return float(fixed)
+    alone = next(r for r in runs if (r["load"], r["config"]) == ("closed-long", ALONE))
+    return OPEN_FACTOR * completions_per_s(alone)
+
+
+async def main_async() -> dict[str, Any]:
+    names = tuple(s.name for s in LOADS)
+    loads = tuple(s for s in LOADS if s.name in chosen("OVERLOAD_LOADS", names, names))
+    configs_chosen = chosen("OVERLOAD_CONFIGS", tuple(c.name for c in CONFIGS), DEFAULT_CONFIGS)
+    configs = tuple(c for c in CONFIGS if c.name in configs_chosen)
+    runs: list[dict[str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        engines = Engines(stack)
+        plan = schedule(REPETITIONS, loads, configs)
+        calibrated = any(
+            (s.name, c.name) == ("closed-long", ALONE) for rep, s, c in plan if rep == 0
+        )
+        if any(not s.closed for s in loads) and not calibrated:
+            # The open load's rate comes from vLLM alone under closed-long: measure it first
+            # (kept in the JSON as repetition -1, left out of the tables).
+            closed_long = next(s for s in LOADS if s.name == "closed-long")
+            runs.append(await measure(engines, closed_long, CONFIGS[0], 0.0, -1))
+        for rep, spec, config in plan:
+            rate = 0.0 if spec.closed else open_rate(runs)
+            runs.append(await measure(engines, spec, config, rate, rep))
+    return {
+        "objectives": asdict(OBJECTIVES),
+        "measure_s": MEASURE_S,
+        "warmup_s": WARMUP_S,
+        "repetitions": REPETITIONS,
+        "commit": _commit(),
+        "loads": {s.name: s.describe() for s in loads},
+        "runs": runs,
+    }
+
+
+def _commit() -> str:
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             check=True, text=True)  # fmt: skip
+        return out.stdout.strip()
+    return "unknown"
 
 
 def main() -> int:
     OUT.mkdir(exist_ok=True)
-    rows = asyncio.run(main_async())
-    print_table(rows)
-    passed = print_targets(rows)
-    (OUT / "overload.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
-    write_plot(rows, OUT / "overload.png")
-    print(f"wrote {OUT / 'overload.json'} and {OUT / 'overload.png'}")
+    started = time.monotonic()
+    document = asyncio.run(main_async())
+    document["runs"] = [r for r in document["runs"] if r["rep"] >= 0] + [
+        r for r in document["runs"] if r["rep"] < 0
+    ]
+    (OUT / "overload.json").write_text(json.dumps(document))
+    report = Report(document)
+    passed = print_report(report)
+    (OUT / "overload.md").write_text(markdown(report))
+    write_plot(report, OUT / "overload.png")
+    minutes = (time.monotonic() - started) / 60
+    print(f"\nwrote {OUT}/overload.json, overload.md and overload.png ({minutes:.0f} min)")
     return 0 if passed or os.environ.get("OVERLOAD_STRICT") != "1" else 1
 
 

@@ -1,9 +1,10 @@
 """The overload's clients: streaming completions with hidden lengths, closed-loop or open-loop.
 
 Each request asks for ``max_tokens`` and ends at one of ``STOP_TOKEN_IDS`` (temperature 1), so
-nobody can read its length from the request. A client sees one of three endings: completed (the
-stream reached ``[DONE]``), busy (429 or 503, or an SSE ``fallback`` event) or an error. Only what
-ends inside the measurement window counts.
+nobody can read its length from the request (a per-request ``seed`` would make it repeatable,
+but crashes vLLM's CPU build). A client sees one of three endings: completed (the stream reached
+``[DONE]``), busy (429 or 503, an in-band error of code 503, or an SSE ``fallback`` event) or an
+error. Every request becomes a ``Record``; the report counts those that end inside the window.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
 
 import aiohttp
+
+from demo.slo import Ending, Record
 
 # 16 ids of the tiny model's 4,096: about 1 token in 256 ends a completion.
 STOP_TOKEN_IDS = list(range(1000, 1016))
@@ -27,11 +29,11 @@ WORDS = (
 )  # fmt: skip
 # The tiny model's tokenizer makes about 3.4 tokens of one of these words (2 bytes a token).
 SHORT_WORDS = 8  # about 30 tokens
-LONG_WORDS = 150  # about 510 tokens: a preemption's recompute costs real engine time
+LONG_WORDS = 118  # about 400 tokens: a preemption's recompute costs real engine time
+# After a busy answer: the server's Retry-After, at most 1 s; without one, the openai SDK's
+# first retry delay.
 DEFAULT_BACKOFF_S = 0.5
-MAX_BACKOFF_S = 2.0
-
-Ending = Literal["completed", "busy", "error"]
+MAX_BACKOFF_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,20 +45,16 @@ class Load:
     clients: int = 0
     rate: float = 0.0
     max_tokens: int = 1024
+    stop_token_ids: tuple[int, ...] = tuple(STOP_TOKEN_IDS)
 
 
 @dataclass(slots=True)
 class Tally:
-    """What the clients saw, per request that ended inside the window."""
+    """Every request the clients sent: when (also those still running at the end), and each
+    that ended as a record, in the order they ended."""
 
-    completed: int = 0
-    tokens: int = 0
-    sent: int = 0  # requests sent inside the window (open loop: what it managed to offer)
-    busy: int = 0
-    errors: int = 0
-    ttft_s: list[float] = field(default_factory=list)
-    busy_s: list[float] = field(default_factory=list)
-    error_kinds: dict[str, int] = field(default_factory=dict)
+    sent: list[float] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -68,17 +66,6 @@ class Window:
 
     def holds(self, t: float) -> bool:
         return self.start <= t < self.end
-
-
-@dataclass(frozen=True, slots=True)
-class Result:
-    ending: Ending
-    ended_at: float
-    ttft_s: float | None = None
-    tokens: int = 0
-    elapsed_s: float = 0.0
-    retry_after_s: float | None = None
-    detail: str = ""
 
 
 def prompt(words: int, rng: random.Random) -> str:
@@ -93,7 +80,7 @@ def _body(load: Load, model: str, rng: random.Random) -> dict[str, object]:
         "max_tokens": load.max_tokens,
         "temperature": 1.0,
         "stream": True,
-        "stop_token_ids": STOP_TOKEN_IDS,
+        "stop_token_ids": list(load.stop_token_ids),
         "stream_options": {"include_usage": True},
     }
 
@@ -109,25 +96,25 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
 
 async def one_request(
     session: aiohttp.ClientSession, url: str, load: Load, model: str, rng: random.Random
-) -> Result:
-    """Send one streaming completion and say how it ended."""
+) -> Record:
+    """Send one streaming completion and record how it ended."""
     sent = time.monotonic()
     body = _body(load, model, rng)
     try:
         async with session.post(url + "/v1/completions", json=body) as response:
             if response.status in (429, 503):
                 await response.read()
-                return Result("busy", time.monotonic(), elapsed_s=time.monotonic() - sent,
-                              retry_after_s=_retry_after(response.headers))  # fmt: skip
+                hint = _retry_after(response.headers)
+                return Record("busy", sent, time.monotonic(), retry_after_s=hint)
             if response.status != 200:
                 text = (await response.read())[:80].decode(errors="replace")
-                return Result("error", time.monotonic(), detail=f"{response.status} {text}")
+                return Record("error", sent, time.monotonic(), detail=f"{response.status} {text}")
             return await _read_stream(response, sent)
     except (aiohttp.ClientError, TimeoutError) as exc:
-        return Result("error", time.monotonic(), detail=type(exc).__name__)
+        return Record("error", sent, time.monotonic(), detail=type(exc).__name__)
 
 
-async def _read_stream(response: aiohttp.ClientResponse, sent: float) -> Result:
+async def _read_stream(response: aiohttp.ClientResponse, sent: float) -> Record:
     ttft: float | None = None
     tokens = events = 0
     event_name = ""
@@ -140,71 +127,56 @@ async def _read_stream(response: aiohttp.ClientResponse, sent: float) -> Result:
             continue
         data = line[5:].strip()
         if data == b"[DONE]":
-            now = time.monotonic()
-            return Result("completed", now, ttft, tokens or events, now - sent)
+            return Record("completed", sent, time.monotonic(), ttft, tokens or events)
         chunk = json.loads(data)
         if event_name == "fallback":
-            now = time.monotonic()
             hint = chunk.get("error", {}).get("retry_after_ms")
-            return Result("busy", now, elapsed_s=now - sent,
+            return Record("busy", sent, time.monotonic(),
                           retry_after_s=None if hint is None else hint / 1000)  # fmt: skip
         if "error" in chunk:
-            # vLLM's own queue caps answer a stream with 200 and an in-band error of code 503.
+            # vLLM's own queue caps answer a stream that passed their first check with 200 and
+            # an in-band error of code 503.
             code = chunk["error"].get("code")
-            now = time.monotonic()
-            if code in (429, 503, "429", "503"):
-                return Result("busy", now, elapsed_s=now - sent)
-            return Result("error", now, detail=str(code))
+            ending: Ending = "busy" if code in (429, 503, "429", "503") else "error"
+            return Record(ending, sent, time.monotonic(), detail=str(code))
         if chunk.get("usage"):
             tokens = int(chunk["usage"].get("completion_tokens") or 0)
         if chunk.get("choices") and chunk["choices"][0].get("text"):
             events += 1
             if ttft is None:
                 ttft = time.monotonic() - sent
-    return Result("error", time.monotonic(), detail="truncated")
+    return Record("error", sent, time.monotonic(), detail="truncated")
 
 
-def record(tally: Tally, result: Result, window: Window) -> None:
-    """Count ``result`` if it ended inside the window."""
-    if not window.holds(result.ended_at):
-        return
-    if result.ending == "completed":
-        tally.completed += 1
-        tally.tokens += result.tokens
-        if result.ttft_s is not None:
-            tally.ttft_s.append(result.ttft_s)
-    elif result.ending == "busy":
-        tally.busy += 1
-        tally.busy_s.append(result.elapsed_s)
-    else:
-        tally.errors += 1
-        tally.error_kinds[result.detail] = tally.error_kinds.get(result.detail, 0) + 1
-
-
-def backoff_s(result: Result) -> float:
+def backoff_s(record: Record) -> float:
     """What a client waits after a busy answer: the server's hint (capped), else a constant."""
-    if result.retry_after_s is not None and result.retry_after_s > 0:
-        return min(result.retry_after_s, MAX_BACKOFF_S)
+    if record.retry_after_s is not None and record.retry_after_s > 0:
+        return min(record.retry_after_s, MAX_BACKOFF_S)
     return DEFAULT_BACKOFF_S
+
+
+def _session() -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=120)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout)
 
 
 async def closed_loop(
     url: str, load: Load, model: str, window: Window, tally: Tally, *, seed: int = 7
 ) -> None:
-    """``load.clients`` clients, each sending its next request as soon as the last one ended."""
+    """``load.clients`` clients, each sending its next request as soon as the last one ended
+    (after a busy answer or an error, once it has waited ``backoff_s``)."""
     rng = random.Random(seed)
-    connector = aiohttp.TCPConnector(limit=0, force_close=True)
-    timeout = aiohttp.ClientTimeout(total=None, sock_read=120)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with _session() as session:
 
         async def client(index: int) -> None:
             await asyncio.sleep(index * 0.01)  # a ramp over a second, not one instant
             while time.monotonic() < window.end:
-                tally.sent += window.holds(time.monotonic())
-                result = await one_request(session, url, load, model, rng)
-                record(tally, result, window)
-                if result.ending != "completed":
-                    await asyncio.sleep(backoff_s(result))
+                tally.sent.append(time.monotonic())
+                record = await one_request(session, url, load, model, rng)
+                tally.records.append(record)
+                if record.ending != "completed":
+                    await asyncio.sleep(backoff_s(record))
 
         await asyncio.gather(*(client(i) for i in range(load.clients)))
 
@@ -214,17 +186,14 @@ async def open_loop(
 ) -> None:
     """Poisson arrivals at ``load.rate`` per second until the window ends; nobody retries."""
     rng = random.Random(seed)
-    connector = aiohttp.TCPConnector(limit=0)
-    timeout = aiohttp.ClientTimeout(total=None, sock_read=120)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with _session() as session:
         pending: set[asyncio.Task[None]] = set()
 
         async def one() -> None:
-            if window.holds(time.monotonic()):
-                tally.sent += 1
-            record(tally, await one_request(session, url, load, model, rng), window)
+            tally.sent.append(time.monotonic())
+            tally.records.append(await one_request(session, url, load, model, rng))
 
-        while (now := time.monotonic()) < window.end:
+        while time.monotonic() < window.end:
             task = asyncio.create_task(one())
             pending.add(task)
             task.add_done_callback(pending.discard)
@@ -233,4 +202,3 @@ async def open_loop(
         for task in list(pending):
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-        del now

@@ -1,149 +1,240 @@
-"""What an overload run shows: one row per configuration and load, the targets, and a picture."""
+"""What an overload run shows, from its recorded runs: a table per load (medians over the
+repetitions), the targets with a yes/NO each, a markdown page and a picture.
+
+``python -m benchmarks.overload.report .bench/overload.json`` prints it again from the records.
+"""
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass, field
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from benchmarks.overload.engine_watch import Timeline
-from benchmarks.overload.load import Tally, Window
+from benchmarks.overload.plan import ALONE, CAP, OURS
+from demo.slo import Figures, Objectives, Record, figures, median, median_figures
+from demo.slo import ratio as ratio_of
 
-QUEUE_CAP = "vllm-queued-reqs"
-OURS = "sidecar"
-TRACED = ("vllm", QUEUE_CAP, OURS)  # the KV panels show these three; the bars show every one
+# Where prefill is light vLLM's cap is at home: the sidecar must keep up with it; where prefill
+# is heavy it must do better. On the GPU-shaped engine: against the bare engine and its cap.
+GOODPUT_TARGETS: dict[str, tuple[tuple[str, float], ...]] = {
+    "closed-short": (("best", 0.95),),
+    "closed-long": (("best", 1.2),),
+    "open-long": (("best", 1.2),),
+    "gpu-long": ((ALONE, 2.0), (CAP, 1.2)),
+}
+RAW_TARGET, BUSY_P50_TARGET_S = 0.9, 0.1
 
 
-def quantile(values: list[float], q: float) -> float:
-    """Nearest-rank quantile; NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+def run_figures(run: dict[str, Any], objectives: Objectives) -> Figures:
+    """One recorded run's figures: its records and the engine's samples, inside its window."""
+    records = [Record(*r) for r in run["records"]]
+    samples = run["engine_samples"]  # [t, kv_usage, running, waiting, preemptions]
+    inside = [s for s in samples if 0 <= s[0] <= run["window_s"]]
+    preempted = inside[-1][4] - inside[0][4] if len(inside) >= 2 else 0.0
+    kv, running, waiting = (mean([s[i] for s in inside]) for i in (1, 2, 3))
+    return figures(records, 0.0, run["window_s"], objectives, sent=run["sent"],
+                   preemptions=preempted, engine=(kv, running, waiting))  # fmt: skip
+
+
+def mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
 
 
 @dataclass(frozen=True, slots=True)
-class Row:
-    """One configuration under one load, inside the measurement window."""
+class Check:
+    """One target on one load: what it says, the figures, met or not (None: not measured)."""
 
-    config: str
     load: str
-    goodput: float  # completion tokens per second of completed requests
-    offered_per_s: float  # requests sent per second inside the window
-    completed: int
-    busy: int
-    errors: int
-    ttft_p50_s: float
-    ttft_p99_s: float
-    busy_p50_s: float
-    preemptions_per_completed: float
-    kv_usage_mean: float
-    running_mean: float
-    engine_waiting_mean: float
-    kv_usage: list[tuple[float, float]] = field(default_factory=list)  # (s into window, usage)
-    error_kinds: dict[str, int] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, config: str, load: str, tally: Tally, timeline: Timeline, window: Window) -> Row:
-        span = window.end - window.start
-        inside = (window.start, window.end)
-        return cls(
-            config=config,
-            load=load,
-            goodput=tally.tokens / span,
-            offered_per_s=tally.sent / span,
-            completed=tally.completed,
-            busy=tally.busy,
-            errors=tally.errors,
-            ttft_p50_s=quantile(tally.ttft_s, 0.5),
-            ttft_p99_s=quantile(tally.ttft_s, 0.99),
-            busy_p50_s=quantile(tally.busy_s, 0.5),
-            preemptions_per_completed=timeline.preempted_between(*inside) / max(1, tally.completed),
-            kv_usage_mean=timeline.mean("kv_usage", *inside),
-            running_mean=timeline.mean("running", *inside),
-            engine_waiting_mean=timeline.mean("waiting", *inside),
-            kv_usage=[(s.at - window.start, s.kv_usage) for s in timeline.samples],
-            error_kinds=dict(tally.error_kinds),
-        )
+    text: str
+    ok: bool | None
 
     def line(self) -> str:
-        busy = "-" if math.isnan(self.busy_p50_s) else f"{self.busy_p50_s:.2f} s"
-        return (
-            f"{self.load:<16} {self.config:<20} {self.goodput:>7,.0f} {self.offered_per_s:>5.1f} "
-            f"{self.completed:>6} "
-            f"{self.preemptions_per_completed:>7.2f} {self.ttft_p50_s:>6.2f} / "
-            f"{self.ttft_p99_s:<6.2f} {busy:>8} {self.kv_usage_mean:>5.2f} "
-            f"{self.running_mean:>6.1f} {self.engine_waiting_mean:>6.1f} {self.errors:>4}"
-        )
+        mark = {True: "yes", False: "NO ", None: "n/a"}[self.ok]
+        return f"{self.load:<13} {mark}  {self.text}"
 
 
-HEADER = (
-    f"{'load':<16} {'in front of the engine':<20} {'tok/s':>7} {'req/s':>5} {'done':>6} "
-    f"{'preempt':>7} "
-    f"{'TTFT p50 / p99 s':<15} {'busy p50':>8} {'KV':>5} {'run':>6} {'wait':>6} {'err':>4}"
-)
+class Report:
+    """The recorded runs of one overload run, read per load and configuration."""
+
+    def __init__(self, document: dict[str, Any]) -> None:
+        self.document = document
+        self.objectives = Objectives(**document["objectives"])
+        # Repetition -1 is a calibration run, not part of the comparison.
+        self.runs = [r for r in document["runs"] if r["rep"] >= 0]
+        self.loads = list(dict.fromkeys(r["load"] for r in self.runs))
+        self.figures: dict[tuple[str, str], list[Figures]] = {}
+        for run in sorted(self.runs, key=lambda r: r["rep"]):
+            key = (run["load"], run["config"])
+            self.figures.setdefault(key, []).append(run_figures(run, self.objectives))
+
+    def configs(self, load: str) -> list[str]:
+        return [c for (name, c) in self.figures if name == load]
+
+    def label(self, load: str, config: str) -> str:
+        run = next(r for r in self.runs if (r["load"], r["config"]) == (load, config))
+        return str(run["label"])
+
+    def median(self, load: str, config: str) -> Figures:
+        return median_figures(self.figures[(load, config)])
+
+    def per_rep_ratio(self, load: str, field: str, against: Sequence[str]) -> float:
+        """The median over repetitions of ours / the best of ``against``, each repetition's
+        figures paired (they ran minutes apart, through the same drift)."""
+        ours = self.figures[(load, OURS)]
+        peers = [self.figures[(load, c)] for c in against]
+        ratios = [
+            ratio_of(getattr(mine, field), max(getattr(p[i], field) for p in peers))
+            for i, mine in enumerate(ours)
+            if all(i < len(p) for p in peers)
+        ]
+        return median(r for r in ratios if not math.isinf(r)) if ratios else math.nan
+
+    def checks(self, load: str) -> list[Check]:
+        present = set(self.configs(load))
+        if OURS not in present:
+            return []
+        checks = [self._goodput(load, peer, target, present)
+                  for peer, target in GOODPUT_TARGETS.get(load, ())]  # fmt: skip
+        ours = self.median(load, OURS)
+        if ALONE in present:
+            raw = self.per_rep_ratio(load, "raw", [ALONE])
+            checks.append(Check(load, f"raw tok/s {raw:.2f}x the engine alone (>= {RAW_TARGET})",
+                                _at_least(raw, RAW_TARGET)))  # fmt: skip
+        if CAP in present:
+            cap = self.median(load, CAP).ttft_p99_s
+            checks.append(Check(
+                load, f"TTFT p99 {ours.ttft_p99_s:.2f} s <= the queue cap's {cap:.2f} s",
+                None if math.isnan(ours.ttft_p99_s) or math.isnan(cap)
+                else ours.ttft_p99_s <= cap,
+            ))  # fmt: skip
+        busy = ours.busy_p50_s
+        checks.append(Check(
+            load, "busy answer p50 " + ("- (no busy answer)" if math.isnan(busy) else
+                                        f"{busy:.3f} s") + f" <= {BUSY_P50_TARGET_S} s",
+            True if math.isnan(busy) else busy <= BUSY_P50_TARGET_S,
+        ))  # fmt: skip
+        return checks
+
+    def _goodput(self, load: str, peer: str, target: float, present: set[str]) -> Check:
+        against = [c for c in (ALONE, CAP) if c in present] if peer == "best" else [peer]
+        if not against or not set(against) <= present:
+            return Check(load, f"SLO goodput >= {target}x {peer}: not measured", None)
+        value = self.per_rep_ratio(load, "slo_goodput", against)
+        name = "the better of " + " and ".join(against) if peer == "best" else peer
+        return Check(load, f"SLO goodput {value:.2f}x {name} (>= {target}x)",
+                     _at_least(value, target))  # fmt: skip
 
 
-def print_table(rows: list[Row]) -> None:
-    print(HEADER)
-    for row in sorted(rows, key=lambda r: (r.load, r.config)):
-        print(row.line())
+def _at_least(value: float, target: float) -> bool | None:
+    return None if math.isnan(value) else value >= target
 
 
-def _checks(ours: Row, peers: dict[str, Row]) -> list[tuple[str, bool]]:
-    best = max((peers[name].goodput for name in ("vllm", QUEUE_CAP) if name in peers), default=0)
-    checks = [(f"goodput {ours.goodput:,.0f} >= 0.95 x {best:,.0f}", ours.goodput >= 0.95 * best)]
-    if QUEUE_CAP in peers:
-        cap = peers[QUEUE_CAP].ttft_p99_s
-        checks.append((f"TTFT p99 {ours.ttft_p99_s:.2f} <= 1.1 x {cap:.2f} s",
-                       ours.ttft_p99_s <= 1.1 * cap))  # fmt: skip
-    checks.append((f"preemptions {ours.preemptions_per_completed:.3f} <= 0.05 per completed",
-                   ours.preemptions_per_completed <= 0.05))  # fmt: skip
-    if ours.busy:
-        checks.append((f"busy answer p50 {ours.busy_p50_s:.3f} <= 0.1 s", ours.busy_p50_s <= 0.1))
-    return checks
+COLUMNS = (
+    "in front of the engine", "offered req/s", "SLO goodput tok/s", "raw tok/s",
+    "met / completed", "TTFT p50 / p99 s", "busy p50 s", "preempt / completed", "KV mean",
+    "running",
+)  # fmt: skip
 
 
-def print_targets(rows: list[Row]) -> bool:
-    """The issue's targets for the default sidecar on each load; True if all pass."""
+def _cells(label: str, f: Figures) -> list[str]:
+    def num(x: float, fmt: str) -> str:
+        return "-" if math.isnan(x) else format(x, fmt)
+
+    return [
+        label, num(f.offered_per_s, ".1f"), num(f.slo_goodput, ",.0f"), num(f.raw, ",.0f"),
+        f"{f.met:.0f} / {f.completed:.0f}",
+        f"{num(f.ttft_p50_s, '.2f')} / {num(f.ttft_p99_s, '.2f')}", num(f.busy_p50_s, ".3f"),
+        num(f.preemptions_per_completed, ".2f"), num(f.kv_usage_mean, ".2f"),
+        num(f.running_mean, ".1f"),
+    ]  # fmt: skip
+
+
+def table(report: Report, load: str) -> list[list[str]]:
+    return [_cells(report.label(load, c), report.median(load, c)) for c in report.configs(load)]
+
+
+def markdown(report: Report) -> str:
+    """The page: the settings, a table per load and its targets."""
+    doc, objectives = report.document, report.objectives
+    lines = [
+        f"Objectives: TTFT <= {objectives.ttft_s:g} s, mean time per output token <= "
+        f"{objectives.tpot_s * 1000:g} ms. {doc['measure_s']:g} s measured after "
+        f"{doc['warmup_s']:g} s of warm-up; median of {doc['repetitions']} repetitions.",
+        "",
+    ]
+    for load in report.loads:
+        lines += [f"**{load}** ({doc['loads'].get(load, '')})", ""]
+        lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        lines += ["| " + " | ".join(row) + " |" for row in table(report, load)]
+        lines += ["", *(f"- {c.line().split(None, 1)[1]}" for c in report.checks(load)), ""]
+    return "\n".join(lines)
+
+
+def print_report(report: Report) -> bool:
+    """A table per load and the targets; True if every measured target was met."""
+    widths = (34, 7, 9, 9, 11, 13, 8, 8, 5, 7)
+    head = ("in front of the engine", "req/s", "SLO tok/s", "raw tok/s", "met/done",
+            "TTFT p50/p99", "busy p50", "preempt", "KV", "running")  # fmt: skip
     passed = True
-    for load in sorted({r.load for r in rows}):
-        peers = {r.config: r for r in rows if r.load == load}
-        if OURS not in peers:
-            continue
-        for text, ok in _checks(peers[OURS], peers):
-            passed &= ok
-            print(f"{load:<16} {'PASS' if ok else 'MISS'}  {text}")
+    for load in report.loads:
+        print(f"\n{load}: {report.document['loads'].get(load, '')}")
+        print(" ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
+        for row in table(report, load):
+            print(" ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+    print("\ntargets (the sidecar at its defaults; ratios: median of the repetitions' ratios)")
+    for load in report.loads:
+        for check in report.checks(load):
+            passed &= check.ok is not False
+            print(check.line())
     return passed
 
 
-def write_plot(rows: list[Row], path: Path) -> None:
-    """KV usage over time of vLLM alone, with its queue cap and behind the sidecar (one panel
-    per load), and every configuration's goodput per load."""
+def write_plot(report: Report, path: Path) -> None:
+    """Per load: the engine's KV usage over the first repetition, and each configuration's
+    SLO goodput beside its raw throughput (medians)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    loads = sorted({r.load for r in rows})
-    configs = list(dict.fromkeys(r.config for r in rows))
-    figure, axes = plt.subplots(2, len(loads), figsize=(3.6 * len(loads), 6.5), squeeze=False)
+    loads = report.loads
+    figure, axes = plt.subplots(2, len(loads), figsize=(3.8 * len(loads), 6.5), squeeze=False)
     for column, load in enumerate(loads):
         top, bottom = axes[0][column], axes[1][column]
-        for row in (r for r in rows if r.load == load and r.config in TRACED):
-            times = [t for t, _ in row.kv_usage]
-            color = f"C{configs.index(row.config)}"
-            top.plot(times, [u for _, u in row.kv_usage], color, label=row.config, linewidth=1)
+        configs = report.configs(load)
+        for index, config in enumerate(configs):
+            run = next(r for r in report.runs if (r["load"], r["config"]) == (load, config))
+            samples = run["engine_samples"]
+            top.plot([s[0] for s in samples], [s[1] for s in samples], f"C{index}",
+                     label=report.label(load, config), linewidth=1)  # fmt: skip
         top.set_title(load)
         top.set_ylim(0, 1.05)
         top.set_xlabel("s into the measurement")
         top.set_ylabel("engine KV usage")
-        goodput = {r.config: r.goodput for r in rows if r.load == load}
-        bottom.bar(range(len(configs)), [goodput.get(c, 0) for c in configs],
-                   color=[f"C{i}" for i in range(len(configs))])  # fmt: skip
-        bottom.set_xticks(range(len(configs)), configs, rotation=40, ha="right", fontsize=8)
-        bottom.set_ylabel("goodput, tokens/s")
-    axes[0][0].legend(fontsize=7, loc="lower right")
+        top.legend(fontsize=6, loc="lower right")
+        medians = [report.median(load, c) for c in configs]
+        xs = range(len(configs))
+        bottom.bar([x - 0.2 for x in xs], [m.raw for m in medians], 0.4, color="0.75",
+                   label="raw")  # fmt: skip
+        bottom.bar([x + 0.2 for x in xs], [m.slo_goodput for m in medians], 0.4,
+                   color=[f"C{i}" for i in xs], label="SLO goodput")  # fmt: skip
+        bottom.set_xticks(list(xs), configs, fontsize=8)
+        bottom.set_ylabel("completion tokens/s")
+        bottom.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=90)
     plt.close(figure)
+
+
+def main(argv: Sequence[str]) -> int:
+    report = Report(json.loads(Path(argv[0]).read_text()))
+    print_report(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,4 +1,5 @@
-"""The processes an overload run needs: a real vLLM on CPU and a `sidecar serve` in front of it.
+"""The processes an overload run needs: a real vLLM on CPU, the emulated engine, and a
+`sidecar serve` in front of either.
 
 Each leads its own process group and is stopped by its PID (TERM, then KILL after a grace).
 """
@@ -67,7 +68,13 @@ def vllm(flags: tuple[str, ...], log: Path) -> Iterator[str]:
         "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",
         "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), *flags,
     ]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    # vLLM's compute on core 0, so that the clients and the sidecar have the other core.
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "0",
+    }
     with log.open("wb") as out:
         process = subprocess.Popen(
             command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -75,6 +82,24 @@ def vllm(flags: tuple[str, ...], log: Path) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url + "/health", process, 300)
+        yield url
+    finally:
+        stop(process)
+
+
+@contextlib.contextmanager
+def emulator(flags: tuple[str, ...], log: Path) -> Iterator[str]:
+    """``python -m emulator`` with ``flags`` (this venv's); yields its base URL."""
+    port = free_port()
+    command = [sys.executable, "-m", "emulator", "--host", "127.0.0.1", "--port", str(port),
+               *flags]  # fmt: skip
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url + "/health", process, 60)
         yield url
     finally:
         stop(process)

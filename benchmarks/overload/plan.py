@@ -1,0 +1,144 @@
+"""What an overload run measures: the configurations in front of the engine, the loads, the
+engines' flags, and the order of the runs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from benchmarks.overload.load import LONG_WORDS, SHORT_WORDS, Load
+
+CLIENTS = 96
+QUEUED_REQS = 32  # vLLM --max-num-queued-reqs: in flight, waiting and running together
+QUEUED_TOKENS = 2048  # vLLM --max-num-queued-tokens: prompt tokens still in prefill
+OPEN_FACTOR = 1.5  # open-long offers this many times vLLM alone's closed-long completions/s
+
+# The GPU-shaped engine: Llama 2 13B (40 layers x 40 KV heads x 128 x 2 bytes x K and V:
+# 800 KiB of KV a token, no grouped-query attention) in BF16 on one H100 SXM 80 GB. Its KV
+# cache: 44 GiB (0.9 x 80 GB, less 26 GB of weights and ~2 GB of activations), 57,664 tokens.
+# Its prefill: 989 TFLOPS (the H100 SXM datasheet's dense BF16 peak) at 40 % utilisation,
+# 2 FLOPs per parameter per token: 989e12 x 0.4 / 26e9 = 15,200 tokens/s. Its decode: 40 steps
+# a second (each step reads 26 GB of weights and up to 44 GB of KV at 3.35 TB/s: 8-21 ms,
+# plus the step's overhead). A preempted 3,000-token request costs every running stream
+# 0.2 s of recompute: eight decode steps.
+GPU_ENGINE_FLAGS = (
+    "--model-name", "llama-2-13b", "--num-gpu-blocks", "3604", "--block-size", "16",
+    "--bytes-per-token", "819200", "--max-model-len", "4096", "--max-num-seqs", "256",
+    "--max-num-batched-tokens", "8192", "--prefill-tokens-per-s", "15200",
+    "--tokens-per-s", "40", "--completion-median-ratio", "0.25", "--completion-sigma", "1.0",
+)  # fmt: skip
+GPU_MODEL = "llama-2-13b"
+GPU_PROMPT_WORDS = 3000  # the emulator counts a word a token: 3,000-token prompts
+# The emulated engine's words average 6.8 bytes with their space; the tiny Llama's tokenizer
+# makes about 2 bytes a token (real tokenizers about 4, the sidecar's default).
+SIDECAR_SETTINGS = {
+    "vllm": {"max_prompt_tokens": "1000", "max_completion_tokens": "1024",
+             "prompt_bytes_per_token": "2"},
+    "emulator": {"max_prompt_tokens": "3072", "max_completion_tokens": "1024",
+                 "prompt_bytes_per_token": "6.8"},
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """What stands in front of the engine: nothing, one of the engine's own caps, the sidecar."""
+
+    name: str
+    cap_flag: str | None = None  # the engine's own cap, by vLLM's flag name
+    behind_sidecar: bool = False
+
+    def engine_flags(self, engine: str) -> tuple[str, ...]:
+        if self.cap_flag is None:
+            return ()
+        value = QUEUED_REQS if self.cap_flag == "--max-num-queued-reqs" else QUEUED_TOKENS
+        return (self.cap_flag, str(value))
+
+    def runs_on(self, engine: str) -> bool:
+        """The emulator has vLLM's request cap, not its token cap."""
+        return engine == "vllm" or self.cap_flag != "--max-num-queued-tokens"
+
+    def label(self, engine: str) -> str:
+        if self.behind_sidecar:
+            return "sidecar, defaults"
+        return " ".join((engine + (" alone" if self.cap_flag is None else ""),
+                         *self.engine_flags(engine)))  # fmt: skip
+
+
+ALONE, CAP, TOKENS_CAP, OURS = "alone", "queued-reqs", "queued-tokens", "sidecar"
+CONFIGS = (
+    Config(ALONE),
+    Config(CAP, "--max-num-queued-reqs"),
+    Config(TOKENS_CAP, "--max-num-queued-tokens"),
+    Config(OURS, behind_sidecar=True),
+)
+DEFAULT_CONFIGS = (ALONE, CAP, OURS)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSpec:
+    """A load and the engine it runs on; an open load's rate is set at run time."""
+
+    name: str
+    engine: str  # "vllm" or "emulator"
+    prompt_words: int
+    closed: bool = True
+    model: str = "tiny-llama"
+
+    def describe(self) -> str:
+        """One line for the report."""
+        engine = (
+            "vLLM 0.32 on CPU, tiny Llama"
+            if self.engine == "vllm"
+            else ("the emulated engine as Llama 2 13B on one H100")
+        )
+        shape = (
+            f"closed loop, {CLIENTS} clients"
+            if self.closed
+            else (
+                f"open loop, Poisson arrivals at {OPEN_FACTOR}x vLLM alone's closed-long "
+                "completions/s, nobody retries"
+            )
+        )
+        tokens = {SHORT_WORDS: "~30", LONG_WORDS: "~400"}.get(
+            self.prompt_words, f"{self.prompt_words:,}"
+        )
+        return f"{engine}; {shape}; {tokens}-token prompts"
+
+    def load(self, rate: float = 0.0) -> Load:
+        if self.closed:
+            return Load(self.name, self.prompt_words, clients=CLIENTS)
+        return Load(self.name, self.prompt_words, rate=rate)
+
+
+LOADS = (
+    LoadSpec("closed-short", "vllm", SHORT_WORDS),
+    LoadSpec("closed-long", "vllm", LONG_WORDS),
+    LoadSpec("open-long", "vllm", LONG_WORDS, closed=False),
+    LoadSpec("gpu-long", "emulator", GPU_PROMPT_WORDS, model=GPU_MODEL),
+)
+
+
+def chosen(env: str, names: tuple[str, ...], default: tuple[str, ...]) -> tuple[str, ...]:
+    """The names listed in ``env`` (comma-separated), in the canonical order; else default."""
+    wanted = os.environ.get(env)
+    picked = default if not wanted else tuple(wanted.split(","))
+    unknown = set(picked) - set(names)
+    if unknown:
+        raise SystemExit(f"{env}: unknown {', '.join(sorted(unknown))}; known: {', '.join(names)}")
+    return tuple(n for n in names if n in picked)
+
+
+def schedule(
+    repetitions: int, loads: tuple[LoadSpec, ...], configs: tuple[Config, ...]
+) -> list[tuple[int, LoadSpec, Config]]:
+    """Every (repetition, load, configuration): repetition by repetition, so that drift on the
+    machine meets every configuration alike, and the configurations' order turned by one each
+    repetition, so that none always runs first after a load change."""
+    runs = []
+    for rep in range(repetitions):
+        for spec in loads:
+            here = [c for c in configs if c.runs_on(spec.engine)]
+            turn = rep % len(here) if here else 0
+            runs += [(rep, spec, c) for c in here[turn:] + here[:turn]]
+    return runs

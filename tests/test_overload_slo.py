@@ -1,0 +1,134 @@
+"""The overload bench's SLO arithmetic: which request met its objectives, SLO goodput beside raw
+throughput, medians over repetitions, and the ratios the targets are judged on."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from benchmarks.overload.plan import CONFIGS, LOADS, schedule
+from benchmarks.overload.report import Report, markdown
+from demo.slo import Figures, Objectives, Record, figures, median_figures
+
+SLO = Objectives(ttft_s=2.0, tpot_s=0.1)
+
+
+@pytest.mark.parametrize(
+    ("record", "met"),
+    [
+        pytest.param(Record("completed", 0.0, 11.0, 1.0, 101), True, id="ttft-1s-tpot-100ms"),
+        pytest.param(Record("completed", 0.0, 2.0, 2.0, 1), True, id="one-token-at-the-limit"),
+        pytest.param(Record("completed", 0.0, 3.0, 2.01, 10), False, id="ttft-just-over"),
+        pytest.param(Record("completed", 0.0, 12.0, 1.0, 101), False, id="tpot-110ms"),
+        pytest.param(Record("completed", 0.0, 1.0, None, 0), False, id="no-token-no-ttft"),
+        pytest.param(Record("busy", 0.0, 0.01), False, id="a-refusal-is-a-miss"),
+        pytest.param(Record("error", 0.0, 0.5), False, id="an-error-is-a-miss"),
+    ],
+)
+def test_a_request_meets_its_objectives_or_not(record: Record, met: bool) -> None:
+    """TTFT from sending and the mean time per output token after the first, both at most the
+    objective; a refused or failed request is never served."""
+    assert SLO.met(record) is met
+
+
+def test_slo_goodput_counts_the_tokens_of_requests_that_met_them() -> None:
+    """Over a 10 s window: 240 tokens met, 300 completed late; the refusals and the request
+    that ended after the window are not served; offered counts what was sent inside, also
+    what was still running when the window closed."""
+    records = [
+        Record("completed", 1.0, 3.0, 0.5, 200),  # met
+        Record("completed", 1.0, 9.0, 5.0, 300),  # completed, TTFT 5 s: raw only
+        Record("busy", 2.0, 2.1),
+        Record("busy", 3.0, 3.3),
+        Record("completed", 9.0, 12.0, 0.2, 500),  # ended after the window
+        Record("completed", -3.0, 1.0, 0.1, 40),  # sent in warm-up, met inside
+    ]
+    sent = [r.sent_at for r in records] + [8.0]  # one still running when the window closed
+    got = figures(records, 0.0, 10.0, SLO, sent=sent, preemptions=6.0)
+    assert (got.slo_goodput, got.raw, got.offered_per_s) == (24.0, 54.0, 0.6)
+    assert (got.completed, got.met, got.busy, got.errors) == (3, 2, 2, 0)
+    assert (got.ttft_p50_s, got.ttft_p99_s) == (0.5, 5.0)
+    assert got.busy_p50_s == pytest.approx(0.1)
+    assert got.preemptions_per_completed == 2.0
+
+
+def _figures(**changes: float) -> Figures:
+    base = dict.fromkeys(Figures.__dataclass_fields__, 1.0)
+    return Figures(**(base | changes))
+
+
+def test_the_median_of_repetitions_skips_what_one_did_not_measure() -> None:
+    """Each figure's own median; a busy p50 missing (no busy answer) in one repetition is left
+    out, and missing in all stays missing."""
+    reps = [
+        _figures(slo_goodput=100.0, busy_p50_s=math.nan, kv_usage_mean=math.nan),
+        _figures(slo_goodput=300.0, busy_p50_s=0.2, kv_usage_mean=math.nan),
+        _figures(slo_goodput=200.0, busy_p50_s=0.4, kv_usage_mean=math.nan),
+    ]
+    got = median_figures(reps)
+    assert got.slo_goodput == 200.0
+    assert got.busy_p50_s == pytest.approx(0.3)
+    assert math.isnan(got.kv_usage_mean)
+
+
+def _run(rep: int, load: str, config: str, *, tokens: int, ttft: float, busy_s: float) -> Any:
+    """A recorded run of 10 s: ten completions of ``tokens`` tokens at ``ttft`` (100 tokens a
+    second after it), sent every half second, and two busy answers of ``busy_s``."""
+    records = [["completed", t / 2, t / 2 + ttft + (tokens - 1) / 100, ttft, tokens, None, ""]
+               for t in range(10)]  # fmt: skip
+    records += [["busy", 1.0, 1.0 + busy_s, 0.5, ""] for _ in range(2)]
+    records = [r if len(r) == 7 else [r[0], r[1], r[2], None, 0, r[3], r[4]] for r in records]
+    samples = [[0.0, 0.5, 10, 0, 7.0], [9.5, 0.9, 12, 3, 10.0]]
+    sent = [r[1] for r in records]
+    return {"rep": rep, "load": load, "config": config, "label": config, "window_s": 10.0,
+            "sent": sent, "records": records, "engine_samples": samples}  # fmt: skip
+
+
+def _document(runs: list[Any]) -> Any:
+    return {"objectives": {"ttft_s": 2.0, "tpot_s": 0.1}, "measure_s": 10.0, "warmup_s": 2.0,
+            "repetitions": 3, "loads": {"closed-long": "test"}, "runs": runs}  # fmt: skip
+
+
+def test_targets_are_judged_on_the_median_of_paired_ratios() -> None:
+    """closed-long, three repetitions: the sidecar's SLO goodput over the better of vLLM alone
+    (TTFT 3 s: nothing met) and its cap is 1.0x, 1.5x, 2.0x: median 1.5x >= 1.2, yes; raw over
+    vLLM alone 0.5x: NO; its TTFT p99 1.0 s under the cap's 1.5 s: yes; busy p50 0.05 s: yes."""
+    runs = []
+    for rep, ours in enumerate((100, 150, 200)):
+        runs += [
+            _run(rep, "closed-long", "alone", tokens=200, ttft=3.0, busy_s=0.01),
+            _run(rep, "closed-long", "queued-reqs", tokens=100, ttft=1.5, busy_s=0.01),
+            _run(rep, "closed-long", "sidecar", tokens=ours, ttft=1.0, busy_s=0.05),
+        ]
+    # A calibration run (repetition -1) is left out.
+    runs.append(_run(-1, "closed-long", "alone", tokens=999, ttft=0.1, busy_s=0.0))
+    report = Report(_document(runs))
+    lines = [c.line() for c in report.checks("closed-long")]
+    assert lines == [
+        "closed-long   yes  SLO goodput 1.50x the better of alone and queued-reqs (>= 1.2x)",
+        "closed-long   NO   raw tok/s 0.75x the engine alone (>= 0.9)",
+        "closed-long   yes  TTFT p99 1.00 s <= the queue cap's 1.50 s",
+        "closed-long   yes  busy answer p50 0.050 s <= 0.1 s",
+    ]
+    alone = report.median("closed-long", "alone")
+    assert (alone.slo_goodput, alone.raw, alone.preemptions_per_completed) == (0.0, 200.0, 0.3)
+    assert "| sidecar | 1.2 | 150 | 150 | 10 / 10 | 1.00 / 1.00 | 0.050 | 0.30 | 0.70 | 11.0 |" in (
+        markdown(report)
+    )
+
+
+def test_every_configuration_meets_every_load_in_each_repetition_in_turn() -> None:
+    """Repetition by repetition, load by load; the configurations' order turns each time;
+    the emulator has no token cap."""
+    runs = schedule(2, LOADS[2:], CONFIGS)
+    names = [(rep, spec.name, config.name) for rep, spec, config in runs]
+    assert names == [
+        (0, "open-long", "alone"), (0, "open-long", "queued-reqs"),
+        (0, "open-long", "queued-tokens"), (0, "open-long", "sidecar"),
+        (0, "gpu-long", "alone"), (0, "gpu-long", "queued-reqs"), (0, "gpu-long", "sidecar"),
+        (1, "open-long", "queued-reqs"), (1, "open-long", "queued-tokens"),
+        (1, "open-long", "sidecar"), (1, "open-long", "alone"),
+        (1, "gpu-long", "queued-reqs"), (1, "gpu-long", "sidecar"), (1, "gpu-long", "alone"),
+    ]  # fmt: skip
