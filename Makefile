@@ -65,7 +65,7 @@ soak: $(STAMP)
 
 # SLO goodput under overload: the sidecar against vLLM alone and its queue cap, on a real vLLM
 # (CPU) and a GPU-shaped emulated engine, 3 repetitions interleaved: about 35 min on 2 cores
-# (docs/overload.md). OVERLOAD_LOADS, OVERLOAD_CONFIGS, OVERLOAD_MEASURE_S, OVERLOAD_REPETITIONS
+# (docs/lab/overload.md). OVERLOAD_LOADS, OVERLOAD_CONFIGS, OVERLOAD_MEASURE_S, OVERLOAD_REPETITIONS
 # narrow it. Writes .bench/overload.json (every request), .md and .png.
 bench-overload: $(STAMP)
 	bash scripts/vllm_env.sh

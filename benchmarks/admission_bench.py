@@ -4,7 +4,7 @@ Prints ns/op and the ratio to the bare state machine, so the asyncio layer's sha
 p50/p99 per operation (uncontended: each op timed alone; contended: from asking to being granted,
 and the gap between successive releases, all tasks together, loop turns included), next to
 asyncio.Semaphore on the same load, and the memory one queued waiter holds, with BENCH_WAITERS
-(10,000) really queued in a Bulkhead, against bare tasks awaiting a future. The target (issue 30),
+(10,000) really queued in a Bulkhead, against bare tasks awaiting a future. The target,
 PASS/MISS, best of 3 runs: contended admit-to-grant p99 <= 1.5x asyncio.Semaphore's on the same
 load. It runs on the loop ``sidecar serve`` would (SIDECAR_EVENT_LOOP; auto: uvloop where
 installed).

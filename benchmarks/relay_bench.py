@@ -12,7 +12,7 @@ are a second load: 64 streams paced by the engine (BENCH_RELAY_PACE_MS between e
 engine decoding 100 tokens/s per stream), their starts spread over one stream's length, for
 BENCH_RELAY_PACED_SECONDS (6); BENCH_RELAY_PACE_MS=0 leaves them out.
 
-Targets (issue 30), PASS/MISS in the same run: CPU per relayed event at 64 streams <= 1.25x
+Targets, PASS/MISS in the same run: CPU per relayed event at 64 streams <= 1.25x
 nginx's; added TTFT p50 at 64 paced streams <= nginx's added TTFT p50 + 0.3 ms.
 
 Sizes: BENCH_RELAY_LEVELS (1,64,256), BENCH_RELAY_SECONDS per measurement (3), BENCH_RELAY_ROUNDS
@@ -378,7 +378,7 @@ def _failed(count: int) -> str:
 
 
 def _targets(rows: list[Row]) -> None:
-    """The sidecar against the issue's targets, each against nginx in the same run."""
+    """The sidecar against its targets, each against nginx in the same run."""
     found = {(r.level, r.target, r.paced_ms): r for r in rows}
     sidecar, nginx = found.get((TTFT_LEVEL, "sidecar", 0.0)), found.get((TTFT_LEVEL, "nginx", 0.0))
     if sidecar and nginx and sidecar.proxy_cpu_us_per_event and nginx.proxy_cpu_us_per_event:

@@ -45,7 +45,7 @@ CRD_REQUIRED = {
     ],
 }
 # Metrics the deploy files name before the sidecar exports them: name -> who adds it.
-PENDING_METRICS = {"sidecar_config_warning": "issue 11 (adaptive admission) adds this gauge"}
+PENDING_METRICS: dict[str, str] = {}
 SECURE_CONTAINER = {
     "allowPrivilegeEscalation": False,
     "readOnlyRootFilesystem": True,

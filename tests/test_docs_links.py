@@ -1,5 +1,6 @@
-"""Every relative link in README.md and docs/*.md reaches a file (and a heading, when it names
-one), and the docs index lists every page in docs/ and nothing else."""
+"""Every relative link in README.md and docs/**/*.md reaches a file (and a heading, when it names
+one), and each index (docs/README.md, docs/lab/README.md) lists every page of its folder and
+nothing else."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
 CODE = re.compile(r"`[^`\n]*`")
@@ -59,17 +60,31 @@ def test_every_relative_link_resolves(page: Path) -> None:
     assert broken(page) == []
 
 
-def test_the_index_lists_exactly_the_pages_that_exist() -> None:
-    """docs/README.md links every page in docs/ and no page that is not there."""
-    index = DOCS / "README.md"
-    linked = {
-        (DOCS / target.partition("#")[0]).resolve()
-        for target in relative_links(index.read_text(encoding="utf-8"))
-        if target.partition("#")[0].endswith(".md") and not target.startswith("../")
-    }
-    pages = {path.resolve() for path in DOCS.glob("*.md") if path != index}
+def listed_pages(index: Path) -> set[Path]:
+    """The pages of the index's own folder that the index links (not those above or below)."""
+    targets = (target.partition("#")[0] for target in relative_links(index.read_text("utf-8")))
+    paths = {(index.parent / target).resolve() for target in targets if target.endswith(".md")}
+    return {path for path in paths if path.parent == index.parent}
+
+
+@pytest.mark.parametrize(
+    "folder", [pytest.param(DOCS, id="docs"), pytest.param(DOCS / "lab", id="docs/lab")]
+)
+def test_the_index_lists_exactly_the_pages_that_exist(folder: Path) -> None:
+    """The folder's README.md links every page beside it and no page that is not there."""
+    index = folder / "README.md"
+    linked = listed_pages(index)
+    pages = {path.resolve() for path in folder.glob("*.md") if path != index}
     assert sorted(p.name for p in pages - linked) == []
     assert sorted(p.name for p in linked - pages) == []
+
+
+def test_an_unlisted_page_is_reported(tmp_path: Path) -> None:
+    """A page the index forgets, and one it names but that is gone, are both seen."""
+    (tmp_path / "README.md").write_text("[a](a.md) [gone](gone.md) [up](../x.md)\n")
+    (tmp_path / "a.md").write_text("# A\n")
+    (tmp_path / "b.md").write_text("# B\n")
+    assert {p.name for p in listed_pages(tmp_path / "README.md")} == {"a.md", "gone.md"}
 
 
 @pytest.mark.parametrize(

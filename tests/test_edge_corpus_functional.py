@@ -1,4 +1,4 @@
-"""Other parsers' request corpora replayed against the real sidecar (issue 30's audit, kept).
+"""Other parsers' request corpora replayed against the real sidecar.
 
 tests/fixtures/edge-corpus/requests.json holds request vectors from llhttp's, aiohttp's and h11's
 own test suites (scripts/edge_corpus.py names the versions and how they were taken). Each one is

@@ -496,7 +496,7 @@ async def test_busy_connections_past_the_cap_are_refused_and_admin_still_answers
 async def test_idle_connections_past_the_cap_make_room_longest_idle_first(
     edge: Start, double: EngineDouble
 ) -> None:
-    """Audit finding 2: 20 idle sockets at a cap of 20 no longer refuse everyone new. Each new
+    """20 idle sockets at a cap of 20 no longer refuse everyone new. Each new
     connection closes the longest idle one (here the keep-alive one that was served first) and
     is served."""
     server = await edge(SIDECAR_MAX_CONNECTIONS="20")
@@ -650,7 +650,7 @@ async def test_malformed_requests_get_json_400s_that_echo_nothing(
 
 
 async def test_stalled_bodies_hold_no_slot_of_the_port(edge: Start, double: EngineDouble) -> None:
-    """Audit finding 1: 32 connections that declare a body and never send it hold only their own
+    """32 connections that declare a body and never send it hold only their own
     connections; every other request on the port is served at once, none gets edge_busy."""
     server = await edge(SIDECAR_BODY_TIMEOUT_MS="30000")
     stalled_head = b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n"

@@ -13,9 +13,9 @@ import pytest
 from sidecar.entry.cli import main
 
 CONFIGS = Path(__file__).parent / "configs"
-BRIEF_8GIB = ["--model", "qwen2.5-7b", "--vram", "8GiB", "--weights", "5.0GiB"]
-BRIEF_8GIB += ["--overhead", "1.5GiB", "--max-prompt-tokens", "3000"]
-BRIEF_8GIB += ["--max-completion-tokens", "1000", "--alpha", "0.8"]
+QWEN_8GIB = ["--model", "qwen2.5-7b", "--vram", "8GiB", "--weights", "5.0GiB"]
+QWEN_8GIB += ["--overhead", "1.5GiB", "--max-prompt-tokens", "3000"]
+QWEN_8GIB += ["--max-completion-tokens", "1000", "--alpha", "0.8"]
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +37,7 @@ def plan_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
 
 def test_brief_example_derivation(capsys: pytest.CaptureFixture[str]) -> None:
     """The readable output walks through the brief's 8 GiB card and ends at N = 5."""
-    assert main(["plan", *BRIEF_8GIB]) == 0
+    assert main(["plan", *QWEN_8GIB]) == 0
     out = capsys.readouterr().out
     assert "2 (K and V) x 28 layers x 4 heads x 128 x 2 B = 57,344 B" in out
     assert "= kv_pool_per_gpu" in out
@@ -47,7 +47,7 @@ def test_brief_example_derivation(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_brief_example_json(capsys: pytest.CaptureFixture[str]) -> None:
     """--json prints one object with the numbers and the inputs with their sources."""
-    out = plan_json(capsys, *BRIEF_8GIB)
+    out = plan_json(capsys, *QWEN_8GIB)
     assert out["kv_bytes_per_token"] == 57_344
     assert out["request_max_tokens"] == 4_000
     assert out["request_max_bytes"] == 229_376_000
@@ -166,7 +166,7 @@ def test_argparse_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 def test_python_m_sidecar_plan_runs_without_traceback() -> None:
     """`python -m sidecar plan` works, and a bad size gives no traceback."""
     ok = subprocess.run(
-        [sys.executable, "-m", "sidecar", "plan", *BRIEF_8GIB, "--json"],
+        [sys.executable, "-m", "sidecar", "plan", *QWEN_8GIB, "--json"],
         capture_output=True,
         text=True,
         check=False,

@@ -2,7 +2,7 @@
 else asyncio's own.
 
 uvloop runs the loop, its timers and the socket transports in C (libuv), so the relay's own
-work is most of what a relayed event costs (docs/performance.md). Nothing else depends on the
+work is most of what a relayed event costs (docs/lab/performance.md). Nothing else depends on the
 choice: the protocols take any transport, and the edge's server, relay and
 engine-client tests run on both loops (tests/conftest.py).
 """

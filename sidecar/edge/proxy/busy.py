@@ -1,4 +1,4 @@
-"""The busy answer: what a client gets when the bulkhead says no (BRIEF §3.5).
+"""The busy answer: what a client gets when the bulkhead says no.
 
 It is decided before a single response byte is sent. A streaming request gets a 200 SSE stream
 with one ``event: fallback`` whose data carries an OpenAI-shaped ``error`` (so SDKs raise with our
