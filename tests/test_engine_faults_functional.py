@@ -115,6 +115,22 @@ BROKEN_HEADS = [
     pytest.param(b"HTTP/1.1 200 " + MARK + b"\x00\r\n\r\n", id="nul-in-the-reason"),
     pytest.param(MARK + b" 200 OK\r\n\r\n", id="not-http"),
     pytest.param(b"HTTP/1.1 200 OK\r\n" + MARK + b"\r\n\r\n", id="field-without-colon"),
+    pytest.param(b"HTTP/1.1 099 Weird\r\nX-A: " + MARK + b"\r\n\r\n", id="status-099"),
+    pytest.param(b"HTTP/1.1 000 Zero\r\nContent-Length: 0\r\n\r\n", id="status-000"),
+    pytest.param(b"HTTP/1.1 600 Past\r\nContent-Length: 0\r\n\r\n", id="status-600"),
+    pytest.param(b"HTTP/1.1 999 Odd\r\nContent-Length: 0\r\n\r\n", id="status-999"),
+    pytest.param(
+        SSE_HEAD.replace(b"chunked", b"gzip, chunked") + b"\r\n" + FIRST, id="gzip-chunked"
+    ),
+    pytest.param(SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + FIRST, id="chunked-twice"),
+    pytest.param(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nX-A: " + MARK + b"\r\n\r\n" + MARK,
+        id="gzip-to-close",
+    ),
+    pytest.param(
+        SSE_HEAD.replace(b"chunked", b"identity, chunked") + b"\r\n" + FIRST,
+        id="identity-chunked",
+    ),
 ]
 
 

@@ -272,3 +272,32 @@ def test_a_string_content_part_is_priced_as_text() -> None:
     parts = {"messages": [{"role": "user", "content": content}]}
     checked = check_request(raw(parts), "chat", BUDGET)
     assert checked.prompt_tokens == MESSAGE_OVERHEAD_TOKENS + 20
+
+
+# --- numbers the engine cannot take: NaN, Infinity, past a double's range ---------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        pytest.param(b'{"model": "m", "temperature": NaN, "messages": []}', "NaN", id="nan"),
+        pytest.param(b'{"temperature": Infinity}', "Infinity", id="infinity"),
+        pytest.param(b'{"top_p": -Infinity}', "-Infinity", id="minus-infinity"),
+        pytest.param(b'{"temperature": 1e999}', "too large", id="overflow"),
+        pytest.param(b'{"logit_bias": {"5": -1e999}}', "too large", id="nested-overflow"),
+        pytest.param(b'{"messages": [{"content": [NaN]}]}', "NaN", id="in-an-array"),
+    ],
+)
+def test_a_number_json_has_not_is_a_400(body: bytes, said: str) -> None:
+    """NaN, Infinity and 1e999 are refused as invalid JSON, wherever they sit, before the checks."""
+    with pytest.raises(RequestError) as caught:
+        check_request(body, "chat", BUDGET)
+    assert (caught.value.code, caught.value.status) == ("invalid_json", 400)
+    assert said in caught.value.message
+
+
+def test_finite_numbers_pass() -> None:
+    """The largest double and the smallest still parse; so does a number written as text."""
+    body = raw({**CHAT, "temperature": 1e308, "top_p": 5e-324, "user": "NaN"})
+    forwarded = json.loads(check_request(body, "chat", BUDGET).body)
+    assert (forwarded["temperature"], forwarded["top_p"]) == (1e308, 5e-324)

@@ -1,16 +1,34 @@
-"""A request body as a JSON object: strict UTF-8, the standard library's parser, and no text an
-engine cannot take (a lone surrogate); every failure is a RequestError (pure, no I/O)."""
+"""A request body as a JSON object: strict UTF-8, the standard library's parser, and no text or
+number an engine cannot take (a lone surrogate, NaN, Infinity, 1e999); every failure is a
+RequestError (pure, no I/O)."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
 from sidecar.core.errors import RequestError
 
-# json.loads(text) with no options is this decoder's decode().
-_DECODER = json.JSONDecoder()
+
+def _no_constant(name: str) -> float:
+    """NaN, Infinity and -Infinity are Python's extension, not JSON (RFC 8259 section 6)."""
+    message = f"request body holds {name}, which JSON has no number for"
+    raise RequestError(message, code="invalid_json")
+
+
+def _finite(text: str) -> float:
+    """A number past a double's range (1e999) would reach the engine as infinity."""
+    value = float(text)
+    if not math.isfinite(value):
+        message = "request body holds a number too large for a double (e.g. 1e999)"
+        raise RequestError(message, code="invalid_json")
+    return value
+
+
+# json.loads(text), with the numbers an engine cannot take refused.
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
 # A \uD800-\uDFFF escape: only a body with one can hold a lone surrogate (raw UTF-8 cannot encode
 # one: the strict decode refuses it), so only such bodies pay for the exact check.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
