@@ -26,6 +26,7 @@ NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")
 # server, relay and engine client are tested on both loops; everything else on asyncio's.
 BOTH_LOOPS = frozenset(
     {
+        "tests.test_edge_door_functional",
         "tests.test_edge_functional",
         "tests.test_engine_client",
         "tests.test_engine_http",

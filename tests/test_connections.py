@@ -1,55 +1,122 @@
-"""The connection table's caps and its choice of which idle connection to close."""
+"""The connection table's caps and its choice of which connection to close to make room."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sidecar.core.outcomes import EdgeFault
 from sidecar.edge.http.connections import ConnectionTable
+from tests.fake_time import FakeTime
 
 
 @dataclass(eq=False)
 class Conn:
     name: str
     evicted: bool = False
+    answer: EdgeFault | None = None
 
-    def evict(self) -> None:
-        self.evicted = True
+    def evict(self, fault: EdgeFault | None) -> None:
+        self.evicted, self.answer = True, fault
+
+
+def _table(
+    total: int, per_client: int, partial: int = 100
+) -> tuple[ConnectionTable[Conn], FakeTime]:
+    clock = FakeTime()
+    return ConnectionTable(total, per_client, partial, grace_s=1.0, clock=clock.clock), clock
 
 
 def test_the_longest_idle_goes_first_and_busy_ones_never() -> None:
-    """At the cap: the connection idle longest is closed; one made busy and idle again counts
-    from its new idle moment; with none idle, the new one is refused."""
-    table: ConnectionTable[Conn] = ConnectionTable(3, 3)
+    """At the cap with no stale partial head: the connection idle longest is closed; one made
+    busy and idle again counts from its new idle moment; with none idle, the new one is refused."""
+    table, _clock = _table(3, 3)
     a, b, c, d, e = (Conn(n) for n in "abcde")
     for conn in (a, b, c):
         assert table.open(conn, "10.0.0.1") is None
-    table.set_idle(a, idle=False)
-    table.set_idle(a, idle=True)  # a is now the newest idle
+        table.mark(conn, "idle")
+    table.mark(a, "busy")
+    table.mark(a, "idle")  # a is now the newest idle
     assert table.open(d, "10.0.0.2") is None
-    assert [x.evicted for x in (a, b, c)] == [False, True, False]
+    assert [(x.evicted, x.answer) for x in (a, b, c)] == [
+        (False, None),
+        (True, None),
+        (False, None),
+    ]
     for conn in (a, c, d):
-        table.set_idle(conn, idle=False)
+        table.mark(conn, "busy")
     assert table.open(e, "10.0.0.2") == "too_many_connections"
     assert (table.count.open, table.count.evicted, table.count.refused) == (3, 1, 1)
 
 
-def test_a_client_at_its_cap_loses_only_its_own_idle_connection() -> None:
-    """Per-address cap: the client's own longest idle connection makes room, never another's."""
-    table: ConnectionTable[Conn] = ConnectionTable(10, 2)
-    other, mine1, mine2, mine3 = Conn("o"), Conn("m1"), Conn("m2"), Conn("m3")
+def test_a_stale_partial_head_goes_before_any_idle_connection() -> None:
+    """A head held open past the grace is closed first, with a 503 of its own, though an idle
+    connection has been idle longer; a partial head within its grace is never closed."""
+    table, clock = _table(3, 3)
+    idle, stale, fresh = Conn("idle"), Conn("stale"), Conn("fresh")
+    table.open(idle, "10.0.0.1")
+    table.mark(idle, "idle")
+    table.open(stale, "10.0.0.2")
+    clock.advance(1.5)
+    table.open(fresh, "10.0.0.3")
+    assert table.open(Conn("new"), "10.0.0.4") is None
+    assert (stale.evicted, stale.answer) == (True, "too_many_partial_heads")
+    assert not idle.evicted
+    assert not fresh.evicted
+
+
+def test_partial_heads_past_their_budget_close_the_oldest_stale_one() -> None:
+    """Past the budget of partial heads the oldest stale one is closed though the port has room;
+    within the grace none is, and the new one is let in (the caps still bound it)."""
+    table, clock = _table(100, 100, partial=2)
+    first, second = Conn("first"), Conn("second")
+    table.open(first, "10.0.0.1")
+    table.open(second, "10.0.0.1")
+    assert table.open(Conn("young"), "10.0.0.2") is None
+    assert not first.evicted
+    clock.advance(1.5)
+    assert table.open(Conn("late"), "10.0.0.2") is None
+    assert (first.evicted, second.evicted) == (True, False)
+    assert table.partial == 3
+
+
+def test_a_client_at_its_cap_closes_its_own_heads_then_its_own_idle() -> None:
+    """Per-address cap as a share: the address's own stale head makes room, then its own idle
+    connection; never another address's; only with neither is it refused."""
+    table, clock = _table(10, 2)
+    other, head, idle = Conn("other"), Conn("head"), Conn("idle")
     table.open(other, "10.0.0.9")
-    table.open(mine1, "10.0.0.1")
-    table.open(mine2, "10.0.0.1")
-    assert table.open(mine3, "10.0.0.1") is None
-    assert (other.evicted, mine1.evicted, mine2.evicted) == (False, True, False)
-    table.set_idle(mine2, idle=False)
-    table.set_idle(mine3, idle=False)
-    assert table.open(Conn("m4"), "10.0.0.1") == "too_many_client_connections"
+    table.open(head, "10.0.0.1")
+    table.open(idle, "10.0.0.1")
+    table.mark(idle, "idle")
+    clock.advance(1.5)
+    fresh = Conn("fresh")
+    assert table.open(fresh, "10.0.0.1") is None
+    assert (other.evicted, head.answer, idle.evicted) == (False, "too_many_partial_heads", False)
+    assert table.open(Conn("next"), "10.0.0.1") is None
+    assert (idle.evicted, idle.answer) == (True, None)
+    table.mark(fresh, "busy")
+    assert table.open(Conn("last"), "10.0.0.1") == "too_many_client_connections"
+
+
+def test_a_head_that_begins_on_a_kept_alive_connection_is_partial_again() -> None:
+    """An idle connection whose next head has begun counts as partial from that moment."""
+    table, clock = _table(2, 2)
+    kept, busy = Conn("kept"), Conn("busy")
+    table.open(kept, "10.0.0.1")
+    table.open(busy, "10.0.0.1")
+    table.mark(busy, "busy")
+    table.mark(kept, "idle")
+    clock.advance(5)
+    table.mark(kept, "partial")
+    assert table.open(Conn("new"), "10.0.0.2") == "too_many_connections"
+    clock.advance(1.5)
+    assert table.open(Conn("new"), "10.0.0.2") is None
+    assert kept.answer == "too_many_partial_heads"
 
 
 def test_closing_twice_counts_once() -> None:
     """A connection evicted and then lost is counted out once."""
-    table: ConnectionTable[Conn] = ConnectionTable(1, 1)
+    table, _clock = _table(1, 1)
     a = Conn("a")
     table.open(a, "x")
     table.close(a)

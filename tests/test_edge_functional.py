@@ -545,23 +545,37 @@ async def test_one_address_is_held_to_its_own_cap(edge: Start, double: EngineDou
 async def test_a_client_at_its_cap_reuses_its_own_idle_connection(
     edge: Start, double: EngineDouble
 ) -> None:
-    """At its own cap, a client's new connection closes that client's longest idle one, never
-    another client's."""
+    """At its own cap, a client's new connection closes that client's longest idle (kept-alive)
+    one, never another client's."""
     server = await edge(SIDECAR_MAX_CONNECTIONS_PER_CLIENT="2")
     other = await asyncio.open_connection(
         "127.0.0.1", server.proxy_port, local_addr=("127.0.0.2", 0)
     )
-    mine = await connections(server, 2)
+    mine = await connections(server, 2, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
     try:
+        for reader, _writer in mine:  # each answered, and kept alive: idle
+            async with asyncio.timeout(3):
+                assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
         assert await until(lambda: _open(server, 3))
         answer = await exchange(server.proxy_port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
         assert answer.startswith(b"HTTP/1.1 200")
-        async with asyncio.timeout(3):
-            assert await mine[0][0].read() == b""  # closed to make room
+        assert sorted([await _closes(reader) for reader, _ in mine]) == [False, True]
         assert not other[0].at_eof()
+        assert server.proxy_connections is not None
+        assert server.proxy_connections.evicted == 1
     finally:
         for _reader, writer in [other, *mine]:
             writer.close()
+
+
+async def _closes(reader: asyncio.StreamReader) -> bool:
+    """Whether the server closes this connection (what is left of an answer read off first)."""
+    try:
+        async with asyncio.timeout(1):
+            await reader.read()
+    except TimeoutError:
+        return False
+    return True
 
 
 async def connections(
@@ -676,7 +690,7 @@ async def _seen_heads(server: SidecarServer, n: int) -> bool:
 async def test_bodies_held_at_once_stay_within_the_ports_budget(
     edge: Start, double: EngineDouble
 ) -> None:
-    """A body arriving while others hold the port's body budget is refused 503 edge_busy (never
+    """A body arriving while others hold the port's body budget is refused 503 (never
     buffered past it); once they end, their bytes come back and the same request is served."""
     server = await edge(SIDECAR_MAX_BUFFERED_BODY_BYTES="1000")
     assert server.proxy_server is not None
@@ -690,7 +704,7 @@ async def test_bodies_held_at_once_stay_within_the_ports_budget(
         async with aiohttp.ClientSession() as s:
             async with s.post(proxy_url(server) + "/v1/completions", data=body) as r:
                 assert r.status == 503
-                assert error_of(await r.read())["code"] == "edge_busy"
+                assert error_of(await r.read())["code"] == "body_budget_full"
                 assert r.headers["Retry-After"] == "1"
             writer.close()
             assert await until(lambda: _held(bodies, 0))
@@ -701,6 +715,82 @@ async def test_bodies_held_at_once_stay_within_the_ports_budget(
         del reader
     assert await until(lambda: _held(bodies, 0))
     assert double.seen == [("POST", "/v1/completions")]
+
+
+async def test_an_address_holds_only_its_share_of_the_body_budget(
+    edge: Start, double: EngineDouble
+) -> None:
+    """One address holding its share of the body budget is refused 503 client_body_budget_full
+    for more, while another address's body is served."""
+    server = await edge(
+        SIDECAR_MAX_BUFFERED_BODY_BYTES="4000", SIDECAR_MAX_BUFFERED_BODY_BYTES_PER_CLIENT="1000"
+    )
+    assert server.proxy_server is not None
+    bodies = server.proxy_server.bodies
+    body = json.dumps(COMPLETION).encode() + b" " * 300
+    post = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    _reader, holder = await asyncio.open_connection("127.0.0.1", server.proxy_port)
+    holder.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 990\r\n\r\n")
+    holder.write(b" " * 900)
+    try:
+        assert await until(lambda: _held(bodies, 900))
+        mine = await exchange(server.proxy_port, post + body)
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", server.proxy_port, local_addr=("127.0.0.2", 0)
+        )
+        writer.write(post + body)
+        async with asyncio.timeout(3):
+            other = await reader.read()
+        writer.close()
+    finally:
+        holder.close()
+    assert mine.startswith(b"HTTP/1.1 503")
+    assert error_of(mine.partition(b"\r\n\r\n")[2])["code"] == "client_body_budget_full"
+    assert other.startswith(b"HTTP/1.1 200")
+    samples = await scrape(admin_url(server) + "/metrics")
+    assert samples["sidecar_requests_total{outcome=client_body_budget_full}"] == 1
+
+
+async def test_a_fast_start_does_not_buy_a_stalled_body_its_timeout(edge: Start) -> None:
+    """A body sent fast, then stalled: cut off 408 body_timeout by the pace of its last window,
+    long before the 30 s timeout its fast start would have bought on average."""
+    server = await edge(
+        SIDECAR_BODY_TIMEOUT_MS="30000", SIDECAR_BODY_MIN_RATE="1000",
+        SIDECAR_BODY_RATE_GRACE_MS="200",
+    )  # fmt: skip
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"
+    async with asyncio.timeout(5):
+        answer = await exchange(server.proxy_port, head + b" " * 60_000, timeout_s=5)
+    assert answer.startswith(b"HTTP/1.1 408")
+    assert error_of(answer.partition(b"\r\n\r\n")[2])["code"] == "body_timeout"
+    samples = await scrape(admin_url(server) + "/metrics")
+    assert samples["sidecar_requests_total{outcome=body_timeout}"] == 1
+
+
+async def test_refusals_at_the_door_are_counted(edge: Start) -> None:
+    """A refusal at the connection cap and a header timeout each count in
+    sidecar_requests_total, under their own outcome, and a burst is logged once."""
+    server = await edge(SIDECAR_MAX_CONNECTIONS="1", SIDECAR_HEADER_TIMEOUT_MS="500")
+    holder = await connections(server, 1, b"GET /v1/models HTTP/1.1\r\n")
+    try:
+        assert await until(lambda: _open(server, 1))
+        with capture_logs() as logs:
+            answers = [await exchange(server.proxy_port, b"GET /v1/models HTTP/1.1\r\n\r\n")
+                       for _ in range(3)]  # fmt: skip
+        async with asyncio.timeout(3):
+            assert (await holder[0][0].read()).startswith(b"HTTP/1.1 408")
+    finally:
+        _reader, writer = holder[0]
+        writer.close()
+    assert all(answer.startswith(b"HTTP/1.1 503") for answer in answers)
+    samples = await scrape(admin_url(server) + "/metrics")
+    assert samples["sidecar_requests_total{outcome=too_many_connections}"] == 3
+    assert samples["sidecar_requests_total{outcome=header_timeout}"] == 1
+    lines = [e for e in logs if e["event"] == "too_many_connections"]
+    assert [line.get("repeated") for line in lines] == [0]
 
 
 async def _held(bodies: BodyBudget, n: int) -> bool:

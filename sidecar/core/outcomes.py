@@ -16,8 +16,9 @@ from typing import Literal
 RejectReason = Literal["queue_full", "shed", "timeout", "too_large", "draining", "no_capacity"]
 UpstreamFailure = Literal["upstream_unavailable", "upstream_timeout"]
 EdgeFault = Literal[
-    "edge_busy", "too_many_connections", "too_many_client_connections", "header_timeout",
-    "body_timeout", "bad_request", "client_stalled",
+    "edge_busy", "too_many_connections", "too_many_client_connections", "too_many_partial_heads",
+    "body_budget_full", "client_body_budget_full", "header_timeout", "body_timeout", "bad_request",
+    "client_stalled",
 ]  # fmt: skip
 
 
@@ -101,6 +102,19 @@ EDGE_FAULTS: Mapping[EdgeFault, Refusal] = {
     "too_many_client_connections": _edge(
         "too_many_client_connections", 503, "service_unavailable",
         "this client address holds its maximum number of connections; reuse one or retry shortly",
+    ),
+    "too_many_partial_heads": _edge(
+        "too_many_partial_heads", 503, "service_unavailable",
+        "too many connections are holding a request head open; send the request at once, or "
+        "retry shortly",
+    ),
+    "body_budget_full": _edge(
+        "body_budget_full", 503, "service_unavailable",
+        "the request bodies being received fill this server's buffer; retry shortly",
+    ),
+    "client_body_budget_full": _edge(
+        "client_body_budget_full", 503, "service_unavailable",
+        "this client address holds its share of the request bodies being received; retry shortly",
     ),
     "header_timeout": _edge(
         "header_timeout", 408, "invalid_request_error", "the request headers took too long"

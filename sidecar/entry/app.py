@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.core.claims import ClaimNames, parse_claim_trust
 from sidecar.core.compartments import parse_compartments
+from sidecar.core.outcomes import EDGE_FAULTS, EdgeFault
 from sidecar.core.request_checks import TokenPolicy
 from sidecar.core.stream_timing import StreamTiming
 from sidecar.core.tenancy import (
@@ -35,6 +36,7 @@ from sidecar.edge.proxy.prompt_count import EnginePromptCounter
 from sidecar.edge.proxy.routes import parse_free_paths
 from sidecar.entry.event_loop import running_loop_name
 from sidecar.entry.listen import SHUTDOWN_TIMEOUT_S, bind, reserve_descriptors, serve
+from sidecar.entry.logs import OncePer
 from sidecar.entry.settings import Settings
 from sidecar.entry.wiring import (
     adaptive_resize,
@@ -94,6 +96,7 @@ class SidecarServer:
         self.in_flight = InFlight()
         self.gate = Gate(settings.max_pre_admission)
         self.proxy_connections: ConnectionCount | None = None
+        self._door_log = OncePer(clock=clock)
         self.proxy_server: HttpServer | None = None
         self.admin_server: HttpServer | None = None
         self.proxy_port = self.admin_port = 0
@@ -101,6 +104,14 @@ class SidecarServer:
         self.registry.register(BulkheadCollector(self.bulkhead.snapshot, self._plan_permits))
         if self.adaptive is not None:
             self.registry.register(AdaptiveCollector(self.adaptive, self.bulkhead.snapshot))
+
+    def _refused_at_door(self, fault: EdgeFault) -> None:
+        """A refusal or deadline at the proxy port's door: counted every time, logged once per
+        burst (the first at once, then one line per interval with how many came since)."""
+        self.metrics.refused(fault)
+        since = self._door_log.allow(fault)
+        if since is not None:
+            log.warning(EDGE_FAULTS[fault].log_event, port="proxy", repeated=since)
 
     def _plan_permits(self) -> int:
         plan = self.controller.state.plan
@@ -180,12 +191,16 @@ class SidecarServer:
         tokens = self.controller.token_budget.total_tokens
         return self.pricing.full_request(tokens, self.controller.cost)
 
-    def _edge_limits(self, max_connections: int, per_client: int, bodies: int) -> EdgeLimits:
+    def _edge_limits(
+        self, max_connections: int, per_client: int, bodies: int, client_bodies: int
+    ) -> EdgeLimits:
         s = self.settings
         return EdgeLimits(
             max_connections=max_connections,
             max_connections_per_client=per_client,
+            max_partial_heads=min(s.max_partial_heads, max_connections),
             max_buffered_body_bytes=bodies,
+            max_buffered_body_bytes_per_client=client_bodies,
             header_timeout_s=s.header_timeout_ms / 1000,
             keepalive_timeout_s=s.keepalive_timeout_ms / 1000,
         )
@@ -222,7 +237,7 @@ class SidecarServer:
         self.admin_server = await serve(
             admin_handler(self._admin()),
             admin_sock,
-            self._edge_limits(64, 64, 64 * 1024),
+            self._edge_limits(64, 64, 64 * 1024, 64 * 1024),
             max_body_bytes=1024,
         )
         self.admin_port = int(admin_sock.getsockname()[1])  # the real port, also when 0 asked
@@ -230,9 +245,13 @@ class SidecarServer:
             proxy_handler(self._proxy()),
             proxy_sock,
             self._edge_limits(
-                s.max_connections, s.max_connections_per_client, int(s.max_buffered_body_bytes)
+                s.max_connections,
+                s.max_connections_per_client,
+                int(s.max_buffered_body_bytes),
+                int(s.max_buffered_body_bytes_per_client),
             ),
             max_body_bytes=int(s.max_body_bytes),
+            refused=self._refused_at_door,
         )
         self.proxy_connections = self.proxy_server.count
         self.proxy_port = int(proxy_sock.getsockname()[1])

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import resource
 import socket
+from collections.abc import Callable
 
 from sidecar.core.errors import ConfigError
+from sidecar.core.outcomes import EdgeFault
 from sidecar.edge.http.limits import EdgeLimits
 from sidecar.edge.http.server import Handler, HttpServer
 
@@ -50,9 +52,15 @@ def reserve_descriptors(max_connections: int) -> int:
 
 
 async def serve(
-    handler: Handler, sock: socket.socket, limits: EdgeLimits, *, max_body_bytes: int
+    handler: Handler,
+    sock: socket.socket,
+    limits: EdgeLimits,
+    *,
+    max_body_bytes: int,
+    refused: Callable[[EdgeFault], None] = lambda _fault: None,
 ) -> HttpServer:
-    """Serve ``handler`` (the proxy port's, or the admin port's) on ``sock`` behind ``limits``."""
-    server = HttpServer(handler, limits, max_body_bytes=max_body_bytes)
+    """Serve ``handler`` (the proxy port's, or the admin port's) on ``sock`` behind ``limits``;
+    ``refused`` hears of every refusal at the door."""
+    server = HttpServer(handler, limits, max_body_bytes=max_body_bytes, refused=refused)
     await server.start(sock)
     return server

@@ -84,7 +84,13 @@ class Settings(BaseSettings):
     max_buffered_body_bytes: Size = Field(
         128 * 1024 * 1024,
         description="request body bytes held at once on the proxy port, all connections "
-        "together (a size); a body that does not fit gets 503 edge_busy",
+        "together (a size); a body that does not fit gets 503 body_budget_full",
+    )
+    max_buffered_body_bytes_per_client: Size = Field(
+        32 * 1024 * 1024,
+        description="request body bytes one client address may hold at once on the proxy port "
+        "(a size); more gets 503 client_body_budget_full. Behind a gateway, whose address every "
+        "request shares, raise it to SIDECAR_MAX_BUFFERED_BODY_BYTES",
     )
     drain_grace_s: Annotated[float, Field(ge=0)] = Field(
         30.0,
@@ -116,20 +122,30 @@ class Settings(BaseSettings):
     )
     body_min_rate: NonNegativeInt = Field(
         500,
-        description="Bytes a second a request body must average once its grace is over; a "
-        "slower one gets a 408 (0: no floor, only the body timeout).",
+        description="Bytes a second a request body must keep up over each window of "
+        "SIDECAR_BODY_RATE_GRACE_MS (the recent pace, not the average since it began); a slower "
+        "one gets a 408 (0: no floor, only the body timeout).",
     )
     body_rate_grace_ms: PositiveInt = Field(
-        5_000, description="How long a request body may arrive slower than its floor at first."
+        5_000,
+        description="The window over which a request body's pace is checked, from its start.",
     )
     max_connections: PositiveInt = Field(
         512,
-        description="Open client connections on the proxy port. At the cap the longest idle "
-        "one is closed to make room; only where none is idle is a new one refused with 503.",
+        description="Open client connections on the proxy port. At the cap a connection "
+        "holding a partial request head for over a second, else the longest idle one, is closed "
+        "to make room; only where there is neither is a new one refused with 503.",
+    )
+    max_partial_heads: PositiveInt = Field(
+        128,
+        description="Proxy-port connections that may hold a request head open (connected, the "
+        "head not yet complete) for over a second; past it the oldest is answered 503 "
+        "too_many_partial_heads and closed.",
     )
     max_connections_per_client: PositiveInt = Field(
         256,
-        description="Open proxy-port connections from one client address; more are refused "
+        description="Open proxy-port connections from one client address; at it the address's "
+        "own partial heads and idle connections make room, and only then is a new one refused "
         "with 503. Behind a gateway that speaks HTTP/1.1 to the sidecar (one connection per "
         "concurrent request), raise it to SIDECAR_MAX_CONNECTIONS.",
     )

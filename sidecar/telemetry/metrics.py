@@ -84,6 +84,10 @@ class RequestMetrics:
         self.requests.labels(outcome).inc()
         self.duration.observe(duration_s)
 
+    def refused(self, outcome: str) -> None:
+        """A request refused before it was one the proxy could time (at the port's door)."""
+        self.requests.labels(outcome).inc()
+
     def waited(self, wait_s: float) -> None:
         self.queue_wait.observe(wait_s)
 

@@ -20,6 +20,7 @@ import httptools
 import structlog
 
 from sidecar.core.errors import SidecarError
+from sidecar.core.outcomes import EdgeFault
 from sidecar.edge.flow import FlowControl
 from sidecar.edge.http.conformance import HeadRefusedError
 from sidecar.edge.http.connections import ConnectionTable
@@ -42,6 +43,9 @@ LINGER_S = 1.0
 # the transport, for minutes, and the write deadline never starts. With it, what a stalled client
 # can leave unread is its own receive window, this, and the transport's high-water mark.
 UNSENT_LIMIT = 16 * 1024
+# Connections refused at the door that are still reading off what their client sent, so that it
+# reads its 503 and not a reset: past this many the next one is closed at once.
+MAX_LINGERING = 64
 # A handler that failed, or an answer that cannot be sent: the same 500 as any unknown error.
 INTERNAL_ERROR = error_response(SidecarError())
 
@@ -63,7 +67,10 @@ class Port:
     max_body_bytes: int
     connections: ConnectionTable[Connection]
     bodies: BodyBudget
+    # Every refusal and deadline of the door (a cap, a head too slow, a head not HTTP/1.1).
+    refused: Callable[[EdgeFault], None] = lambda _fault: None
     closing: bool = False  # shutting down: no connection is kept for another request
+    lingering: int = 0  # refused connections reading off their client's bytes
 
     @property
     def max_head_bytes(self) -> int:
@@ -93,6 +100,8 @@ class Connection(asyncio.Protocol):
         self._head: Head | None = None  # a head being received
         self._body_of: Request | None = None  # the request whose body is being received
         self._queue: deque[Request] = deque()  # pipelined, waiting for the answer before
+        self.client = ""  # the peer's address
+        self._lingers = False  # refused at the door, counted in port.lingering
 
     # asyncio's side.
 
@@ -100,11 +109,10 @@ class Connection(asyncio.Protocol):
         # A stream transport; not isinstance-checked: uvloop's do not subclass asyncio's.
         self.transport = cast(asyncio.Transport, transport)
         self._flow = FlowControl(self.transport)
-        refused = self._port.connections.open(self, _client_address(transport))
+        self.client = _client_address(transport)
+        refused = self._port.connections.open(self, self.client)
         if refused is not None:
-            self.state = State.CLOSED
-            self.transport.write(raw_answer(refused))
-            self.transport.close()
+            self._refuse(refused)
             return
         # asyncio sets TCP_NODELAY only on sockets made with IPPROTO_TCP, which a listening
         # socket's accepted ones are not: without it a head sent alone holds back the first
@@ -133,6 +141,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.state = State.CLOSED
+        if self._lingers:
+            self._lingers = False
+            self._port.lingering -= 1
         self._port.connections.close(self)
         self._deadline.clear()
         if self.task is not None:
@@ -154,10 +165,11 @@ class Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._head = Head(self._limits)
-        self._port.connections.set_idle(self, idle=False)
         if self.task is not None:
             self._flow.pause_reading()  # pipelined: it waits for the answer before it
-        elif self._deadline.due != "head":
+            return
+        self._port.connections.mark(self, "partial")
+        if self._deadline.due != "head":
             self._deadline.set("head", self._limits.header_timeout_s)
 
     def on_url(self, url: bytes) -> None:
@@ -169,8 +181,12 @@ class Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         head = self._receiving_head()
         port = self._port
-        request = head.request(self._parser, self.transport, self, port.max_body_bytes, port.bodies)
+        request = head.request(
+            self._parser, self.transport, self, port.max_body_bytes,
+            budget=port.bodies, client=self.client,
+        )  # fmt: skip
         self._head = None
+        port.connections.mark(self, "busy")
         self._body_of = request if request.body_exists else None
         if self.task is None:
             self._deadline.clear()
@@ -216,11 +232,33 @@ class Connection(asyncio.Protocol):
             and not self._port.closing
         )
 
-    def evict(self) -> None:
-        """Closed while idle to make room for a new connection (RFC 9112 §9.5 lets a server
-        close an idle connection at any time; a client retries on a new one)."""
-        self.state = State.CLOSING
-        self.transport.close()
+    def evict(self, fault: EdgeFault | None) -> None:
+        """Closed to make room for a new connection: an idle one at once (RFC 9112 §9.5 lets a
+        server close an idle connection at any time; a client retries on a new one), a partial
+        head with ``fault``'s 503 (what it sent so far read off first)."""
+        self._deadline.clear()
+        if fault is None:
+            self.state = State.CLOSING
+            self.transport.close()
+            return
+        self._port.refused(fault)
+        self.transport.write(raw_answer(fault))
+        self._end(unread=True)
+
+    def _refuse(self, fault: EdgeFault) -> None:
+        """Refused at the door: a 503 the client can read, never a bare reset. What it sent is
+        read off for a moment first (closing with unread bytes would send a reset), while few
+        refused connections are doing so."""
+        port = self._port
+        port.refused(fault)
+        self.transport.write(raw_answer(fault))
+        if port.lingering < MAX_LINGERING:
+            port.lingering += 1
+            self._lingers = True
+            self._end(unread=True)
+        else:
+            self.state = State.CLOSING
+            self.transport.close()
 
     def close_if_idle(self) -> None:
         if self.task is None and self.state is not State.CLOSED:
@@ -294,9 +332,10 @@ class Connection(asyncio.Protocol):
         if self._queue:
             self._start(self._queue.popleft())
         elif self._head is not None:  # the next head has begun
+            self._port.connections.mark(self, "partial")
             self._deadline.set("head", self._limits.header_timeout_s)
         else:
-            self._port.connections.set_idle(self, idle=True)
+            self._port.connections.mark(self, "idle")
             self._deadline.set("idle", self._limits.keepalive_timeout_s)
 
     def _end(self, *, unread: bool) -> None:
@@ -320,6 +359,7 @@ class Connection(asyncio.Protocol):
         elif self.task is None and not self._queue:
             # A rule of ours says which one it was, in our words; llhttp's errors quote bytes.
             message = str(reason) if isinstance(reason, HeadRefusedError) else None
+            self._port.refused("bad_request")
             self.transport.write(raw_answer("bad_request", message))
             self._end(unread=True)
         else:  # the answer under way is the last
@@ -331,6 +371,7 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         if due == "head":
             self._port.connections.count.head_timeouts += 1
+            self._port.refused("header_timeout")
             self.state = State.CLOSING
             transport.write(raw_answer("header_timeout"))
             transport.close()

@@ -50,7 +50,9 @@ class Head:
         transport: asyncio.Transport,
         wire: Wire,
         max_body_bytes: int,
+        *,
         budget: BodyBudget,
+        client: str,
     ) -> Request:
         """The complete head as a Request; HeadRefusedError where it breaks a rule."""
         headers = self.headers()
@@ -65,6 +67,7 @@ class Head:
             parser.get_method().decode("ascii"), checked.target, checked.version, headers,
             transport=transport, wire=wire, client_max_size=max_body_bytes,
             keep_alive=checked.keep_alive, body_exists=checked.body_exists, budget=budget,
+            client=client,
         )  # fmt: skip
         declared = headers.get("Content-Length")
         if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:

@@ -7,9 +7,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from http import HTTPStatus
+from typing import Literal
 
 from sidecar.core.errors import EdgeRefusedError
 from sidecar.core.outcomes import EDGE_FAULTS, EdgeFault
+
+# The body budget's refusals (rows of EDGE_FAULTS): the port's, or one address's share.
+BudgetFault = Literal["body_budget_full", "client_body_budget_full"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,7 +22,9 @@ class EdgeLimits:
 
     max_connections: int = 512
     max_connections_per_client: int = 256
+    max_partial_heads: int = 128
     max_buffered_body_bytes: int = 128 * 1024 * 1024
+    max_buffered_body_bytes_per_client: int = 32 * 1024 * 1024
     header_timeout_s: float = 10.0
     keepalive_timeout_s: float = 15.0
     max_line_size: int = 8190
@@ -28,45 +34,83 @@ class EdgeLimits:
 
 @dataclass(frozen=True, slots=True)
 class BodyLimits:
-    """How long a request body may take: ``timeout_s`` in all, and after ``grace_s`` never less
-    than ``min_rate`` bytes a second on average since it began (0: no floor). The floor is what
-    keeps a client from holding a connection with a trickle (Apache's mod_reqtimeout has the same
-    pair: a timeout and a MinRate)."""
+    """How long a request body may take: ``timeout_s`` in all, and never less than ``min_rate``
+    bytes a second over each window of ``grace_s`` (0: no floor). The floor is what keeps a
+    client from holding a connection with a trickle (Apache's mod_reqtimeout has the same pair:
+    a timeout and a MinRate). It is the recent pace, window by window, not the average since the
+    start: a fast start cannot buy a stall that lasts until the overall timeout."""
 
     timeout_s: float = 30.0
     min_rate: int = 500
     grace_s: float = 5.0
 
-    def check_at(self, started: float, received: int) -> float:
-        """When a body that began at ``started`` falls under the floor with ``received`` bytes,
-        if no more come; the overall deadline where there is no floor."""
+    def first_check(self, started: float) -> BodyPace:
+        """The pace to keep for a body that began at ``started``."""
+        return BodyPace(started, 0, self.next_check_at(started, started))
+
+    def next_check_at(self, started: float, now: float) -> float:
         deadline = started + self.timeout_s
         if self.min_rate <= 0:
             return deadline
-        return min(deadline, started + max(self.grace_s, received / self.min_rate))
+        return min(deadline, now + self.grace_s)
+
+    def check(self, pace: BodyPace, started: float, now: float, received: int) -> BodyPace | None:
+        """At ``pace.check_at``: the next window's pace, or None where the body is too late or
+        fell under the floor in the window that just ended."""
+        if now >= started + self.timeout_s:
+            return None
+        if self.min_rate > 0 and received - pace.received < self.min_rate * (now - pace.since):
+            return None
+        return BodyPace(now, received, self.next_check_at(started, now))
+
+
+@dataclass(frozen=True, slots=True)
+class BodyPace:
+    """One window of a body's pace: bytes received by ``since``, and when it is checked."""
+
+    since: float
+    received: int
+    check_at: float
 
 
 class BodyBudget:
-    """Request body bytes held at once by one port, whatever the number of connections.
+    """Request body bytes held at once by one port, whatever the number of connections, and by
+    any one client address (``per_client``).
 
     A body is awaited outside the pre-admission gate, so without this the memory that bodies
     hold would be bounded only by the connections times the body limit. A body whose next bytes
-    do not fit is refused (503 ``edge_busy``); its bytes come back when its request ends."""
+    do not fit is refused (503); its bytes come back when its request ends. The share per
+    address keeps a few connections from one address from holding the whole budget."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, per_client: int | None = None) -> None:
         self.limit = limit
+        self.per_client = limit if per_client is None else per_client
         self.held = 0
         self.refused = 0
+        self._held_by: dict[str, int] = {}
 
-    def take(self, size: int) -> bool:
+    def take(self, size: int, client: str = "") -> BudgetFault | None:
+        """Charge ``size`` bytes to ``client``; or the fault that refuses them."""
+        mine = self._held_by.get(client, 0)
+        if mine + size > self.per_client:
+            self.refused += 1
+            return "client_body_budget_full"
         if self.held + size > self.limit:
             self.refused += 1
-            return False
+            return "body_budget_full"
         self.held += size
-        return True
+        self._held_by[client] = mine + size
+        return None
 
-    def give(self, size: int) -> None:
+    def give(self, size: int, client: str = "") -> None:
+        if size <= 0:
+            return
         self.held -= size
+        left = self._held_by.get(client, 0) - size
+        if left > 0:
+            self._held_by[client] = left
+        else:
+            self._held_by.pop(client, None)
 
 
 @dataclass(slots=True)
@@ -75,7 +119,7 @@ class ConnectionCount:
 
     open: int = 0
     refused: int = 0
-    evicted: int = 0  # idle ones closed to make room for a new one
+    evicted: int = 0  # partial heads and idle ones closed to make room for a new one
     head_timeouts: int = 0
 
 

@@ -6,9 +6,11 @@ both Content-Length and Transfer-Encoding, two Content-Lengths, a bad chunk size
 refused, never guessed at (request smuggling); RFC 9112's rules on the head beyond llhttp's are
 sidecar.edge.http.conformance's. Around it, the edge's bounds:
 
-- at most ``max_connections`` open connections, ``max_connections_per_client`` from one address;
-  at the first cap the longest idle connection is closed to make room, and only where none is
-  idle does the new one get a minimal 503 and close;
+- at most ``max_connections`` open connections, ``max_connections_per_client`` from one address,
+  and ``max_partial_heads`` connections holding a request head open past a short grace; at a
+  cap a stale partial head, then the longest idle connection is closed to make room
+  (sidecar.edge.http.connections), and only where neither is does the new one get a 503 it can read
+  (what it sent is read off first, so that it is not a reset);
 - every request head must be complete within ``header_timeout_s`` of its first byte (the first
   one: of the connection's start), else a 408; an idle kept-alive connection is closed after
   ``keepalive_timeout_s``;
@@ -18,7 +20,9 @@ sidecar.edge.http.conformance's. Around it, the edge's bounds:
   before it; a client that hangs up cancels its handler at once.
 
 The handler starts when the head is complete; the body is buffered into the :class:`Request` as
-it arrives, and the bodies a port holds at once stay within ``max_buffered_body_bytes``. A
+it arrives, and the bodies a port holds at once stay within ``max_buffered_body_bytes``, those of
+one client address within ``max_buffered_body_bytes_per_client``. Every refusal and deadline at
+the door is reported to ``refused`` (the metrics and a log line per burst). A
 connection that closes with a body still unread half-closes first and reads off what the client
 still sends for a second, so the client reads its answer, not a reset.
 """
@@ -27,7 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
+from collections.abc import Callable
 
+from sidecar.core.outcomes import EdgeFault
 from sidecar.edge.http.connection import Connection, Handler, Port
 from sidecar.edge.http.connections import ConnectionTable
 from sidecar.edge.http.limits import BodyBudget, EdgeLimits
@@ -38,14 +45,29 @@ __all__ = ["Handler", "HttpServer"]
 class HttpServer:
     """The listening side: every connection's :class:`Connection`, and the shutdown."""
 
-    def __init__(self, handler: Handler, limits: EdgeLimits, *, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        limits: EdgeLimits,
+        *,
+        max_body_bytes: int,
+        refused: Callable[[EdgeFault], None] = lambda _fault: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.limits = limits
         self.connections: ConnectionTable[Connection] = ConnectionTable(
-            limits.max_connections, limits.max_connections_per_client
+            limits.max_connections,
+            limits.max_connections_per_client,
+            limits.max_partial_heads,
+            clock=clock,
         )
         self.count = self.connections.count
-        self.bodies = BodyBudget(limits.max_buffered_body_bytes)
-        self._port = Port(handler, limits, max_body_bytes, self.connections, self.bodies)
+        self.bodies = BodyBudget(
+            limits.max_buffered_body_bytes, limits.max_buffered_body_bytes_per_client
+        )
+        self._port = Port(
+            handler, limits, max_body_bytes, self.connections, self.bodies, refused=refused
+        )
         self._server: asyncio.Server | None = None
 
     async def start(self, sock: socket.socket) -> None:

@@ -17,14 +17,15 @@ from sidecar.core.request_checks import (
     enforce_prompt_budget,
     with_prompt_tokens,
 )
-from sidecar.edge.http.limits import BodyLimits
+from sidecar.edge.http.limits import BodyLimits, BodyPace
 from sidecar.edge.http.request import Request
 from sidecar.edge.proxy.prompt_count import EnginePromptCounter
 
 
 async def read_body(request: Request, limits: BodyLimits) -> bytes:
-    """The whole body, within the size limit, ``limits.timeout_s`` and the floor on its pace;
-    RequestError, or EdgeRefusedError ``body_timeout`` (408) when it is too late or too slow."""
+    """The whole body, within the size limit, ``limits.timeout_s`` and the floor on its recent
+    pace (window by window); RequestError, or EdgeRefusedError ``body_timeout`` (408) when it is
+    too late or too slow."""
     expect = request.headers.get("Expect")
     if expect is not None:
         _check_expectation(expect)
@@ -36,15 +37,14 @@ async def read_body(request: Request, limits: BodyLimits) -> bytes:
         request.send_continue()
     loop = asyncio.get_running_loop()
     started = loop.time()
-    while True:
-        check_at = limits.check_at(started, request.received)
+    pace: BodyPace | None = limits.first_check(started)
+    while pace is not None:
         try:
-            async with asyncio.timeout_at(check_at):
+            async with asyncio.timeout_at(pace.check_at):
                 return await request.read()
-        except TimeoutError as exc:
-            # More bytes may have come since the check was set: it moves on if so.
-            if loop.time() >= limits.check_at(started, request.received):
-                raise EdgeRefusedError("body_timeout") from exc
+        except TimeoutError:
+            pace = limits.check(pace, started, loop.time(), request.received)
+    raise EdgeRefusedError("body_timeout")
 
 
 def _check_expectation(expect: str) -> None:
