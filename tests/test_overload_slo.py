@@ -108,7 +108,7 @@ def test_targets_are_judged_on_the_median_of_paired_ratios() -> None:
     lines = [c.line() for c in report.checks("closed-long")]
     assert lines == [
         "closed-long   yes  SLO goodput 1.50x the better of alone and queued-reqs (>= 1.2x)",
-        "closed-long   NO   raw tok/s 0.75x the engine alone (>= 0.9)",
+        "closed-long   NO   raw tok/s 0.75x the engine alone (>= 0.9x)",
         "closed-long   yes  TTFT p99 1.00 s <= the queue cap's 1.50 s",
         "closed-long   yes  busy answer p50 0.050 s <= 0.1 s",
     ]
@@ -132,3 +132,27 @@ def test_every_configuration_meets_every_load_in_each_repetition_in_turn() -> No
         (1, "open-long", "sidecar"), (1, "open-long", "alone"),
         (1, "gpu-long", "queued-reqs"), (1, "gpu-long", "sidecar"), (1, "gpu-long", "alone"),
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs", "text", "ok"),
+    [
+        pytest.param(50, 0, "more than any multiple of (theirs: 0)", True, id="some-over-none"),
+        pytest.param(0, 0, "0.00x", False, id="none-over-none-is-no-win"),
+        pytest.param(0, 40, "0.00x", False, id="none-over-some"),
+    ],
+)
+def test_a_goodput_ratio_over_nothing(ours: int, theirs: int, text: str, ok: bool) -> None:
+    """Where vLLM alone and its cap met no objective, any SLO goodput at all is a win, and
+    none is not."""
+    runs = []
+    for rep in range(3):
+        runs += [
+            _run(rep, "closed-long", "alone", tokens=200, ttft=3.0, busy_s=0.01),
+            _run(rep, "closed-long", "queued-reqs", tokens=theirs or 200, ttft=1.5 if theirs
+                 else 3.0, busy_s=0.01),
+            _run(rep, "closed-long", "sidecar", tokens=ours or 200, ttft=1.0 if ours else 3.0,
+                 busy_s=0.05),
+        ]  # fmt: skip
+    check = Report(_document(runs)).checks("closed-long")[0]
+    assert (check.text.split(" ", 2)[2].startswith(text), check.ok) == (True, ok)

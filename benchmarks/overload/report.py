@@ -83,7 +83,8 @@ class Report:
 
     def per_rep_ratio(self, load: str, field: str, against: Sequence[str]) -> float:
         """The median over repetitions of ours / the best of ``against``, each repetition's
-        figures paired (they ran minutes apart, through the same drift)."""
+        figures paired (they ran minutes apart, through the same drift). Anything over nothing
+        is infinitely more; nothing over nothing is 0 (no win); NaN: no repetition to pair."""
         ours = self.figures[(load, OURS)]
         peers = [self.figures[(load, c)] for c in against]
         ratios = [
@@ -91,7 +92,7 @@ class Report:
             for i, mine in enumerate(ours)
             if all(i < len(p) for p in peers)
         ]
-        return median(r for r in ratios if not math.isinf(r)) if ratios else math.nan
+        return median(0.0 if math.isnan(r) else r for r in ratios)
 
     def checks(self, load: str) -> list[Check]:
         present = set(self.configs(load))
@@ -102,7 +103,7 @@ class Report:
         ours = self.median(load, OURS)
         if ALONE in present:
             raw = self.per_rep_ratio(load, "raw", [ALONE])
-            checks.append(Check(load, f"raw tok/s {raw:.2f}x the engine alone (>= {RAW_TARGET})",
+            checks.append(Check(load, f"raw tok/s {_x(raw)} the engine alone (>= {RAW_TARGET}x)",
                                 _at_least(raw, RAW_TARGET)))  # fmt: skip
         if CAP in present:
             cap = self.median(load, CAP).ttft_p99_s
@@ -125,8 +126,12 @@ class Report:
             return Check(load, f"SLO goodput >= {target}x {peer}: not measured", None)
         value = self.per_rep_ratio(load, "slo_goodput", against)
         name = "the better of " + " and ".join(against) if peer == "best" else peer
-        return Check(load, f"SLO goodput {value:.2f}x {name} (>= {target}x)",
+        return Check(load, f"SLO goodput {_x(value)} {name} (>= {target}x)",
                      _at_least(value, target))  # fmt: skip
+
+
+def _x(value: float) -> str:
+    return "more than any multiple of (theirs: 0)" if math.isinf(value) else f"{value:.2f}x"
 
 
 def _at_least(value: float, target: float) -> bool | None:
