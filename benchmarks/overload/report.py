@@ -130,6 +130,10 @@ class Report:
                      _at_least(value, target))  # fmt: skip
 
 
+def _mark(ok: bool | None) -> str:
+    return {True: "yes:", False: "**NO**:", None: "n/a:"}[ok]
+
+
 def _x(value: float) -> str:
     return "more than any multiple of (theirs: 0)" if math.isinf(value) else f"{value:.2f}x"
 
@@ -168,14 +172,19 @@ def markdown(report: Report) -> str:
     lines = [
         f"Objectives: TTFT <= {objectives.ttft_s:g} s, mean time per output token <= "
         f"{objectives.tpot_s * 1000:g} ms. {doc['measure_s']:g} s measured after "
-        f"{doc['warmup_s']:g} s of warm-up; median of {doc['repetitions']} repetitions.",
+        f"{doc['warmup_s']:g} s of warm-up; "
+        + (
+            f"median of {doc['repetitions']} repetitions."
+            if doc["repetitions"] > 1
+            else "one repetition."
+        ),
         "",
     ]
     for load in report.loads:
         lines += [f"**{load}** ({doc['loads'].get(load, '')})", ""]
         lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         lines += ["| " + " | ".join(row) + " |" for row in table(report, load)]
-        lines += ["", *(f"- {c.line().split(None, 1)[1]}" for c in report.checks(load)), ""]
+        lines += ["", *(f"- {_mark(c.ok)} {c.text}" for c in report.checks(load)), ""]
     return "\n".join(lines)
 
 
