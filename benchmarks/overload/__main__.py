@@ -50,6 +50,7 @@ from benchmarks.overload.report import Report, markdown, print_report, run_figur
 from demo.slo import Objectives, Record
 
 OUT = Path(".bench")
+RECORDS = OUT / "overload.json"
 WARMUP_S = float(os.environ.get("OVERLOAD_WARMUP_S", "10"))
 MEASURE_S = float(os.environ.get("OVERLOAD_MEASURE_S", "40"))
 REPETITIONS = int(os.environ.get("OVERLOAD_REPETITIONS", "3"))
@@ -172,6 +173,15 @@ async def main_async() -> dict[str, Any]:
     configs_chosen = chosen("OVERLOAD_CONFIGS", tuple(c.name for c in CONFIGS), DEFAULT_CONFIGS)
     configs = tuple(c for c in CONFIGS if c.name in configs_chosen)
     runs: list[dict[str, Any]] = []
+    document = {
+        "objectives": asdict(OBJECTIVES),
+        "measure_s": MEASURE_S,
+        "warmup_s": WARMUP_S,
+        "repetitions": REPETITIONS,
+        "commit": _commit(),
+        "loads": {s.name: s.describe() for s in loads},
+        "runs": runs,
+    }
     with contextlib.ExitStack() as stack:
         engines = Engines(stack)
         plan = schedule(REPETITIONS, loads, configs)
@@ -186,15 +196,10 @@ async def main_async() -> dict[str, Any]:
         for rep, spec, config in plan:
             rate = 0.0 if spec.closed else open_rate(runs)
             runs.append(await measure(engines, spec, config, rate, rep))
-    return {
-        "objectives": asdict(OBJECTIVES),
-        "measure_s": MEASURE_S,
-        "warmup_s": WARMUP_S,
-        "repetitions": REPETITIONS,
-        "commit": _commit(),
-        "loads": {s.name: s.describe() for s in loads},
-        "runs": runs,
-    }
+            # Written after every run: a run that stops half-way keeps what it measured
+            # (`python -m benchmarks.overload.report .bench/overload.json` reads it).
+            RECORDS.write_text(json.dumps(document))
+    return document
 
 
 def _commit() -> str:
@@ -209,10 +214,6 @@ def main() -> int:
     OUT.mkdir(exist_ok=True)
     started = time.monotonic()
     document = asyncio.run(main_async())
-    document["runs"] = [r for r in document["runs"] if r["rep"] >= 0] + [
-        r for r in document["runs"] if r["rep"] < 0
-    ]
-    (OUT / "overload.json").write_text(json.dumps(document))
     report = Report(document)
     passed = print_report(report)
     (OUT / "overload.md").write_text(markdown(report))
