@@ -3,13 +3,15 @@ throughput, medians over repetitions, and the ratios the targets are judged on."
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from benchmarks.overload.plan import CONFIGS, LOADS, schedule
-from benchmarks.overload.report import Report, markdown
+from benchmarks.overload.report import Report, markdown, table
 from demo.slo import Figures, Objectives, Record, figures, median_figures
 
 SLO = Objectives(ttft_s=2.0, tpot_s=0.1)
@@ -156,3 +158,23 @@ def test_a_goodput_ratio_over_nothing(ours: int, theirs: int, text: str, ok: boo
         ]  # fmt: skip
     check = Report(_document(runs)).checks("closed-long")[0]
     assert (check.text.split(" ", 2)[2].startswith(text), check.ok) == (True, ok)
+
+
+def test_a_recorded_run_reads_as_it_was_printed() -> None:
+    """The open-long load of a real short run (15 s, vLLM 0.32 on CPU, docs/lab/overload.md):
+    its records give back the figures and the verdicts that run printed."""
+    document = json.loads((Path(__file__).parent / "fixtures" / "overload"
+                           / "open-long-short-run.json").read_text())  # fmt: skip
+    report = Report(document)
+    rows = {row[0]: row[1:6] for row in table(report, "open-long")}
+    assert rows == {
+        "vllm alone": ["7.2", "1,341", "1,341", "92 / 92", "0.64 / 1.66"],
+        "vllm --max-num-queued-reqs 32": ["7.7", "245", "1,141", "5 / 76", "3.70 / 7.26"],
+        "sidecar, defaults": ["7.1", "449", "817", "25 / 52", "2.08 / 3.06"],
+    }
+    assert [(c.ok, c.text) for c in report.checks("open-long")] == [
+        (False, "SLO goodput 0.34x the better of alone and queued-reqs (>= 1.2x)"),
+        (False, "raw tok/s 0.61x the engine alone (>= 0.9x)"),
+        (True, "TTFT p99 3.06 s <= the queue cap's 7.26 s"),
+        (True, "busy answer p50 0.021 s <= 0.1 s"),
+    ]
