@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
@@ -29,7 +31,9 @@ async def post(server: SidecarServer, path: str, body: bytes) -> tuple[int, byte
         asyncio.timeout(5),
         aiohttp.ClientSession() as session,
         session.post(
-            proxy_url(server) + path, data=body, headers={"Content-Type": "application/json"}
+            proxy_url(server) + path,
+            data=io.BytesIO(body),
+            headers={"Content-Type": "application/json"},
         ) as response,
     ):
         return response.status, await response.read()
@@ -61,3 +65,60 @@ async def test_a_number_json_has_not_is_a_400_before_the_engine(
     assert error_of(answer)["code"] == "invalid_json"
     assert double.generating() == 0
     assert await in_use(server) == 0
+
+
+BIG = "x" * 100_000  # ~25,000 tokens as the engine renders it
+# A 3,000-token prompt budget, and KV for two such requests (the tiny model: 1 KiB a token).
+BUDGET_3000 = {"SIDECAR_MAX_PROMPT_TOKENS": "3000", "SIDECAR_KV_POOL": str(2 * 3028 * 1024)}
+USER = {"role": "user", "content": "hi"}
+RENDERS = [
+    pytest.param("/v1/chat/completions", {"messages": [USER], "tools": [
+        {"type": "function", "function": {"name": "f", "description": BIG}}]}, id="tools"),
+    pytest.param("/v1/chat/completions", {"messages": [USER, {"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": BIG}}]}]},
+        id="tool-call-arguments"),
+    pytest.param("/v1/chat/completions",
+                 {"messages": [{"role": "user", "name": BIG, "content": "hi"}]}, id="name"),
+    pytest.param("/v1/chat/completions",
+                 {"messages": [USER], "documents": [{"text": BIG}]}, id="documents"),
+    pytest.param("/v1/chat/completions", {"messages": [
+        {"role": "tool", "tool_call_id": "c", "content": BIG}]}, id="tool-role"),
+    pytest.param("/v1/responses", {"input": [
+        {"type": "function_call", "call_id": "c", "name": "f", "arguments": BIG}]},
+        id="responses-function-call"),
+    pytest.param("/v1/responses", {"input": "hi", "instructions": BIG},
+                 id="responses-instructions"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "body"), RENDERS)
+async def test_a_render_over_the_prompt_budget_is_refused(
+    edge: Start, double: EngineDouble, path: str, body: dict[str, object]
+) -> None:
+    """100 KB in any field the template renders, on a 3,000-token prompt budget: 400
+    prompt_over_budget (it was admitted, priced at 4-14 tokens), the engine untouched."""
+    server = await edge(**BUDGET_3000)
+    status, answer = await post(server, path, json.dumps({"model": "m", **body}).encode())
+    assert status == 400
+    assert error_of(answer)["code"] == "prompt_over_budget"
+    assert double.generating() == 0
+    assert await in_use(server) == 0
+
+
+def image_chat(images: int) -> bytes:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 1_000_000}}
+    content = [{"type": "text", "text": "what is this?"}, *[image] * images]
+    return json.dumps({"model": "m", "messages": [{"role": "user", "content": content}]}).encode()
+
+
+@pytest.mark.parametrize(("images", "status"), [(1, 200), (2, 400)], ids=["one", "two"])
+async def test_images_are_priced_per_image_not_by_their_bytes(
+    edge: Start, double: EngineDouble, images: int, status: int
+) -> None:
+    """1 MB of base64 is one image (1,600 tokens): it fits a 3,000-token budget; two do not."""
+    server = await edge(**BUDGET_3000, SIDECAR_MEDIA_PROMPT_TOKENS="1600")
+    got, answer = await post(server, "/v1/chat/completions", image_chat(images))
+    assert got == status
+    assert double.generating() == (1 if status == 200 else 0)
+    if status == 400:
+        assert error_of(answer)["code"] == "prompt_over_budget"

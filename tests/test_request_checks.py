@@ -301,3 +301,26 @@ def test_finite_numbers_pass() -> None:
     body = raw({**CHAT, "temperature": 1e308, "top_p": 5e-324, "user": "NaN"})
     forwarded = json.loads(check_request(body, "chat", BUDGET).body)
     assert (forwarded["temperature"], forwarded["top_p"]) == (1e308, 5e-324)
+
+
+def test_the_engine_counts_what_it_renders() -> None:
+    """SIDECAR_PROMPT_TOKENS=engine: vLLM's chat /tokenize gets the tools, the template's inputs
+    (documents among them) and the generation flags, so its count is the completion's prompt."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    body = {
+        **CHAT,
+        "tools": tools,
+        "documents": [{"text": "doc"}],
+        "chat_template_kwargs": {"enable_thinking": False},
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+    }
+    policy = TokenPolicy(100, 50, count_from_engine=True)
+    assert check_request(raw(body), "chat", policy).tokenize == {
+        "model": "m",
+        "messages": CHAT["messages"],
+        "tools": tools,
+        "chat_template_kwargs": {"enable_thinking": False, "documents": [{"text": "doc"}]},
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+    }

@@ -2,27 +2,31 @@
 
 A request the engine could run past the budget never reaches it: a missing ``max_tokens`` is set to
 the completion budget (unless the budget is the engine's own context, which the engine enforces
-itself), one above it is refused (or clamped, if configured), and the prompt is estimated from its
-text so token-weighted admission can price it.
+itself), one above it is refused (or clamped, if configured), and the prompt is estimated from
+everything the engine renders into it (:mod:`sidecar.core.prompt_estimate`) so token-weighted
+admission can price it.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from sidecar.core.errors import RequestError
 from sidecar.core.json_body import parse_object, serialise
+from sidecar.core.prompt_estimate import (
+    MESSAGE_OVERHEAD_TOKENS,
+    Endpoint,
+    PromptRates,
+    estimate_prompt,
+)
 
-Endpoint = Literal["chat", "completions", "responses"]
+__all__ = ["MESSAGE_OVERHEAD_TOKENS", "Endpoint", "TokenPolicy", "check_request"]
 TOKEN_KEYS = ("max_completion_tokens", "max_tokens")
 # The Responses API names its completion budget differently and has no `n`.
 RESPONSES_TOKEN_KEYS = ("max_output_tokens",)
 # Above this many digits a number is not echoed back in an error message.
 ECHO_DIGITS = 24
-# Chat templates add a few tokens per message (role markers, separators).
-MESSAGE_OVERHEAD_TOKENS = 4
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,8 @@ class TokenPolicy:
     max_completion_tokens: int
     over_budget: Literal["reject", "clamp"] = "reject"
     prompt_bytes_per_token: float = 4.0
+    # An image, video or audio part: what the engine's encoder makes of it, in prompt tokens.
+    media_tokens: int = 1600
     # When the engine counts the prompt, the estimate only prices a request the count could not.
     count_from_engine: bool = False
     # The engine's max_model_len, where known: no sequence is priced past it.
@@ -43,6 +49,11 @@ class TokenPolicy:
     # Where the prompt budget is the engine's own, only an exact count refuses (an estimate might
     # refuse what the engine would serve; the engine refuses what does not fit itself).
     prompt_budget_exact_only: bool = False
+
+    @property
+    def rates(self) -> PromptRates:
+        """How the estimate prices text and media."""
+        return PromptRates(self.prompt_bytes_per_token, self.media_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +80,7 @@ def check_request(raw: bytes, endpoint: Endpoint, budget: TokenPolicy) -> Checke
     """Validate ``raw`` and return it with a bounded token budget; RequestError otherwise."""
     body = parse_object(raw)
     stream = _optional_bool(body, "stream")
-    prompt_tokens, prompts, param = _estimate_prompt(body, endpoint, budget)
+    prompt_tokens, prompts, param = estimate_prompt(body, endpoint, budget.rates)
     if not budget.count_from_engine and not budget.prompt_budget_exact_only:
         enforce_prompt_budget(prompt_tokens, param, budget)
     keys = RESPONSES_TOKEN_KEYS if endpoint == "responses" else TOKEN_KEYS
@@ -120,10 +131,27 @@ def _tokenize_payload(body: dict[str, Any], endpoint: Endpoint) -> dict[str, Any
     if endpoint == "responses":
         return None  # /tokenize knows no Responses input items: the estimate prices it
     if endpoint == "chat":
-        return {**base, "messages": body["messages"], "add_generation_prompt": True}
+        return {**base, **_chat_render(body), "messages": body["messages"]}
     if isinstance(body.get("prompt"), str):
         return {**base, "prompt": body["prompt"]}
     return None  # token ids are counted exactly already; batches keep the estimate
+
+
+def _chat_render(body: dict[str, Any]) -> dict[str, Any]:
+    """What vLLM's chat /tokenize takes to render the prompt as the completion will: the tools,
+    the template's inputs (documents among them, as the completion passes them), and whether the
+    last message is continued or a reply is prompted."""
+    render: dict[str, Any] = {"add_generation_prompt": True}
+    for key in ("tools", "add_generation_prompt", "continue_final_message"):
+        if body.get(key) is not None:
+            render[key] = body[key]
+    kwargs = body.get("chat_template_kwargs")
+    documents = body.get("documents")
+    if documents is not None:
+        kwargs = {**(kwargs if isinstance(kwargs, dict) else {}), "documents": documents}
+    if kwargs is not None:
+        render["chat_template_kwargs"] = kwargs
+    return render
 
 
 def _optional_bool(body: dict[str, Any], key: str) -> bool:
@@ -183,101 +211,3 @@ def _completion_tokens(
     for key, _value in over:
         body[key] = limit
     return limit, True, limit
-
-
-def _estimate_prompt(
-    body: dict[str, Any], endpoint: Endpoint, budget: TokenPolicy
-) -> tuple[int, int, str]:
-    """The largest prompt's estimated tokens, how many prompts there are, and their field."""
-    if endpoint == "chat":
-        return _chat_prompt_tokens(body, budget), 1, "messages"
-    if endpoint == "responses":
-        return _responses_prompt_tokens(body, budget), 1, "input"
-    tokens, prompts = _completion_prompt_tokens(body, budget)
-    return tokens, prompts, "prompt"
-
-
-def _chat_prompt_tokens(body: dict[str, Any], budget: TokenPolicy) -> int:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise RequestError("'messages' must be a non-empty array", param="messages")
-    total = 0
-    for message in messages:
-        if not isinstance(message, dict):
-            raise RequestError("each message must be an object", param="messages")
-        total += MESSAGE_OVERHEAD_TOKENS + _text_tokens(_message_text(message), budget)
-    return total
-
-
-def _message_text(message: dict[str, Any], param: str = "messages") -> str:
-    content = message.get("content")
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list):
-        return "".join(_part_text(part, param) for part in content)
-    raise RequestError("message 'content' must be a string or an array", param=param)
-
-
-def _part_text(part: object, param: str) -> str:
-    """A content part is an object (``{"type": "text", "text": ...}``, an image...); vLLM also
-    takes a bare string as a text part. Anything else never reaches the engine."""
-    if isinstance(part, str):
-        return part
-    if not isinstance(part, dict):
-        raise RequestError(
-            "each item of a message's 'content' array must be an object (a content part)",
-            param=param,
-            code="invalid_type",
-        )
-    text = part.get("text")
-    if text is None or isinstance(text, str):
-        return text or ""
-    raise RequestError("a content part's 'text' must be a string", param=param)
-
-
-def _responses_prompt_tokens(body: dict[str, Any], budget: TokenPolicy) -> int:
-    """Responses API: ``instructions`` plus ``input``, a string or an array of input items."""
-    instructions = body.get("instructions")
-    if instructions is not None and not isinstance(instructions, str):
-        raise RequestError("'instructions' must be a string", param="instructions")
-    total = _text_tokens(instructions or "", budget)
-    given = body.get("input")
-    if isinstance(given, str):
-        return total + _text_tokens(given, budget)
-    if not isinstance(given, list) or not given:
-        raise RequestError("'input' must be a string or a non-empty array", param="input")
-    for item in given:
-        if not isinstance(item, dict):
-            raise RequestError("each input item must be an object", param="input")
-        output = item.get("output")
-        text = _message_text(item, "input") + (output if isinstance(output, str) else "")
-        total += MESSAGE_OVERHEAD_TOKENS + _text_tokens(text, budget)
-    return total
-
-
-def _completion_prompt_tokens(body: dict[str, Any], budget: TokenPolicy) -> tuple[int, int]:
-    """A completions prompt is text, token ids, or a batch of either (one sequence each)."""
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return _text_tokens(prompt, budget), 1
-    if isinstance(prompt, list) and prompt:
-        if all(_is_token_id(item) for item in prompt):
-            return len(prompt), 1
-        if all(isinstance(item, str) for item in prompt):
-            return max(_text_tokens(item, budget) for item in prompt), len(prompt)
-        if all(isinstance(item, list) and all(map(_is_token_id, item)) for item in prompt):
-            return max(len(item) for item in prompt), len(prompt)
-    raise RequestError(
-        "'prompt' must be a string, an array of strings, or token ids", param="prompt"
-    )
-
-
-def _is_token_id(item: object) -> bool:
-    return isinstance(item, int) and not isinstance(item, bool)
-
-
-def _text_tokens(text: str, budget: TokenPolicy) -> int:
-    if not text:
-        return 0
-    # surrogatepass: a lone surrogate was refused already, but pricing must never crash on one.
-    return math.ceil(len(text.encode("utf-8", "surrogatepass")) / budget.prompt_bytes_per_token)

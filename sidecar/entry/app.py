@@ -178,6 +178,7 @@ class SidecarServer:
             budget.completion_tokens,
             s.over_budget,
             s.prompt_bytes_per_token,
+            s.media_prompt_tokens,
             count_from_engine=s.prompt_tokens == "engine",
             context_tokens=budget.context_tokens,
             fill_max_tokens=budget.fills_max_tokens,

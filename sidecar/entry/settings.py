@@ -261,9 +261,16 @@ class Settings(BaseSettings):
     prompt_bytes_per_token: Annotated[float, Field(gt=0)] = Field(
         4.0, description="prompt estimate: UTF-8 bytes per token"
     )
+    media_prompt_tokens: PositiveInt = Field(
+        1600,
+        description="prompt estimate: tokens per image, video or audio part (what the model's "
+        "encoder makes of one, e.g. 576 for LLaVA-1.5, 256 for Gemma 3), never its base64 bytes",
+    )
     prompt_tokens: Literal["estimate", "engine"] = Field(
         "estimate",
-        description="estimate (from the bytes) or engine (exact, from the engine's POST /tokenize)",
+        description="estimate (from every field the chat template renders: text, names, tool "
+        "calls, tools, documents; media per part) or engine (exact, from the engine's POST "
+        "/tokenize, for text that tokenizes far from the bytes-per-token rate)",
     )
     reject_mode: Literal["sse", "http"] = Field(
         "sse",
