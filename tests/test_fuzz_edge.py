@@ -30,7 +30,9 @@ class Live:
     double: EngineDouble
     loop: asyncio.AbstractEventLoop
 
-    def exchange(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> int:
+    def exchange(
+        self, method: str, path: str, body: bytes, headers: dict[str, str]
+    ) -> tuple[int, bytes]:
         connection = http.client.HTTPConnection("127.0.0.1", self.server.proxy_port, timeout=10)
         try:
             connection.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
@@ -38,8 +40,7 @@ class Live:
                 connection.putheader(name, value)
             connection.endheaders(body)
             response = connection.getresponse()
-            response.read()
-            return response.status
+            return response.status, response.read()
         finally:
             connection.close()
 
@@ -55,8 +56,9 @@ def live() -> Iterator[Live]:
 
 
 def check(live: Live, status: int) -> None:
-    """After each exchange: no 500s, nothing generating got past without a grant, none held."""
-    assert status < 500 or status in (502, 503, 504), status
+    """After each exchange: no 5xx at all (the engine double never fails, so a 502, 503 or 504
+    here is the sidecar's bug), nothing generating got past without a grant, none held."""
+    assert status < 500, status
     assert live.double.generating() <= live.server.bulkhead.snapshot().granted_total
     # The permit is given back just after the last byte went out: wait (bounded) for it.
     idle = asyncio.run_coroutine_threadsafe(_idle(live.server), live.loop).result(5)
@@ -117,8 +119,15 @@ FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthChe
 @FUZZ
 @given(body=BODIES, path=ENDPOINTS)
 def test_hostile_bodies_never_get_a_500_nor_a_free_ride(live: Live, body: bytes, path: str) -> None:
-    """Any structure, type, surrogate, huge number or nesting: a 4xx or an admitted answer."""
-    check(live, live.exchange("POST", path, body, {"Content-Type": "application/json"}))
+    """Any structure, type, surrogate, huge number or nesting: the engine's 200, or a 4xx whose
+    body is an OpenAI error naming what was wrong."""
+    status, answer = live.exchange("POST", path, body, {"Content-Type": "application/json"})
+    check(live, status)
+    if status != 200:
+        assert 400 <= status < 500, status
+        error = json.loads(answer)["error"]
+        assert {"message", "type", "code"} <= error.keys(), error
+        assert error["message"], error
 
 
 @FUZZ
@@ -126,7 +135,7 @@ def test_hostile_bodies_never_get_a_500_nor_a_free_ride(live: Live, body: bytes,
 def test_any_path_spelling_is_admitted_or_refused(live: Live, path: str, method: str) -> None:
     """Dot segments, escapes and slashes: whatever reaches the engine held a permit."""
     body = json.dumps({"prompt": "hi", "messages": [{"role": "user", "content": "hi"}]}).encode()
-    check(live, live.exchange(method, path, body, {}))
+    check(live, live.exchange(method, path, body, {})[0])
 
 
 @FUZZ
@@ -136,4 +145,4 @@ def test_hostile_headers_never_get_a_500(live: Live, headers: dict[str, str], pa
     body = json.dumps(
         {"prompt": "hi", "input": "hi", "messages": [{"role": "user", "content": "x"}]}
     )
-    check(live, live.exchange("POST", path, body.encode(), headers))
+    check(live, live.exchange("POST", path, body.encode(), headers)[0])

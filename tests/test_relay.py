@@ -1,18 +1,21 @@
-"""SSE framing, the push path's writes, and the in-band error that ends a broken stream."""
+"""SSE framing, the in-band error that ends a broken stream, and what a streamed answer's client
+receives, write by write, as a scripted engine on a real loopback socket sends its body."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import cast
 
 import pytest
 from multidict import CIMultiDict
 
 from sidecar.core.errors import UpstreamTimeoutError, UpstreamUnavailableError
+from sidecar.edge.engine.client import Upstream, release
 from sidecar.edge.http.request import Request, Wire
-from sidecar.edge.http.response import StreamResponse
-from sidecar.edge.proxy.relay import _Relay, in_band_error
+from sidecar.edge.proxy.relay import RelayResult, in_band_error, relay_stream
 from sidecar.edge.proxy.sse_framing import EventFramer
 
 
@@ -61,18 +64,84 @@ def test_in_band_error_is_an_openai_error_then_done(exc: Exception, code: str) -
     assert (second, rest) == (b"data: [DONE]", b"")
 
 
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+)
+END = b"0\r\n\r\n"
+
+
+def chunk(data: bytes) -> bytes:
+    """``data`` as one chunk of a chunked body."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+class _Engine:
+    """A loopback engine that answers one request with the bytes the test hands it, each as
+    one write, when the test hands them over."""
+
+    def __init__(self) -> None:
+        self.sends: asyncio.Queue[bytes] = asyncio.Queue()
+        self.port = 0
+        self.writers: list[asyncio.StreamWriter] = []
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writers.append(writer)
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            await reader.readuntil(b"\r\n\r\n")
+            while data := await self.sends.get():
+                writer.write(data)
+                await writer.drain()
+            await reader.read()  # hold the connection until the sidecar drops it
+
+
+@contextlib.asynccontextmanager
+async def _upstream() -> AsyncIterator[tuple[_Engine, Upstream]]:
+    engine = _Engine()
+    server = await asyncio.start_server(engine.serve, "127.0.0.1", 0)
+    engine.port = server.sockets[0].getsockname()[1]
+    upstream = Upstream(
+        f"http://127.0.0.1:{engine.port}", connect_timeout_s=2.0, read_timeout_s=5.0
+    )
+    await upstream.start()
+    try:
+        yield engine, upstream
+    finally:
+        engine.sends.put_nowait(b"")
+        await upstream.close()
+        for writer in engine.writers:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+        server.close()
+        await server.wait_closed()
+
+
 class _Socket(asyncio.Transport):
-    """The client's side as the relay sees it: a buffer with room, and what was written."""
+    """The client's side: a buffer with room, and every write made to it, in order."""
 
     def __init__(self) -> None:
         super().__init__()
         self.written: list[bytes] = []
+        self.aborted = False
+        self._wrote = asyncio.Event()
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.written.append(bytes(data))
+        self._wrote.set()
+
+    async def writes(self, count: int) -> list[bytes]:
+        """The writes so far, once there are ``count`` of them."""
+        async with asyncio.timeout(5):
+            while len(self.written) < count:
+                self._wrote.clear()
+                await self._wrote.wait()
+        return self.written
+
+    def abort(self) -> None:
+        self.aborted = True
 
     def is_closing(self) -> bool:
-        return False
+        return self.aborted
 
     def get_write_buffer_size(self) -> int:
         return 0
@@ -82,82 +151,123 @@ class _Socket(asyncio.Transport):
 
 
 class _Wire:
-    lost = paused = False
+    """A client that reads whatever it is sent; ``paused``: one that stopped reading, with its
+    buffer between the low and high marks, so that nothing ever drains."""
+
+    lost = False
+
+    def __init__(self) -> None:
+        self.paused = False
 
     def keeps(self, request: Request) -> bool:
         return True
-
-
-async def _prepared(
-    version: tuple[int, int] = (1, 1), *, head_with_body: bool = False
-) -> tuple[_Socket, _Relay]:
-    """A relay over a prepared streamed answer to a client on ``version``, and its socket."""
-    socket = _Socket()
-    request = Request(
-        "POST", "/v1/chat/completions", version, CIMultiDict(), transport=socket,
-        wire=cast(Wire, _Wire()), client_max_size=1 << 20, keep_alive=True, body_exists=False,
-    )  # fmt: skip
-    response = StreamResponse(200, head_with_body=head_with_body)
-    await response.prepare(request)
-    return socket, _Relay(request, response, 10.0, EventFramer())
-
-
-async def test_push_writes_whole_events_each_as_one_chunk() -> None:
-    """Each push goes out as one chunk of the events it completed; an event cut across reads
-    goes out once it is whole."""
-    socket, relay = await _prepared()
-    socket.written.clear()
-    assert relay.push(b"data: 1\n\n")
-    assert relay.push(b"data: 2\n\ndata: 3")
-    assert relay.push(b"\n\n")
-    assert socket.written == [
-        b"9\r\ndata: 1\n\n\r\n",
-        b"9\r\ndata: 2\n\n\r\n",  # what was whole of that read
-        b"9\r\ndata: 3\n\n\r\n",  # its tail, once the blank line came
-    ]
-
-
-async def test_a_held_head_leaves_with_the_first_event() -> None:
-    """Where the head waits for the first body bytes, it goes out with the first event, in one
-    write; the events after it go on their own."""
-    socket, relay = await _prepared(head_with_body=True)
-    assert socket.written == []
-    assert relay.push(b"data: 1\n\n")
-    assert relay.push(b"data: 2\n\n")
-    first, second = socket.written
-    head, _, body = first.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200")
-    assert body == b"9\r\ndata: 1\n\n\r\n"
-    assert second == b"9\r\ndata: 2\n\n\r\n"
-
-
-async def test_an_unchunked_answer_carries_bare_events() -> None:
-    """An HTTP/1.0 client's answer is not chunked: every event goes out as bare data."""
-    socket, relay = await _prepared((1, 0))
-    socket.written.clear()
-    assert relay.push(b"data: 1\n\n")
-    assert relay.push(b"data: 2\n\n")
-    assert socket.written == [b"data: 1\n\n", b"data: 2\n\n"]
-
-
-class _StalledWire(_Wire):
-    """A client that stopped reading with its buffer between the low and high marks: writing
-    is paused, and nothing ever drains."""
-
-    paused = True
 
     async def drain(self) -> None:
         await asyncio.Future()
 
 
-async def test_a_write_while_paused_has_a_deadline_though_the_buffer_has_room() -> None:
-    """Paused under the high-water mark, the push declines and the task's write ends
-    client_stalled at the write deadline instead of waiting on the drain for ever."""
-    socket, relay = await _prepared()
-    relay.request.wire = cast(Wire, _StalledWire())
-    relay.write_timeout_s = 0.01
-    aborted: list[bool] = []
-    socket.abort = lambda: aborted.append(True)  # type: ignore[method-assign]
-    assert not relay.push(b"data: 1\n\n")
-    assert await relay.write(b"data: 1\n\n") == "client_stalled"
-    assert aborted == [True]
+def _client(socket: _Socket, wire: _Wire, version: tuple[int, int] = (1, 1)) -> Request:
+    return Request(
+        "POST", "/v1/chat/completions", version, CIMultiDict(), transport=socket,
+        wire=cast(Wire, wire), client_max_size=1 << 20, keep_alive=True, body_exists=False,
+    )  # fmt: skip
+
+
+async def _relayed(
+    socket: _Socket,
+    reads: list[bytes],
+    *,
+    version: tuple[int, int] = (1, 1),
+    wire: _Wire | None = None,
+    write_timeout_s: float = 10.0,
+) -> RelayResult:
+    """Relay an SSE answer whose head goes first and whose body arrives as ``reads``, each sent
+    once the client got what the read before it carried."""
+    async with _upstream() as (engine, upstream):
+        engine.sends.put_nowait(SSE_HEAD)
+        answer = await upstream.send("POST", "/v1/chat/completions", {}, b"{}")
+        relay = relay_stream(
+            _client(socket, wire or _Wire(), version), answer, "req-1",
+            write_timeout_s=write_timeout_s,
+        )  # fmt: skip
+        task = asyncio.create_task(relay)
+        for n, read in enumerate(reads, start=1):
+            await socket.writes(n)  # the head, then what each read before this one carried
+            engine.sends.put_nowait(read)
+        result = await task
+        release(answer)
+        return result
+
+
+async def test_whole_events_go_out_one_write_per_read() -> None:
+    """Each read of the engine's goes to the client as one chunk of the events it completed; an
+    event cut across reads goes out once it is whole; the end of the body is the last write."""
+    socket = _Socket()
+    reads = [chunk(b"data: 1\n\n"), chunk(b"data: 2\n\ndata: 3"), chunk(b"\n\n"), END]
+    result = await _relayed(socket, reads)
+    assert result.end == "completed"
+    head, *body = socket.written
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert b"Transfer-Encoding: chunked" in head
+    assert b"X-Request-Id: req-1" in head
+    assert body == [
+        b"9\r\ndata: 1\n\n\r\n",
+        b"9\r\ndata: 2\n\n\r\n",  # what was whole of that read
+        b"9\r\ndata: 3\n\n\r\n",  # its tail, once the blank line came
+        b"0\r\n\r\n",
+    ]
+
+
+async def test_a_head_sent_with_its_first_event_leaves_with_it() -> None:
+    """Where the engine's head and first event come in one read, the client's head goes out with
+    that event, in one write; the events after it go on their own."""
+    socket = _Socket()
+    async with _upstream() as (engine, upstream):
+        engine.sends.put_nowait(SSE_HEAD + chunk(b"data: 1\n\n"))
+        answer = await upstream.send("POST", "/v1/chat/completions", {}, b"{}")
+        relay = relay_stream(_client(socket, _Wire()), answer, "req-1", write_timeout_s=10.0)
+        task = asyncio.create_task(relay)
+        await socket.writes(1)
+        engine.sends.put_nowait(chunk(b"data: 2\n\n") + END)
+        assert (await task).end == "completed"
+        release(answer)
+    first, *rest = socket.written
+    head, _, body = first.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert body == b"9\r\ndata: 1\n\n\r\n"
+    assert b"".join(rest) == b"9\r\ndata: 2\n\n\r\n0\r\n\r\n"
+
+
+async def test_an_http10_client_gets_bare_events_ended_by_the_close() -> None:
+    """An HTTP/1.0 client's answer is not chunked: every event goes out as bare data, and the
+    connection's close is the body's end."""
+    socket = _Socket()
+    result = await _relayed(
+        socket, [chunk(b"data: 1\n\n"), chunk(b"data: 2\n\n"), END], version=(1, 0)
+    )
+    assert result.end == "completed"
+    head, *body = socket.written
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert b"Connection: close" in head
+    assert b"Transfer-Encoding" not in head
+    assert body == [b"data: 1\n\n", b"data: 2\n\n"]
+
+
+async def test_a_client_that_stops_reading_is_cut_off_at_the_write_deadline() -> None:
+    """A client whose buffer stopped draining (writing paused, though under the high-water mark)
+    is not waited on for ever: the next event's write waits for the drain under the write
+    deadline, and the stream ends client_stalled, its connection aborted, nothing after it."""
+    socket, wire = _Socket(), _Wire()
+    async with _upstream() as (engine, upstream):
+        engine.sends.put_nowait(SSE_HEAD)
+        answer = await upstream.send("POST", "/v1/chat/completions", {}, b"{}")
+        relay = relay_stream(_client(socket, wire), answer, "req-1", write_timeout_s=0.01)
+        task = asyncio.create_task(relay)
+        await socket.writes(1)
+        wire.paused = True
+        engine.sends.put_nowait(chunk(b"data: 1\n\n"))
+        result = await task
+        release(answer)
+    assert result.end == "client_stalled"
+    assert socket.aborted
+    assert socket.written[1:] == [b"9\r\ndata: 1\n\n\r\n"]  # into the full buffer; no end
