@@ -20,6 +20,9 @@ from prometheus_client.metrics import MetricWrapperBase
 from demo.simulated_gpu import GIB, GpuLayout, SimulatedGpu
 from emulator.app import build_app
 from emulator.config import EmulatorConfig
+from sidecar.core import saturation as saturation_module
+from sidecar.core.decisions import LIMIT_UNITS
+from sidecar.core.saturation import CAPACITY_REFUSALS, OutcomeWindow, SaturationConfig
 from sidecar.entry.app import SidecarServer
 from sidecar.entry.logs import configure_logging
 from sidecar.entry.settings import load_settings
@@ -155,7 +158,48 @@ def metrics_page(families: Sequence[Family]) -> str:
     for f in families:
         labels = ", ".join(f"`{label}`" for label in f.labels) or "-"
         lines.append(f"| `{f.name}` | {f.type} | {labels} | {f.when} | {_cell(f.help)} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", *signal_section()]) + "\n"
+
+
+def signal_section() -> list[str]:
+    """The definition of ``sidecar_utilisation``: the pure core's own docstring and defaults."""
+    config, window = SaturationConfig(), OutcomeWindow()
+    refusals = ", ".join(f"`{code}`" for code in sorted(CAPACITY_REFUSALS))
+    body = (saturation_module.__doc__ or "").replace("``", "`")
+    return [
+        "## The scale-out signal",
+        "",
+        "`sidecar_utilisation` (and `/capacity`'s `utilisation`, with each term under",
+        "`saturation`) is what the HPA, KEDA, the EPP and the alerts in deploy/ read.",
+        "From `sidecar/core/saturation.py`:",
+        "",
+        *body.strip().splitlines(),
+        "",
+        "| parameter | value |",
+        "|---|---|",
+        f"| `kv_threshold` | {config.kv_threshold} |",
+        f"| `queue_threshold` | {config.queue_threshold} requests waiting at the engine |",
+        f"| `hold_s` | {config.hold_s:g} s |",
+        f"| refusal window | {window.window_s:g} s |",
+        f"| refusals | {refusals} |",
+        "",
+        "## The admission limit's unit",
+        "",
+        "What the limit admission enforces counts, by `SIDECAR_ADMISSION` (`/capacity`'s `limit`",
+        "and `limit_unit`; the `unit` label of `sidecar_admission_limit` and",
+        "`sidecar_admission_in_use`; the `admission:` line of `sidecar probe`):",
+        "",
+        "| admission | unit |",
+        "|---|---|",
+        *(f"| `{mode}` | `{unit}` |" for mode, unit in LIMIT_UNITS.items()),
+        "",
+        "`sidecar_permits_limit` and `/capacity`'s `permits` (also `worst_case_permits`) are the",
+        "worst-case requests the plan fits, the limit only in `count` admission.",
+        "`sidecar_permit_utilisation` and `/capacity`'s `limit_utilisation` keep the older",
+        "number, the share of the admission limit in use in the limit's unit; it is not a",
+        "scale signal (a cold pod's limit can be full while its GPU is idle). `/capacity`'s",
+        "`utilisation` was that share before this signal existed.",
+    ]
 
 
 # --- the command --------------------------------------------------------------------------------

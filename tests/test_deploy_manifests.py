@@ -19,6 +19,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from sidecar.core.saturation import CAPACITY_REFUSALS
 from sidecar.core.tenancy import parse_priorities
 from sidecar.entry.settings import load_settings
 from tests import deploy_files as d
@@ -264,14 +265,17 @@ def referenced_metrics() -> dict[str, set[str]]:
 
 
 async def test_every_referenced_metric_is_exported(start_sidecar: StartSidecar) -> None:
-    """Each name is on a live sidecar's /metrics, or a vLLM metric in the captured output, or
-    listed as pending with the work that adds it."""
-    server = await start_sidecar(SIDECAR_ADMISSION="tokens")
-    async with (
-        aiohttp.ClientSession() as session,
-        session.get(f"{admin_url(server)}/metrics") as response,
-    ):
-        text = await response.text()
+    """Each name is on a live sidecar's /metrics (token admission's, or the default adaptive
+    one's), or a vLLM metric in the captured output, or listed as pending with the work that adds
+    it."""
+    text = ""
+    for admission in ("tokens", "adaptive"):
+        server = await start_sidecar(SIDECAR_ADMISSION=admission)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{admin_url(server)}/metrics") as response,
+        ):
+            text += await response.text()
     exported = set(re.findall(r"^# TYPE (\S+) (\S+)", text, re.MULTILINE))
     names = {n for n, _ in exported}
     names |= {f"{n}_total" for n, kind in exported if kind == "counter"}
@@ -369,3 +373,16 @@ def test_the_picker_is_llm_ds_router_at_a_pinned_release() -> None:
     assert epp["image"] == "ghcr.io/llm-d/llm-d-inference-scheduler:v0.8.0"
     assert epp["livenessProbe"]["grpc"]["service"] == "liveness"
     assert epp["readinessProbe"]["grpc"]["service"] == "readiness"
+
+
+def test_the_refusal_alert_and_panel_count_every_capacity_refusal() -> None:
+    """SidecarRejectingSustained and the dashboard's refusals panel match exactly the outcomes
+    the scale-out signal counts as refusals, the connection caps included."""
+    (rule,) = (
+        r for r in d.alert_rules(d.render("overlays/device-plugin-keda"))
+        if r["alert"] == "SidecarRejectingSustained"
+    )  # fmt: skip
+    (panel_expr,) = (e for t, e in d.dashboard_targets(d.dashboard()) if t == "Refusals by kind")
+    for expr in (rule["expr"], panel_expr):
+        (regex,) = re.findall(r'outcome=~"([^"]+)"', expr)
+        assert set(regex.split("|")) == CAPACITY_REFUSALS, expr

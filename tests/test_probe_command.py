@@ -47,7 +47,14 @@ def test_probe_shows_gpus_processes_and_the_plan(double_dir: Path, tmp_path: Pat
     assert "GPU 0 NVIDIA H100 80GB HBM3 GPU-1234" in done.stdout
     assert "pid 777: 1.00 GiB" in done.stdout
     # 80 - 14 - 2 - 1 (neighbour) = 63 GiB; / 229,376,000 B x 0.8 = 235.9
-    assert "plan: 235 permits" in done.stdout
+    assert "plan: 235 permits (worst-case requests)" in done.stdout
+    # The default (adaptive) admission, without an engine to steer by, prices each request at its
+    # worst case in tokens against 0.8 x the pool: 0.8 x 63 GiB / 57,344 B = 943,718 tokens.
+    assert "admission: adaptive, limit 943,718 tokens (the permits above are not enforced" in (
+        done.stdout
+    )
+    counted = probe(env | {"SIDECAR_ADMISSION": "count"})
+    assert "admission: count, limit 235 sequences\n" in counted.stdout
     document = json.loads(probe(env, "--json").stdout)
     assert {t["name"]: t["source"] for t in document["plan"]["terms"]}["neighbours"] == "measured"
 

@@ -9,6 +9,9 @@ from sidecar.core.outcomes import RejectReason
 
 Outcome = Literal["completed", "cancelled", "failed"]
 Mode = Literal["count", "tokens", "adaptive"]  # the unit costs and limits are counted in
+# What one unit of each mode's limit is: a permit per sequence (`n` counts each), KV bytes of
+# worst-case reservations, or tokens held and expected (adaptive).
+LIMIT_UNITS: dict[Mode, str] = {"count": "sequences", "tokens": "kv_bytes", "adaptive": "tokens"}
 WithdrawReason = Literal["timeout", "cancelled", "draining", "queue_full"]
 
 

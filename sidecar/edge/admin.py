@@ -13,6 +13,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from sidecar.core.decisions import LIMIT_UNITS
 from sidecar.edge.http.errors import json_error
 from sidecar.edge.http.request import Request
 from sidecar.edge.http.response import Response
@@ -22,6 +23,8 @@ from sidecar.live.adaptive import AdaptiveCapacity
 from sidecar.live.control_loop import CapacityController
 from sidecar.telemetry.adaptive_metrics import adaptive_json
 from sidecar.telemetry.capacity_metrics import capacity_json
+from sidecar.telemetry.metrics import limit_utilisation
+from sidecar.telemetry.saturation_metrics import SaturationSignal
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,7 @@ class Admin:
     draining: Callable[[], bool]
     loop_alive: Callable[[], bool]
     adaptive: AdaptiveCapacity | None = None
+    signal: SaturationSignal | None = None
 
 
 def admin_handler(admin: Admin) -> Handler:
@@ -70,17 +74,21 @@ def capacity_document(admin: Admin) -> dict[str, Any]:
     snap = admin.bulkhead.snapshot()
     state = capacity_json(admin.controller.state, admin.controller.requested_source, now)
     plan = state.get("plan") or {}
-    utilisation = snap.in_use_cost / snap.limit if snap.limit else float(snap.in_use_cost > 0)
+    saturation = admin.signal.read() if admin.signal is not None else None
     return {
         "admission": snap.mode,
         "shadow": snap.shadow,
         "draining": admin.draining(),
         "permits": state["limit"] if snap.mode == "count" else plan.get("permits"),
+        "worst_case_permits": plan.get("permits"),
         "limit": snap.limit,
+        "limit_unit": LIMIT_UNITS[snap.mode],
         "in_use": snap.in_use,
         "in_use_cost": snap.in_use_cost,
         "queued": snap.queued,
-        "utilisation": round(utilisation, 4),
+        "utilisation": None if saturation is None else round(saturation.utilisation, 4),
+        "saturation": None if saturation is None else saturation.to_dict(),
+        "limit_utilisation": round(limit_utilisation(snap), 4),
         "kv_bytes_per_token": plan.get("kv_bytes_per_token"),
         "kv_pool_bytes": plan.get("kv_pool_bytes"),
         "kv_pool_tokens": plan.get("kv_pool_tokens"),

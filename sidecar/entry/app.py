@@ -51,6 +51,7 @@ from sidecar.live.probes import GpuProbe
 from sidecar.telemetry.adaptive_metrics import AdaptiveCollector
 from sidecar.telemetry.capacity_metrics import register_capacity_metrics
 from sidecar.telemetry.metrics import BulkheadCollector, RequestMetrics
+from sidecar.telemetry.saturation_metrics import SaturationCollector, SaturationSignal
 
 log = structlog.get_logger("sidecar")
 
@@ -73,6 +74,7 @@ class SidecarServer:
         self.metrics = RequestMetrics(self.registry)
         self.bulkhead = build_bulkhead(settings, limit=0, clock=clock, on_event=self._on_event)
         self.adaptive = build_adaptive(settings, self.bulkhead.pressed)
+        self.signal = SaturationSignal(self.bulkhead.snapshot, self.metrics.requests, clock)
         compartments = parse_compartments(settings.compartments)
         self.pricing = build_pricing(
             settings, self.adaptive, compartments.resolve, lambda: self.controller.cost
@@ -85,6 +87,7 @@ class SidecarServer:
             nvml=gpu_probe,
             adaptive=self.adaptive,
             available=self.bulkhead.set_available,
+            observe=self.signal.observe,
         )
         self.upstream = Upstream(
             settings.upstream_url,
@@ -104,6 +107,7 @@ class SidecarServer:
         self.registry.register(BulkheadCollector(self.bulkhead.snapshot, self._plan_permits))
         if self.adaptive is not None:
             self.registry.register(AdaptiveCollector(self.adaptive, self.bulkhead.snapshot))
+        self.registry.register(SaturationCollector(self.signal))
 
     def _refused_at_door(self, fault: EdgeFault) -> None:
         """A refusal or deadline at the proxy port's door: counted every time, logged once per
@@ -215,6 +219,7 @@ class SidecarServer:
             draining=lambda: self.draining,
             loop_alive=self.controller.running,
             adaptive=self.adaptive,
+            signal=self.signal,
         )
 
     async def start(self) -> None:

@@ -13,11 +13,12 @@ import sys
 import time
 from typing import Any
 
+from sidecar.core.decisions import LIMIT_UNITS
 from sidecar.core.errors import ProbeUnavailableError
 from sidecar.core.sizes import format_size
 from sidecar.entry.logs import configure_logging
 from sidecar.entry.settings import Settings, load_settings
-from sidecar.entry.wiring import build_controller
+from sidecar.entry.wiring import admission_mode, build_adaptive, build_controller
 from sidecar.live.control_loop import CapacityController
 from sidecar.telemetry.capacity_metrics import capacity_json
 
@@ -45,12 +46,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _probe_once(settings: Settings) -> dict[str, Any]:
-    controller: CapacityController = build_controller(settings, lambda _limit: None)
+    """One tick of the controller ``serve`` would run, priced in the same admission mode, so the
+    limit printed is the one ``serve`` would enforce, in its unit."""
+    adaptive = build_adaptive(settings)
+    controller: CapacityController = build_controller(
+        settings, lambda _limit: None, adaptive=adaptive
+    )
     try:
         await controller.refresh()
-        return capacity_json(controller.state, controller.requested_source, time.monotonic())
+        doc = capacity_json(controller.state, controller.requested_source, time.monotonic())
     finally:
         await controller.stop()
+    mode = admission_mode(settings)
+    return {"admission": mode, "limit_unit": LIMIT_UNITS[mode], **doc}
 
 
 def describe(doc: dict[str, Any]) -> list[str]:
@@ -77,14 +85,25 @@ def describe(doc: dict[str, Any]) -> list[str]:
         for term in plan["terms"]:
             lines.append(f"  {term['name']}: {format_size(term['bytes'])} [{term['source']}]")
         lines.append(
-            f"plan: {plan['permits']} permits; KV pool {format_size(plan['kv_pool_bytes'])}, "
-            f"{plan['kv_bytes_per_token']:,} B/token, request max {plan['request_max_tokens']}"
-            f" tokens = {format_size(plan['request_max_bytes'])}; limit {doc['limit']}"
+            f"plan: {plan['permits']} permits (worst-case requests); KV pool "
+            f"{format_size(plan['kv_pool_bytes'])}, {plan['kv_bytes_per_token']:,} B/token, "
+            f"request max {plan['request_max_tokens']} tokens = "
+            f"{format_size(plan['request_max_bytes'])}"
         )
+    if "admission" in doc:
+        lines.append(_limit_line(doc))
     lines += [f"warning {w['code']}: {w['message']}" for w in doc.get("warnings", [])]
     if doc["error"]:
         lines.append(f"error: {doc['error']}")
     return lines
+
+
+def _limit_line(doc: dict[str, Any]) -> str:
+    """The limit ``serve`` would enforce, in its unit, and whether the permits are it."""
+    line = f"admission: {doc['admission']}, limit {doc['limit']:,} {doc['limit_unit']}"
+    if doc["admission"] != "count":
+        line += " (the permits above are not enforced in this mode)"
+    return line
 
 
 def _engine_lines(engine: dict[str, Any] | None) -> list[str]:

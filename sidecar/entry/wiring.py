@@ -22,6 +22,7 @@ from sidecar.core.estimator import EstimatorConfig
 from sidecar.core.model_spec import load_model_spec, weights_bytes_in
 from sidecar.core.overcommit import AimdConfig
 from sidecar.core.token_budget import resolve_budget
+from sidecar.core.warnings import ConfigWarning
 from sidecar.entry.settings import Settings
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.live.adaptive import AdaptiveCapacity
@@ -31,7 +32,7 @@ from sidecar.live.probes import GpuProbe
 from sidecar.live.probes.engine_probe import ENGINES, EngineMetricsProbe
 from sidecar.live.probes.nvml import NvmlProbe, parse_gpu_selection
 from sidecar.live.probes.static import Declared
-from sidecar.live.sources import static_memory
+from sidecar.live.sources import Readings, static_memory
 
 
 def admission_mode(settings: Settings) -> Mode:
@@ -135,10 +136,12 @@ def build_controller(
     http_session: aiohttp.ClientSession | None = None,
     adaptive: AdaptiveCapacity | None = None,
     available: Callable[[bool], None] | None = None,
+    observe: Callable[[Readings], None] | None = None,
 ) -> CapacityController:
     """The controller ``settings`` describe; ``nvml`` replaces the NVML probe (tests, demo).
 
-    ``available`` hears when a plan of 0 permits starts or stops (the bulkhead refuses at once).
+    ``available`` hears when a plan of 0 permits starts or stops (the bulkhead refuses at once);
+    ``observe`` hears each tick's readings (the scale-out signal).
     """
     cost = model_cost(settings)
     budget_rule = partial(
@@ -178,13 +181,29 @@ def build_controller(
         engine_pid=settings.engine_pid,
         tolerance=settings.disagreement_tolerance,
         clock=clock,
-        feedback=adaptive.observe if adaptive is not None else None,
+        feedback=_feedback(adaptive, observe),
         available=available,
         probe_timeout_s=settings.probe_timeout_ms / 1000,
         cap_at_engine_slots=pricing.mode == "count",
         budget_rule=budget_rule,
     )
     return controller
+
+
+def _feedback(
+    adaptive: AdaptiveCapacity | None, observe: Callable[[Readings], None] | None
+) -> Callable[[Readings], tuple[ConfigWarning, ...]] | None:
+    """What hears each tick's readings: the adaptive state (its warnings are returned), then
+    ``observe``."""
+    if observe is None:
+        return adaptive.observe if adaptive is not None else None
+
+    def feedback(readings: Readings) -> tuple[ConfigWarning, ...]:
+        warnings = adaptive.observe(readings) if adaptive is not None else ()
+        observe(readings)
+        return warnings
+
+    return feedback
 
 
 def _floor(

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sidecar.core.decisions import CompartmentSnapshot
+from sidecar.core.decisions import LIMIT_UNITS, CompartmentSnapshot
 from sidecar.core.outcomes import REQUEST_OUTCOMES
 from sidecar.core.stream_timing import StreamTiming
 from sidecar.limiter.events import BulkheadSnapshot
@@ -117,14 +117,20 @@ class BulkheadCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
         limit = snap.limit if snap.mode == "count" else self._plan_permits()
-        yield gauge("sidecar_permits_limit", "Requests allowed in flight now.", limit)
+        yield gauge(
+            "sidecar_permits_limit",
+            "Worst-case requests the plan fits (enforced only in count admission; see "
+            "sidecar_admission_limit for the limit in force, in its unit).",
+            limit,
+        )
         yield gauge("sidecar_permits_in_use", "Requests in flight now.", snap.in_use)
         yield gauge(
             "sidecar_permit_utilisation",
-            "Share of the admission limit in use (permits, or KV bytes in token mode); "
-            "the scale-out signal.",
-            snap.in_use_cost / snap.limit if snap.limit else (1.0 if snap.in_use_cost else 0.0),
+            "Share of the admission limit in use, in the limit's unit (sidecar_admission_limit); "
+            "not the scale-out signal, which is sidecar_utilisation.",
+            limit_utilisation(snap),
         )
+        yield from _admission_limit(snap)
         yield gauge("sidecar_queue_depth", "Requests waiting for a permit.", snap.queued)
         yield gauge(
             "sidecar_shadow_mode",
@@ -143,6 +149,27 @@ class BulkheadCollector(Collector):
                 snap.limit,
             )
         yield from _compartments(snap.compartments)
+
+
+def limit_utilisation(snap: BulkheadSnapshot) -> float:
+    """In-use cost over the limit, in the mode's unit (1 with any cost held against a 0 limit)."""
+    if snap.limit:
+        return snap.in_use_cost / snap.limit
+    return 1.0 if snap.in_use_cost else 0.0
+
+
+def _admission_limit(snap: BulkheadSnapshot) -> Iterator[Metric]:
+    """The limit admission enforces and what in-flight requests hold of it, labelled by unit."""
+    unit = LIMIT_UNITS[snap.mode]
+    for name, help_, value in (
+        ("sidecar_admission_limit", "The admission limit in force, in its unit (label).",
+         snap.limit),
+        ("sidecar_admission_in_use", "What requests in flight hold of the admission limit, in "
+         "its unit (label).", snap.in_use_cost),
+    ):  # fmt: skip
+        family = GaugeMetricFamily(name, help_, labels=["unit"])
+        family.add_metric([unit], value)
+        yield family
 
 
 def _compartments(compartments: tuple[CompartmentSnapshot, ...]) -> Iterator[Metric]:

@@ -1,0 +1,182 @@
+"""The scale-out signal: demand over capacity, from the engine's evidence and the sidecar's queue
+and refusals, whatever unit the admission limit is counted in.
+
+Near 0 on an idle or cold pod; at or above 1 once requests wait (at the sidecar or at the
+engine) or are refused. It is the largest of four ratios, each demand over a capacity:
+
+- ``kv``: KV tokens in use over ``kv_threshold`` x the engine's pool (the engine's usage share
+  over the threshold). llm-d's workload-variant autoscaler sizes a replica the same way: its
+  memory-bound capacity is the KV tokens x a threshold, its demand the tokens in use plus the
+  queue x the mean prompt (llm-d/llm-d-workload-variant-autoscaler,
+  internal/engines/analyzers/saturation_v2/analyzer.go, commit b28a4f6). Here the requests that
+  wait are the queue ratios' evidence instead, counted as requests, not priced in tokens.
+- ``engine_queue``: once ``queue_threshold`` or more requests wait at the engine, the engine runs
+  all it can (its sequence cap, or its pool): (running + waiting) / running. That autoscaler
+  takes what is in use while its queue stands at its threshold (5) as the compute-bound capacity
+  the same way; a request or two waiting for the next step is not saturation.
+- ``sidecar_queue``: requests waiting for admission: (in flight + queued) / in flight.
+- ``refusals``: 1 + the share of the requests that ended lately (``OutcomeWindow``) that were
+  refused for want of capacity, at any cap (``CAPACITY_REFUSALS``): 1 to 2.
+
+The engine's two ratios are the largest of its readings over the last ``hold_s``
+(``EnginePeaks``): its queue comes and goes with each wave of completions, and the autoscaler
+above reads vLLM's gauges as their peak over a minute for the same reason.
+
+Like the flow-control pool saturation of llm-d's router (``flow_control_pool_saturation``,
+llm-d/llm-d-router pkg/epp/metrics/llm_d_router_metrics.go, commit b64f44e: 0 empty, 1 fully
+saturated; later versions: above 1 the magnitude of oversubscription), 1 is the set point and
+above it the pod is oversubscribed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# The outcomes that refuse a request for want of capacity, at every cap the sidecar has (not
+# too_large, a client error; not draining, a shutdown).
+CAPACITY_REFUSALS: frozenset[str] = frozenset(
+    {
+        "queue_full",
+        "shed",
+        "timeout",
+        "no_capacity",
+        "edge_busy",
+        "too_many_connections",
+        "too_many_client_connections",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SaturationConfig:
+    """The thresholds: KV share counted as full; engine queue length that shows it at its cap;
+    how long an engine reading's ratios are held."""
+
+    kv_threshold: float = 0.8
+    queue_threshold: int = 5
+    hold_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineEvidence:
+    """One reading of the engine; None where the engine does not say it."""
+
+    kv_usage_ratio: float | None = None  # 0..1 of its pool
+    running: float | None = None
+    waiting: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SaturationEvidence:
+    """What is known now: the engine's ratios (held, ``EnginePeaks``) and the sidecar's state."""
+
+    engine_kv: float = 0.0
+    engine_queue: float = 0.0
+    sidecar_in_flight: int = 0  # requests the sidecar let through, running now
+    sidecar_queued: int = 0
+    recent_offered: float = 0.0  # requests that ended lately, refusals included
+    recent_refused: float = 0.0  # of them, refused for want of capacity
+
+
+@dataclass(frozen=True, slots=True)
+class Saturation:
+    """The signal and the four ratios it is the largest of."""
+
+    utilisation: float
+    kv: float
+    engine_queue: float
+    sidecar_queue: float
+    refusals: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "utilisation": round(self.utilisation, 4),
+            "kv": round(self.kv, 4),
+            "engine_queue": round(self.engine_queue, 4),
+            "sidecar_queue": round(self.sidecar_queue, 4),
+            "refusals": round(self.refusals, 4),
+        }
+
+
+def saturation(evidence: SaturationEvidence) -> Saturation:
+    """Demand over capacity: the largest of the KV, engine-queue, sidecar-queue and refusal
+    ratios (module docstring)."""
+    ratios = (
+        evidence.engine_kv,
+        evidence.engine_queue,
+        _sidecar_queue(evidence),
+        _refusals(evidence),
+    )
+    return Saturation(max(ratios), *ratios)
+
+
+def engine_ratios(e: EngineEvidence, config: SaturationConfig) -> tuple[float, float]:
+    """(kv, engine_queue) of one engine reading."""
+    return _kv(e, config), _engine_queue(e, config)
+
+
+def _kv(e: EngineEvidence, config: SaturationConfig) -> float:
+    if e.kv_usage_ratio is None:
+        return 0.0
+    return e.kv_usage_ratio / config.kv_threshold
+
+
+def _engine_queue(e: EngineEvidence, config: SaturationConfig) -> float:
+    waiting = e.waiting or 0.0
+    if waiting < config.queue_threshold:
+        return 0.0
+    running = max(e.running or 0.0, 1.0)
+    return (running + waiting) / running
+
+
+class EnginePeaks:
+    """The largest (kv, engine_queue) of the readings of the last ``hold_s``; times are given."""
+
+    def __init__(self, hold_s: float) -> None:
+        self.hold_s = hold_s
+        self._seen: deque[tuple[float, float, float]] = deque()
+
+    def add(self, now: float, kv: float, queue: float) -> None:
+        self._seen.append((now, kv, queue))
+
+    def peaks(self, now: float) -> tuple[float, float]:
+        seen = self._seen
+        while seen and now - seen[0][0] > self.hold_s:
+            seen.popleft()
+        return max((k for _, k, _ in seen), default=0.0), max((q for *_, q in seen), default=0.0)
+
+
+def _sidecar_queue(e: SaturationEvidence) -> float:
+    if e.sidecar_queued <= 0:
+        return 0.0
+    return (e.sidecar_in_flight + e.sidecar_queued) / max(e.sidecar_in_flight, 1)
+
+
+def _refusals(e: SaturationEvidence) -> float:
+    if e.recent_refused <= 0 or e.recent_offered <= 0:
+        return 0.0
+    return 1.0 + min(1.0, e.recent_refused / e.recent_offered)
+
+
+class OutcomeWindow:
+    """Cumulative outcome counts sampled over time; says how many requests ended, and how many
+    were refused for want of capacity, within the last ``window_s``. Times are given, not read."""
+
+    def __init__(self, window_s: float = 60.0, min_spacing_s: float = 1.0) -> None:
+        self.window_s, self._spacing = window_s, min_spacing_s
+        self._samples: deque[tuple[float, float, float]] = deque()
+
+    def recent(self, now: float, counts: Mapping[str, float]) -> tuple[float, float]:
+        """(ended, refused) since the oldest sample inside the window, after recording
+        ``counts`` (cumulative, by outcome) as seen at ``now``."""
+        total = sum(counts.values())
+        refused = sum(v for k, v in counts.items() if k in CAPACITY_REFUSALS)
+        samples = self._samples
+        if not samples or now - samples[-1][0] >= self._spacing:
+            samples.append((now, total, refused))
+        while len(samples) > 1 and now - samples[1][0] >= self.window_s:
+            samples.popleft()
+        _, total0, refused0 = samples[0]
+        return max(0.0, total - total0), max(0.0, refused - refused0)

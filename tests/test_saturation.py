@@ -1,0 +1,104 @@
+"""The scale-out signal's arithmetic: each ratio by hand, the largest wins, the windows forget."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.core.outcomes import EDGE_FAULTS, REJECTIONS
+from sidecar.core.saturation import (
+    CAPACITY_REFUSALS,
+    EngineEvidence,
+    EnginePeaks,
+    OutcomeWindow,
+    SaturationConfig,
+    SaturationEvidence,
+    engine_ratios,
+    saturation,
+)
+
+CONFIG = SaturationConfig(kv_threshold=0.8, queue_threshold=5)
+
+
+@pytest.mark.parametrize(
+    ("engine", "expected"),
+    [
+        pytest.param(EngineEvidence(), (0.0, 0.0), id="engine-says-nothing"),
+        pytest.param(EngineEvidence(0.0, 0, 0), (0.0, 0.0), id="idle"),
+        # 96 streams at 1 % of the pool, nothing waiting: 0.01 / 0.8.
+        pytest.param(EngineEvidence(0.01, 96, 0), (0.0125, 0.0), id="96-streams-pool-untouched"),
+        pytest.param(EngineEvidence(0.4, 20, 0), (0.5, 0.0), id="half-the-kv-threshold"),
+        # A request or two waits for the next step: below the threshold, not saturation.
+        pytest.param(EngineEvidence(0.01, 96, 4), (0.0125, 0.0), id="brief-wait-below-threshold"),
+        # 256 running (max_num_seqs) and 64 waiting: (256 + 64) / 256.
+        pytest.param(EngineEvidence(0.03, 256, 64), (0.0375, 1.25), id="at-max-num-seqs"),
+        pytest.param(EngineEvidence(0.96, 30, 0), (1.2, 0.0), id="kv-past-threshold"),
+        pytest.param(EngineEvidence(None, 0, 10), (0.0, 11.0), id="waiting-nothing-running"),
+    ],
+)
+def test_engine_ratios(engine: EngineEvidence, expected: tuple[float, float]) -> None:
+    """(kv, engine_queue) of one engine reading, computed by hand."""
+    assert engine_ratios(engine, CONFIG) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("evidence", "utilisation", "term"),
+    [
+        pytest.param(SaturationEvidence(), 0.0, "kv", id="idle-pod"),
+        pytest.param(SaturationEvidence(engine_kv=0.45, sidecar_in_flight=96), 0.45, "kv",
+                     id="kv-only"),
+        # 21 running, 64 waiting for admission: (21 + 64) / 21.
+        pytest.param(SaturationEvidence(engine_kv=0.01, sidecar_in_flight=21, sidecar_queued=64),
+                     85 / 21, "sidecar_queue", id="queued-at-the-sidecar"),
+        pytest.param(SaturationEvidence(sidecar_queued=3), 3.0, "sidecar_queue",
+                     id="queued-with-nothing-in-flight"),
+        # One refusal in four lately: 1 + 0.25.
+        pytest.param(SaturationEvidence(engine_kv=0.2, recent_offered=400, recent_refused=100),
+                     1.25, "refusals", id="refusing"),
+        pytest.param(SaturationEvidence(recent_offered=10, recent_refused=10), 2.0, "refusals",
+                     id="refusing-everything"),
+        pytest.param(SaturationEvidence(engine_kv=0.3, engine_queue=1.25), 1.25, "engine_queue",
+                     id="waiting-at-the-engine"),
+    ],
+)  # fmt: skip
+def test_the_signal_is_the_largest_ratio(
+    evidence: SaturationEvidence, utilisation: float, term: str
+) -> None:
+    """The utilisation equals its largest term, and that term is the one expected."""
+    result = saturation(evidence)
+    assert result.utilisation == pytest.approx(utilisation)
+    assert getattr(result, term) == pytest.approx(utilisation)
+
+
+def test_any_refusal_or_wait_reaches_one() -> None:
+    """One refusal among many, or one request queued, is enough for 1 or more."""
+    assert saturation(SaturationEvidence(recent_offered=1000, recent_refused=1)).utilisation > 1
+    assert saturation(SaturationEvidence(sidecar_in_flight=200, sidecar_queued=1)).utilisation > 1
+
+
+def test_engine_peaks_hold_for_their_window() -> None:
+    """A reading's ratios count until hold_s after it, then are forgotten."""
+    peaks = EnginePeaks(hold_s=30.0)
+    assert peaks.peaks(0.0) == (0.0, 0.0)
+    peaks.add(0.0, 0.1, 1.3)
+    peaks.add(10.0, 0.2, 0.0)
+    assert peaks.peaks(29.0) == (0.2, 1.3)
+    assert peaks.peaks(31.0) == (0.2, 0.0)
+    assert peaks.peaks(41.0) == (0.0, 0.0)
+
+
+def test_outcome_window_counts_what_ended_lately() -> None:
+    """Deltas of cumulative counts inside the window; too_large and draining are not refusals."""
+    window = OutcomeWindow(window_s=60.0)
+    assert window.recent(0.0, {"completed": 100, "queue_full": 5}) == (0.0, 0.0)
+    counts = {"completed": 150, "queue_full": 15, "too_large": 10, "draining": 5,
+              "too_many_client_connections": 20}  # fmt: skip
+    assert window.recent(30.0, counts) == (95.0, 30.0)
+    # Past the window, the sample of 30 s is the base: nothing new ended since.
+    assert window.recent(95.0, counts) == (0.0, 0.0)
+
+
+def test_capacity_refusals_are_known_outcomes() -> None:
+    """Every refusal the signal counts is an outcome the sidecar can end a request with, and
+    the two that are not for want of capacity stay out."""
+    assert set(REJECTIONS) | set(EDGE_FAULTS) >= CAPACITY_REFUSALS
+    assert {"too_large", "draining", "header_timeout", "bad_request"}.isdisjoint(CAPACITY_REFUSALS)
