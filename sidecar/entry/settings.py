@@ -131,10 +131,12 @@ class Settings(BaseSettings):
         description="The window over which a request body's pace is checked, from its start.",
     )
     max_connections: PositiveInt = Field(
-        512,
+        4096,
         description="Open client connections on the proxy port. At the cap a connection "
         "holding a partial request head for over a second, else the longest idle one, is closed "
-        "to make room; only where there is neither is a new one refused with 503.",
+        "to make room; only where there is neither is a new one refused with 503. Sized above "
+        "what one GPU's engine runs and queues (vLLM's max_num_seqs 256 to 1024, plus "
+        "SIDECAR_MAX_QUEUE): admission, not this cap, decides who waits.",
     )
     max_partial_heads: PositiveInt = Field(
         128,
@@ -143,11 +145,12 @@ class Settings(BaseSettings):
         "too_many_partial_heads and closed.",
     )
     max_connections_per_client: PositiveInt = Field(
-        256,
+        2048,
         description="Open proxy-port connections from one client address; at it the address's "
         "own partial heads and idle connections make room, and only then is a new one refused "
-        "with 503. Behind a gateway that speaks HTTP/1.1 to the sidecar (one connection per "
-        "concurrent request), raise it to SIDECAR_MAX_CONNECTIONS.",
+        "with 503. A gateway speaking HTTP/1.1 holds one connection per concurrent request from "
+        "one address: the default lets it fill any engine's sequences and queue. Lower it where "
+        "clients connect directly.",
     )
     max_pre_admission: PositiveInt = Field(
         32,

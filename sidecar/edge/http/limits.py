@@ -20,8 +20,8 @@ BudgetFault = Literal["body_budget_full", "client_body_budget_full"]
 class EdgeLimits:
     """The edge's bounds, in plain values (built from the settings in the entry layer)."""
 
-    max_connections: int = 512
-    max_connections_per_client: int = 256
+    max_connections: int = 4096
+    max_connections_per_client: int = 2048
     max_partial_heads: int = 128
     max_buffered_body_bytes: int = 128 * 1024 * 1024
     max_buffered_body_bytes_per_client: int = 32 * 1024 * 1024
