@@ -57,3 +57,19 @@ def test_stop_cancels_it() -> None:
     deadline.stop()
     time.advance(5.0)
     assert (expired, time.armed) == ([], 0)
+
+
+def test_resume_counts_the_silence_from_when_the_engine_was_last_heard() -> None:
+    """Expired at 1.0 s, but the engine answered elsewhere 0.3 s before: it expires again at
+    1.7 s, one timeout after that sign of life, unless another comes."""
+    time, expired = FakeTime(), list[float]()
+    deadline = _deadline(time, expired)
+    deadline.watch()
+    time.advance(1.0)
+    assert expired == [1.0]
+    deadline.resume(0.3)
+    assert time.armed == 1
+    time.advance(0.69)
+    assert expired == [1.0]
+    time.advance(0.01)
+    assert expired == [1.0, 1.7]

@@ -93,6 +93,7 @@ class SidecarServer:
             settings.upstream_url,
             connect_timeout_s=settings.upstream_connect_timeout_ms / 1000,
             read_timeout_s=settings.upstream_read_timeout_ms / 1000,
+            engine_silence=self.controller.engine_silence_s,
         )
         self.draining = False
         self._policy: tuple[TokenBudget, TokenPolicy] | None = None

@@ -76,7 +76,9 @@ class Settings(BaseSettings):
     )
     upstream_read_timeout_ms: PositiveInt = Field(
         60_000,
-        description="longest silence from the engine (between chunks, or before an answer)",
+        description="longest silence from the engine (between chunks, or before an answer; "
+        "before its first byte, the engine answering its metrics probe is not silence, so a long "
+        "non-streaming answer is not cut for its length)",
     )
     max_body_bytes: Size = Field(
         4 * 1024 * 1024, description="largest request body (a size); larger bodies get 413"

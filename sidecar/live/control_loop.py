@@ -227,6 +227,14 @@ class CapacityController:
             return None
         return self._engine.unready(self._clock(), self.fresh_for_s)
 
+    def engine_silence_s(self) -> float | None:
+        """Seconds since the engine last answered its probe; None where nothing probes it, or
+        before it first answered."""
+        seen = self._engine.seen_at
+        if self._engine_probe is None or seen is None:
+            return None
+        return max(0.0, self._clock() - seen)
+
     def _plan_budget(self) -> Budget:
         """The budget of this tick: the engine's context, narrowed by the settings."""
         if self._budget_rule is None:

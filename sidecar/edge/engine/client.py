@@ -67,10 +67,21 @@ def release(response: EngineResponse) -> None:
 class Upstream:
     """Sends requests to the engine over its pool of kept-alive connections."""
 
-    def __init__(self, base_url: str, *, connect_timeout_s: float, read_timeout_s: float) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+        engine_silence: Callable[[], float | None] | None = None,
+    ) -> None:
+        """``engine_silence``: seconds since the engine last answered its probe (None: not
+        probed); a request still waiting for its answer's first byte is not timed out while
+        the engine answers (:class:`sidecar.edge.engine_connection.EngineConnection`)."""
         self.base_url = base_url.rstrip("/")
         self._connect_timeout_s = connect_timeout_s
         self._read_timeout_s = read_timeout_s
+        self._engine_silence = engine_silence
         self._pool: EnginePool | None = None
 
     async def start(self) -> None:
@@ -80,6 +91,7 @@ class Upstream:
             self.base_url,
             connect_timeout_s=self._connect_timeout_s,
             read_timeout_s=self._read_timeout_s,
+            engine_silence=self._engine_silence,
         )
 
     async def close(self) -> None:

@@ -52,8 +52,17 @@ ANSWERING = frozenset({Phase.SENT, Phase.HEAD, Phase.BODY})
 class EngineConnection(asyncio.Protocol):
     """One connection to the engine; carries one request at a time."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, read_timeout_s: float) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        read_timeout_s: float,
+        engine_silence: Callable[[], float | None] | None = None,
+    ) -> None:
+        """``engine_silence``: seconds since the engine last answered elsewhere (its metrics),
+        None if unknown; while no byte of an answer has come, that counts as a sign of life,
+        so a long non-streaming answer times out on silence, not on its length."""
         self._loop = loop
+        self._engine_silence = engine_silence
         self._deadline = ReadDeadline(
             read_timeout_s, self._timed_out, clock=loop.time, call_later=loop.call_later
         )
@@ -266,9 +275,14 @@ class EngineConnection(asyncio.Protocol):
         return self._flow
 
     def _timed_out(self) -> None:
-        if self._waiter is not None:  # else nobody reads: the next wait starts it again
-            timeout_s = self._deadline.timeout_s
-            self._fail(TimeoutError(f"no byte from the engine for {timeout_s:g}s"))
+        if self._waiter is None:  # nobody reads: the next wait starts it again
+            return
+        timeout_s = self._deadline.timeout_s
+        heard = self._engine_silence() if self._engine_silence is not None else None
+        if self.phase is Phase.SENT and heard is not None and heard < timeout_s:
+            self._deadline.resume(heard)  # the engine works on it (a whole answer comes late)
+            return
+        self._fail(TimeoutError(f"no byte from the engine for {timeout_s:g}s"))
 
     # The pool's side -------------------------------------------------------------------------
 

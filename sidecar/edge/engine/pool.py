@@ -92,8 +92,16 @@ class EngineResponse:
 class EnginePool:
     """Kept-alive connections to one engine, reused most recent first."""
 
-    def __init__(self, base_url: str, *, connect_timeout_s: float, read_timeout_s: float) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+        engine_silence: Callable[[], float | None] | None = None,
+    ) -> None:
         parts = urlsplit(base_url)
+        self._engine_silence = engine_silence
         self.https = parts.scheme == "https"
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or (443 if self.https else 80)
@@ -159,7 +167,7 @@ class EnginePool:
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self._connect_timeout_s):
             _, protocol = await loop.create_connection(
-                lambda: EngineConnection(loop, self._read_timeout_s),
+                lambda: EngineConnection(loop, self._read_timeout_s, self._engine_silence),
                 self.host,
                 self.port,
                 ssl=self._ssl,

@@ -41,6 +41,12 @@ class ReadDeadline:
             self.touch()
             self._timer = self._call_later(self.timeout_s, self._fire)
 
+    def resume(self, heard_ago_s: float) -> None:
+        """After it expired: the engine was heard from elsewhere ``heard_ago_s`` ago (its
+        metrics answered), so the silence counts from then; the timer runs again."""
+        self._last = self._clock() - heard_ago_s
+        self._timer = self._call_later(max(0.0, self.timeout_s - heard_ago_s), self._fire)
+
     def stop(self) -> None:
         if self._timer is not None:
             self._timer.cancel()

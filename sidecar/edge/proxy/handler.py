@@ -229,11 +229,17 @@ class _GrantLine:
     it runs while the engine works, not before it is asked; or, where the request never went
     out, before what ends it is logged."""
 
-    __slots__ = ("_job", "_permit")
+    __slots__ = ("_job", "_permit", "sent")
 
     def __init__(self, permit: Permit, job: Job) -> None:
         self._permit: Permit | None = permit
         self._job = job
+        self.sent = False
+
+    def went_out(self) -> None:
+        """The engine client wrote the request: log the grant now."""
+        self.sent = True
+        self()
 
     def __call__(self) -> None:
         permit, self._permit = self._permit, None
@@ -259,12 +265,13 @@ async def _forward(
             if timing is not None:
                 timing.sent = proxy.clock()
             upstream = await proxy.upstream.send(
-                request.method, job.target.path_qs, headers, job.body, granted
+                request.method, job.target.path_qs, headers, job.body, granted.went_out
             )
         finally:
             granted()  # where the request never went out, its grant is still logged, first
     except UpstreamError as exc:
-        return _upstream_failed(permit, exc, "connect")
+        # Written: the engine had it and its answer did not come; else it never reached it.
+        return _upstream_failed(permit, exc, "answer" if granted.sent else "connect")
     except asyncio.CancelledError:
         if not stop.claim():
             raise
