@@ -77,7 +77,7 @@ class Upstream:
     ) -> None:
         """``engine_silence``: seconds since the engine last answered its probe (None: not
         probed); a request still waiting for its answer's first byte is not timed out while
-        the engine answers (:class:`sidecar.edge.engine_connection.EngineConnection`)."""
+        the engine answers (:class:`sidecar.edge.engine.connection.EngineConnection`)."""
         self.base_url = base_url.rstrip("/")
         self._connect_timeout_s = connect_timeout_s
         self._read_timeout_s = read_timeout_s
