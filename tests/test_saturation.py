@@ -102,3 +102,4 @@ def test_capacity_refusals_are_known_outcomes() -> None:
     the two that are not for want of capacity stay out."""
     assert set(REJECTIONS) | set(EDGE_FAULTS) >= CAPACITY_REFUSALS
     assert {"too_large", "draining", "header_timeout", "bad_request"}.isdisjoint(CAPACITY_REFUSALS)
+    assert {"queue_full", "shed", "no_capacity", "too_many_client_connections"} <= CAPACITY_REFUSALS

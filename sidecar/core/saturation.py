@@ -34,18 +34,14 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-# The outcomes that refuse a request for want of capacity, at every cap the sidecar has (not
-# too_large, a client error; not draining, a shutdown).
+from sidecar.core.outcomes import EDGE_FAULTS, REJECTIONS
+
+# The outcomes that refuse a request for want of capacity, at every cap the sidecar has: each
+# busy answer of admission but too_large (a client error) and draining (a shutdown), and each 503
+# of the edge (its connection, partial-head, pre-admission and body-buffer caps).
 CAPACITY_REFUSALS: frozenset[str] = frozenset(
-    {
-        "queue_full",
-        "shed",
-        "timeout",
-        "no_capacity",
-        "edge_busy",
-        "too_many_connections",
-        "too_many_client_connections",
-    }
+    {code for code in REJECTIONS if code not in ("too_large", "draining")}
+    | {code for code, refusal in EDGE_FAULTS.items() if refusal.status == 503}
 )
 
 
