@@ -20,8 +20,10 @@ OPEN_FACTOR = 1.5  # open-long offers this many times vLLM alone's closed-long c
 # Its prefill: 989 TFLOPS (the H100 SXM datasheet's dense BF16 peak) at 40 % utilisation,
 # 2 FLOPs per parameter per token: 989e12 x 0.4 / 26e9 = 15,200 tokens/s. Its decode: 40 steps
 # a second (each step reads 26 GB of weights and up to 44 GB of KV at 3.35 TB/s: 8-21 ms,
-# plus the step's overhead). A preempted 3,000-token request costs every running stream
-# 0.2 s of recompute: eight decode steps.
+# plus the step's overhead). Prompts of 2,000 tokens and hidden completions of a median 512
+# (up to 2,048): about 23 requests fill the cache, a preemption happens every few completions,
+# and each costs every running stream 0.13-0.2 s of recompute (prompt and generated tokens):
+# five to eight decode steps.
 GPU_ENGINE_FLAGS = (
     "--model-name", "llama-2-13b", "--num-gpu-blocks", "3604", "--block-size", "16",
     "--bytes-per-token", "819200", "--max-model-len", "4096", "--max-num-seqs", "256",
@@ -29,13 +31,14 @@ GPU_ENGINE_FLAGS = (
     "--tokens-per-s", "40", "--completion-median-ratio", "0.25", "--completion-sigma", "1.0",
 )  # fmt: skip
 GPU_MODEL = "llama-2-13b"
-GPU_PROMPT_WORDS = 3000  # the emulator counts a word a token: 3,000-token prompts
+GPU_PROMPT_WORDS = 2000  # the emulator counts a word a token: 2,000-token prompts
+GPU_MAX_TOKENS = 2048  # prompt and completion within max_model_len 4,096
 # The emulated engine's words average 6.8 bytes with their space; the tiny Llama's tokenizer
 # makes about 2 bytes a token (real tokenizers about 4, the sidecar's default).
 SIDECAR_SETTINGS = {
     "vllm": {"max_prompt_tokens": "1000", "max_completion_tokens": "1024",
              "prompt_bytes_per_token": "2"},
-    "emulator": {"max_prompt_tokens": "3072", "max_completion_tokens": "1024",
+    "emulator": {"max_prompt_tokens": "2048", "max_completion_tokens": "2048",
                  "prompt_bytes_per_token": "6.8"},
 }  # fmt: skip
 
@@ -84,6 +87,7 @@ class LoadSpec:
     prompt_words: int
     closed: bool = True
     model: str = "tiny-llama"
+    max_tokens: int = 1024
 
     def describe(self) -> str:
         """One line for the report."""
@@ -107,15 +111,15 @@ class LoadSpec:
 
     def load(self, rate: float = 0.0) -> Load:
         if self.closed:
-            return Load(self.name, self.prompt_words, clients=CLIENTS)
-        return Load(self.name, self.prompt_words, rate=rate)
+            return Load(self.name, self.prompt_words, clients=CLIENTS, max_tokens=self.max_tokens)
+        return Load(self.name, self.prompt_words, rate=rate, max_tokens=self.max_tokens)
 
 
 LOADS = (
     LoadSpec("closed-short", "vllm", SHORT_WORDS),
     LoadSpec("closed-long", "vllm", LONG_WORDS),
     LoadSpec("open-long", "vllm", LONG_WORDS, closed=False),
-    LoadSpec("gpu-long", "emulator", GPU_PROMPT_WORDS, model=GPU_MODEL),
+    LoadSpec("gpu-long", "emulator", GPU_PROMPT_WORDS, model=GPU_MODEL, max_tokens=GPU_MAX_TOKENS),
 )
 
 
