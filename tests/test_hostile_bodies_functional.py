@@ -122,3 +122,16 @@ async def test_images_are_priced_per_image_not_by_their_bytes(
     assert double.generating() == (1 if status == 200 else 0)
     if status == 400:
         assert error_of(answer)["code"] == "prompt_over_budget"
+
+
+async def test_with_the_engine_counting_what_it_cannot_count_is_still_bounded(
+    edge: Start, double: EngineDouble
+) -> None:
+    """SIDECAR_PROMPT_TOKENS=engine: a Responses input (which /tokenize cannot take) is bounded
+    by its estimate, not let through unpriced."""
+    server = await edge(**BUDGET_3000, SIDECAR_PROMPT_TOKENS="engine")
+    body = json.dumps({"model": "m", "input": "hi", "instructions": BIG}).encode()
+    status, answer = await post(server, "/v1/responses", body)
+    assert status == 400
+    assert error_of(answer)["code"] == "prompt_over_budget"
+    assert double.seen == []

@@ -324,3 +324,22 @@ def test_the_engine_counts_what_it_renders() -> None:
         "continue_final_message": True,
         "add_generation_prompt": False,
     }
+
+
+@pytest.mark.parametrize(
+    ("body", "endpoint"),
+    [
+        pytest.param({"model": "m", "input": "hi", "instructions": "x" * 2000}, "responses",
+                     id="responses-input"),
+        pytest.param({"model": "m", "prompt": ["x" * 2000, "y"]}, "completions", id="a-batch"),
+    ],
+)  # fmt: skip
+def test_what_the_engine_does_not_count_is_bounded_by_its_estimate(
+    body: dict[str, object], endpoint: str
+) -> None:
+    """SIDECAR_PROMPT_TOKENS=engine: /tokenize takes no Responses input nor a batch, so the
+    estimate bounds those (they were let through unchecked)."""
+    policy = TokenPolicy(100, 50, count_from_engine=True)
+    with pytest.raises(RequestError) as caught:
+        check_request(raw(body), endpoint, policy)  # type: ignore[arg-type]
+    assert caught.value.code == "prompt_over_budget"

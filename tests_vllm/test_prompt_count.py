@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
 from conftest import Stack
-from openai.types.chat import ChatCompletionMessageParam
+from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 
+from sidecar.core.request_checks import TokenPolicy, check_request
 from sidecar.edge.engine.client import Upstream
 from sidecar.edge.proxy.prompt_count import EnginePromptCounter
 
@@ -47,3 +50,52 @@ async def test_tokenize_count_equals_the_prompt_tokens_vllm_bills(
         usage = text.usage
     assert usage is not None
     assert counted == usage.prompt_tokens
+
+
+TOOLS: list[ChatCompletionFunctionToolParam] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a word up.",
+            "parameters": {"type": "object", "properties": {"word": {"type": "string"}}},
+        },
+    }
+]
+
+
+async def test_vllm_takes_what_the_sidecar_asks_it_to_render(
+    stack: Stack, direct: openai.AsyncOpenAI
+) -> None:
+    """The /tokenize payload the request checks build for a chat with tools, documents and
+    template inputs is one vLLM accepts, and counts as the completion bills it."""
+    body = {
+        "model": stack.served_model,
+        "messages": MESSAGES,
+        "tools": TOOLS,
+        "documents": [{"title": "primes", "text": "2, 3, 5, 7"}],
+        "chat_template_kwargs": {"enable_thinking": False},
+        "max_tokens": 1,
+    }
+    policy = TokenPolicy(256, 16, count_from_engine=True)
+    payload = check_request(json.dumps(body).encode(), "chat", policy).tokenize
+    assert payload is not None
+    upstream = Upstream(stack.vllm_url, connect_timeout_s=5, read_timeout_s=30)
+    await upstream.start()
+    try:
+        counted = await EnginePromptCounter(upstream).count(payload, {})
+    finally:
+        await upstream.close()
+    chat = await direct.chat.completions.create(
+        model=stack.served_model,
+        messages=MESSAGES,
+        tools=TOOLS,
+        tool_choice="none",  # "auto" needs vLLM's tool-call parser flags; the render is the same
+        max_tokens=1,
+        extra_body={
+            "documents": body["documents"],
+            "chat_template_kwargs": {"enable_thinking": False},
+        },
+    )
+    assert chat.usage is not None
+    assert counted == chat.usage.prompt_tokens

@@ -81,7 +81,9 @@ def check_request(raw: bytes, endpoint: Endpoint, budget: TokenPolicy) -> Checke
     body = parse_object(raw)
     stream = _optional_bool(body, "stream")
     prompt_tokens, prompts, param = estimate_prompt(body, endpoint, budget.rates)
-    if not budget.count_from_engine and not budget.prompt_budget_exact_only:
+    tokenize = _tokenize_payload(body, endpoint) if budget.count_from_engine else None
+    # What the engine will not count (a Responses input, a batch) is bounded by its estimate.
+    if tokenize is None and not budget.prompt_budget_exact_only:
         enforce_prompt_budget(prompt_tokens, param, budget)
     keys = RESPONSES_TOKEN_KEYS if endpoint == "responses" else TOKEN_KEYS
     n = 1 if endpoint == "responses" else _positive_int(body, "n", default=1)
@@ -90,7 +92,6 @@ def check_request(raw: bytes, endpoint: Endpoint, budget: TokenPolicy) -> Checke
     if model is not None and not isinstance(model, str):
         raise RequestError("'model' must be a string", param="model", code="invalid_type")
     forwarded = serialise(body) if changed else raw
-    tokenize = _tokenize_payload(body, endpoint) if budget.count_from_engine else None
     prompt_tokens, completion = _within_context(prompt_tokens, completion, budget)
     return CheckedRequest(
         forwarded, stream, completion, prompt_tokens, n * prompts, model, param, tokenize, clamped
