@@ -314,6 +314,8 @@ def test_the_engine_counts_what_it_renders() -> None:
         "chat_template_kwargs": {"enable_thinking": False},
         "continue_final_message": True,
         "add_generation_prompt": False,
+        "chat_template": "{{ messages }}",
+        "mm_processor_kwargs": {"max_pixels": 1024},
     }
     policy = TokenPolicy(100, 50, count_from_engine=True)
     assert check_request(raw(body), "chat", policy).tokenize == {
@@ -323,6 +325,8 @@ def test_the_engine_counts_what_it_renders() -> None:
         "chat_template_kwargs": {"enable_thinking": False, "documents": [{"text": "doc"}]},
         "continue_final_message": True,
         "add_generation_prompt": False,
+        "chat_template": "{{ messages }}",
+        "mm_processor_kwargs": {"max_pixels": 1024},
     }
 
 

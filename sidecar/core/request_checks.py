@@ -140,10 +140,14 @@ def _tokenize_payload(body: dict[str, Any], endpoint: Endpoint) -> dict[str, Any
 
 def _chat_render(body: dict[str, Any]) -> dict[str, Any]:
     """What vLLM's chat /tokenize takes to render the prompt as the completion will: the tools,
-    the template's inputs (documents among them, as the completion passes them), and whether the
-    last message is continued or a reply is prompted."""
+    the template (a request's own, where vLLM trusts one) and its inputs (documents among them, as
+    the completion passes them), the media processor's options, and whether the last message is
+    continued or a reply is prompted."""
     render: dict[str, Any] = {"add_generation_prompt": True}
-    for key in ("tools", "add_generation_prompt", "continue_final_message"):
+    for key in (
+        "tools", "add_generation_prompt", "continue_final_message", "chat_template",
+        "mm_processor_kwargs",
+    ):  # fmt: skip
         if body.get(key) is not None:
             render[key] = body[key]
     kwargs = body.get("chat_template_kwargs")
