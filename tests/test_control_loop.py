@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -56,7 +57,8 @@ class ScriptedGpu:
 
 
 def controller(gpu: ScriptedGpu, clock: Clock, resized: list[int]) -> CapacityController:
-    declared = Declared(None, 5 * GIB, False, 3 * GIB // 2, None, observed_at=0.0)
+    # The brief's 8 GiB example, where the engine takes the whole card (memory fraction 1).
+    declared = Declared(None, 5 * GIB, False, 3 * GIB // 2, None, 0.0, memory_fraction=1.0)
     return CapacityController(
         source="nvml",
         cost=KvCost(load_model_spec("qwen2.5-7b")),
@@ -80,17 +82,25 @@ async def test_first_refresh_plans_the_worked_example() -> None:
     assert (state.plan is not None, state.limit, state.mode, resized) == (True, 5, "fresh", [5])
 
 
-async def test_a_neighbour_shrinks_the_limit_and_leaving_grows_it() -> None:
-    """A neighbour taking 0.5 GiB costs permits; when it leaves they come back, one resize each."""
+async def test_a_neighbour_takes_headroom_not_permits() -> None:
+    """A neighbour taking 0.5 GiB of a card the engine holds whole leaves the pool alone: one
+    engine_headroom warning while it stays, cleared when it leaves, never a resize."""
     gpu, resized = ScriptedGpu(), list[int]()
     loop = controller(gpu, Clock(), resized)
     await loop.refresh()
     gpu.neighbour = GIB // 2
-    await loop.refresh()
-    await loop.refresh()
-    gpu.neighbour = 0
-    await loop.refresh()
-    assert resized == [5, 3, 5]
+    with capture_logs() as logs:
+        await loop.refresh()
+        await loop.refresh()
+        taken = [h.taken_bytes for h in loop.state.headroom]
+        gpu.neighbour = 0
+        await loop.refresh()
+    assert resized == [5]
+    assert taken == [GIB // 2]
+    assert [(e["event"], e["code"]) for e in logs] == [
+        ("config_warning_raised", "engine_headroom"),
+        ("config_warning_cleared", "engine_headroom"),
+    ]
 
 
 async def test_failed_read_keeps_the_plan_then_floors_then_recovers() -> None:
@@ -183,7 +193,7 @@ async def test_loop_survives_a_crashing_tick_and_stops_cleanly() -> None:
 
 def settings(**extra: str) -> dict[str, str]:
     base = {"SIDECAR_MODEL": "qwen2.5-7b", "SIDECAR_VRAM_TOTAL": "8GiB", "SIDECAR_WEIGHTS": "5GiB"}
-    return base | {"SIDECAR_OVERHEAD": "1.5GiB"} | extra
+    return base | {"SIDECAR_OVERHEAD": "1.5GiB", "SIDECAR_ENGINE_MEMORY_FRACTION": "1"} | extra
 
 
 @pytest.mark.parametrize(
@@ -231,7 +241,9 @@ async def test_capacity_json_and_metrics_show_terms_and_gpu_memory() -> None:
     assert doc["gpus"][0]["processes"][1] == {"pid": 2, "used_bytes": GIB // 2}
     assert 'sidecar_gpu_memory_total_bytes{gpu="GPU-0"} 8.589934592e+09' in text
     assert "sidecar_capacity_stale 0.0" in text
-    assert "sidecar_kv_pool_bytes 1.073741824e+09" in text
+    assert "sidecar_kv_pool_bytes 1.610612736e+09" in text  # the neighbour is not subtracted
+    assert 'sidecar_engine_headroom_bytes{gpu="GPU-0"} -536870912.0' in text
+    assert doc["headroom"][0]["taken_bytes"] == GIB // 2
 
 
 class ScriptedEngine:
@@ -276,3 +288,33 @@ async def test_requests_are_rounded_to_the_engines_blocks(
     state = await loop.refresh()
     assert state.limit == permits
     assert loop.cost.block_size == (declared_block or engine_block)
+
+
+async def test_engine_process_unseen_warns_and_keeps_the_pod_ready() -> None:
+    """The engine answers, NVML lists no process for it: the plan stands on the engine's own
+    pool, one engine_process_unseen warning says what happened, readiness is not touched."""
+    tiny = KvCost(load_model_spec("tests/configs/tiny-llama.json"))
+    gpu = ScriptedGpu()
+
+    class Unlisted(ScriptedGpu):
+        async def read(self) -> GpuSnapshot:
+            snap = await gpu.read()
+            return GpuSnapshot((replace(snap.gpus[0], processes=()),), observed_at=0.0)
+
+    loop = CapacityController(
+        source="vllm",
+        cost=tiny,
+        budget=Budget(100, 29),
+        alpha=1.0,
+        declared=Declared(None, 4 * GIB, False, 0, None, observed_at=0.0),
+        resize=lambda _: None,
+        limit_of=lambda plan: plan.permits,
+        floor=Floor(None, 1),
+        gpu_probe=Unlisted(),
+        engine_probe=ScriptedEngine(None),
+        clock=Clock(),
+    )
+    state = await loop.refresh()
+    assert (state.mode, state.limit, state.disagreements) == ("fresh", 8128, ())
+    assert [w.code for w in state.warnings] == ["engine_process_unseen"]
+    assert loop.engine_unready() is None

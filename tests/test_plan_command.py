@@ -16,6 +16,9 @@ CONFIGS = Path(__file__).parent / "configs"
 QWEN_8GIB = ["--model", "qwen2.5-7b", "--vram", "8GiB", "--weights", "5.0GiB"]
 QWEN_8GIB += ["--overhead", "1.5GiB", "--max-prompt-tokens", "3000"]
 QWEN_8GIB += ["--max-completion-tokens", "1000", "--alpha", "0.8"]
+# The textbook example lets the engine take the whole card; vLLM's default takes 0.9 of it.
+QWEN_8GIB += ["--memory-fraction", "1"]
+GIB = 1024**3
 
 
 @pytest.fixture(autouse=True)
@@ -43,6 +46,36 @@ def test_brief_example_derivation(capsys: pytest.CaptureFixture[str]) -> None:
     assert "= kv_pool_per_gpu" in out
     assert "1.50 GiB (1,610,612,736 B)" in out
     assert "floor(1,610,612,736 / 229,376,000 x 0.8) = floor(5.62) = 5" in out
+
+
+def test_8gib_example_at_vllms_default_fraction(capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --memory-fraction the engine sizes itself to 0.9 of the 8 GiB card, as vLLM does:
+    7.2 GiB - 5 - 1.5 = 751,619,276 B; / 229,376,000 x 0.8 = 2.62 -> 2 permits."""
+    out = plan_json(capsys, *QWEN_8GIB[:-2])
+    assert (out["kv_pool_bytes"], out["permits"]) == (751_619_276, 2)
+    assert out["inputs"]["memory_fraction"] == 0.9
+    assert out["input_sources"]["memory_fraction"] == "default"
+
+
+# vLLM's rule (vllm/v1/worker/gpu_worker.py): KV = total x gpu_memory_utilization - weights -
+# the rest (activations, non-torch memory), here the default 2 GiB overhead. Hand-computed:
+VLLM_RULE = [
+    # 80 GiB = 85,899,345,920 B; x 0.9 = 77,309,411,328; - 16,060,522,496 - 2,147,483,648
+    pytest.param("llama-3.1-8b", "80GiB", 59_101_405_184, id="llama-3.1-8b-h100"),
+    # 141 GiB = 151,397,597,184 B; x 0.9 = 136,257,837,465.6 -> 136,257,837,465; - the same
+    pytest.param("llama-3.1-8b", "141GiB", 118_049_831_321, id="llama-3.1-8b-h200"),
+    # 77,309,411,328 - 65,248,815,744 (MXFP4 weights) - 2,147,483,648
+    pytest.param("gpt-oss-120b", "80GiB", 9_913_111_936, id="gpt-oss-120b-h100"),
+]
+
+
+@pytest.mark.parametrize(("model", "vram", "rule"), VLLM_RULE)
+def test_plan_sizes_the_pool_as_vllm_does(
+    capsys: pytest.CaptureFixture[str], model: str, vram: str, rule: int
+) -> None:
+    """`sidecar plan` with its defaults sizes the pool on vLLM's own rule, to the byte."""
+    out = plan_json(capsys, "--model", model, "--vram", vram)
+    assert out["kv_pool_bytes_per_gpu"] == rule
 
 
 def test_brief_example_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -89,7 +122,8 @@ def test_tp_and_dtype_flags_reach_the_plan(capsys: pytest.CaptureFixture[str]) -
         *["--overhead", "2GiB", "--tp", "2", "--kv-dtype", "fp8"],
     )
     assert out["kv_bytes_per_token_per_gpu"] == 32_768
-    assert out["kv_pool_bytes_per_gpu"] == 14 * 1024**3
+    # 24 GiB x 0.9 = 23,192,823,398 B (rounded down) - 8 GiB weights per GPU - 2 GiB
+    assert out["kv_pool_bytes_per_gpu"] == 12_455_405_158
     assert out["inputs"]["tensor_parallel_size"] == 2
 
 
@@ -116,6 +150,12 @@ BAD_INPUTS = [
     pytest.param(["--kv-dtype", "int3"], "unknown KV cache dtype 'int3'", id="bad-dtype"),
     pytest.param(["--weights", "auto"], "needs a model directory", id="auto-without-dir"),
     pytest.param(["--kv-pool", "1GiB"], "either --kv-pool or --vram", id="pool-and-vram"),
+    pytest.param(
+        ["--memory-fraction", "1.2"],
+        "--memory-fraction: the engine's memory fraction must be in (0, 1], got 1.2",
+        id="fraction-above-one",
+    ),
+    pytest.param(["--memory-fraction", "0"], "must be in (0, 1], got 0.0", id="fraction-zero"),
 ]
 
 
@@ -187,14 +227,16 @@ def test_python_m_sidecar_plan_runs_without_traceback() -> None:
 def test_preset_weights_need_no_weights_flag(capsys: pytest.CaptureFixture[str]) -> None:
     """`--model llama-3.1-8b --vram 80GiB` plans with the preset's published weights, and says so.
 
-    80 GiB - 16,060,522,496 B - 2 GiB = 67,691,339,776 B; 4,000 x 131,072 B = 524,288,000 B
-    per request; 67,691,339,776 / 524,288,000 x 0.8 = 103.29 -> 103."""
+    80 GiB x 0.9 - 16,060,522,496 B - 2 GiB = 59,101,405,184 B; 4,000 x 131,072 B =
+    524,288,000 B per request; 59,101,405,184 / 524,288,000 x 0.8 = 90.18 -> 90."""
     assert main(["plan", "--model", "llama-3.1-8b", "--vram", "80GiB"]) == 0
     out = capsys.readouterr().out
     assert "- weights                  14.96 GiB (16,060,522,496 B)  preset" in out
     assert "- overhead                   2.00 GiB (2,147,483,648 B)  default" in out
     assert "weights: model.safetensors.index.json total_size of meta-llama/Llama-3.1-8B" in out
-    assert "floor(67,691,339,776 / 524,288,000 x 0.8) = floor(103.29) = 103" in out
+    assert "x 0.9 = engine_share       72.00 GiB (77,309,411,328 B)  derived" in out
+    assert "floor(59,101,405,184 / 524,288,000 x 0.8) = floor(90.18) = 90" in out
+    assert "--memory-fraction 0.9 (not given)" in out
 
 
 @pytest.mark.parametrize(

@@ -46,17 +46,21 @@ def test_probe_shows_gpus_processes_and_the_plan(double_dir: Path, tmp_path: Pat
     assert "source: nvml (asked: auto), mode: fresh" in done.stdout
     assert "GPU 0 NVIDIA H100 80GB HBM3 GPU-1234" in done.stdout
     assert "pid 777: 1.00 GiB" in done.stdout
-    # 80 - 14 - 2 - 1 (neighbour) = 63 GiB; / 229,376,000 B x 0.8 = 235.9
-    assert "plan: 235 permits (worst-case requests)" in done.stdout
+    # 80 x 0.9 (vLLM's default) - 14 - 2 = 56 GiB; / 229,376,000 B x 0.8 = 209.7. The 1 GiB
+    # neighbour sits in the 8 GiB the engine leaves free: headroom, not pool.
+    assert "plan: 209 permits (worst-case requests)" in done.stdout
+    assert "headroom on GPU-1234: engine share 72.00 GiB" in done.stdout
+    assert "leaves 8.00 GiB (8,589,934,592 B) free; other processes hold 1.00 GiB" in done.stdout
     # The default (adaptive) admission, without an engine to steer by, prices each request at its
-    # worst case in tokens against 0.8 x the pool: 0.8 x 63 GiB / 57,344 B = 943,718 tokens.
-    assert "admission: adaptive, limit 943,718 tokens (the permits above are not enforced" in (
+    # worst case in tokens against 0.8 x the pool: 0.8 x 56 GiB / 57,344 B = 838,860 tokens.
+    assert "admission: adaptive, limit 838,860 tokens (the permits above are not enforced" in (
         done.stdout
     )
     counted = probe(env | {"SIDECAR_ADMISSION": "count"})
-    assert "admission: count, limit 235 sequences\n" in counted.stdout
+    assert "admission: count, limit 209 sequences\n" in counted.stdout
     document = json.loads(probe(env, "--json").stdout)
     assert {t["name"]: t["source"] for t in document["plan"]["terms"]}["neighbours"] == "measured"
+    assert document["headroom"][0]["taken_bytes"] == 0
 
 
 def test_probe_exits_2_with_one_line_when_nothing_can_be_read(tmp_path: Path) -> None:

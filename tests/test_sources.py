@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.core.capacity import Budget, KvCost, MemoryInputs, Source, Term, make_plan
+from sidecar.core.capacity import (
+    Budget,
+    KvCost,
+    MemoryFraction,
+    MemoryInputs,
+    Source,
+    Term,
+    make_plan,
+)
 from sidecar.core.errors import ProbeTemporaryError, ProbeUnavailableError
 from sidecar.core.model_spec import load_model_spec
 from sidecar.live.probes import (
@@ -18,7 +26,15 @@ from sidecar.live.probes import (
     ProcessMemory,
 )
 from sidecar.live.probes.static import Declared
-from sidecar.live.sources import Readings, engine_pricing, pick_source, plan_inputs
+from sidecar.live.sources import (
+    PlanInputs,
+    Readings,
+    engine_pricing,
+    memory_fraction,
+    pick_source,
+    plan_inputs,
+    static_memory,
+)
 
 TINY = Path(__file__).parent / "configs" / "tiny-llama.json"
 
@@ -71,55 +87,141 @@ def test_auto_with_nothing_readable_names_every_failure() -> None:
         pick_source("auto", readings)
 
 
-def test_nvml_pool_subtracts_neighbours_but_not_unlisted_memory() -> None:
-    """Largest process is the engine; the other is a neighbour; unlisted memory is not."""
+def nvml_inputs(readings: Readings, engine_pid: int | None = None) -> PlanInputs:
+    """The nvml source's inputs for ``readings``."""
+    return plan_inputs("nvml", readings, COST, engine_pid=engine_pid, tolerance=0.1)
+
+
+def test_nvml_pool_is_the_engines_share_less_weights_and_overhead() -> None:
+    """80 GiB x vLLM's default 0.9 - 14 GiB weights - 2 GiB overhead = 56 GiB; the 6 GiB
+    neighbour and 4 GiB nobody lists sit in the 8 GiB the engine leaves free."""
     reading = gpu("a", 40 * GIB, (10, 30 * GIB), (11, 6 * GIB))  # 4 GiB unlisted
-    inputs = plan_inputs(
-        "nvml", Readings(DECLARED, snapshot(reading)), COST, engine_pid=None, tolerance=0.1
-    )
+    inputs = nvml_inputs(Readings(DECLARED, snapshot(reading)))
     assert isinstance(inputs.memory, MemoryInputs)
-    assert inputs.memory.neighbours == Term("neighbours", 6 * GIB, Source.MEASURED, 4.0)
+    assert inputs.memory.pool_terms(1)[-1].bytes == 56 * GIB
+    assert inputs.memory.engine_share().bytes == 72 * GIB
+    assert inputs.memory.fraction == MemoryFraction(0.9, Source.DEFAULT)
+    assert inputs.memory.neighbours.bytes == 0
+    assert inputs.memory.neighbours.detail == (
+        "6,442,450,944 B held by other processes: out of the engine's headroom"
+    )
     assert inputs.memory.weights.source is Source.MEASURED
     assert inputs.memory.overhead == Term("overhead", 2 * GIB, Source.DECLARED, 0.0)
+    assert [(h.others_bytes, h.left_free_bytes, h.taken_bytes) for h in inputs.headroom] == [
+        (6 * GIB, 8 * GIB, 0)
+    ]
+    assert inputs.warnings == ()
+
+
+@pytest.mark.parametrize(
+    ("declared", "cache", "fraction"),
+    [
+        pytest.param(None, None, MemoryFraction(0.9, Source.DEFAULT), id="vllm-default"),
+        pytest.param(0.5, None, MemoryFraction(0.5, Source.DECLARED), id="setting"),
+        pytest.param(
+            0.5,
+            dataclasses.replace(CACHE, gpu_memory_utilization=0.8),
+            MemoryFraction(0.8, Source.ENGINE),
+            id="engine-over-setting",
+        ),
+        pytest.param(
+            0.5,
+            dataclasses.replace(CACHE, gpu_memory_utilization=None),
+            MemoryFraction(0.5, Source.DECLARED),
+            id="engine-silent",
+        ),
+    ],
+)
+def test_memory_fraction_is_the_engines_then_the_setting_then_vllms_default(
+    declared: float | None, cache: EngineCacheConfig | None, fraction: MemoryFraction
+) -> None:
+    """vLLM's cache_config_info gpu_memory_utilization, else SIDECAR_ENGINE_MEMORY_FRACTION."""
+    said = dataclasses.replace(DECLARED, memory_fraction=declared)
+    reading = None if cache is None else engine(cache)
+    assert memory_fraction(Readings(said, engine=reading)) == fraction
+
+
+def test_static_source_sizes_the_pool_inside_the_engines_share() -> None:
+    """SIDECAR_VRAM_TOTAL 80 GiB x SIDECAR_ENGINE_MEMORY_FRACTION 0.5 - 14 - 2 = 24 GiB."""
+    said = Declared(80 * GIB, 14 * GIB, False, 2 * GIB, None, 0.0, memory_fraction=0.5)
+    memory = static_memory(said)
+    assert isinstance(memory, MemoryInputs)
+    assert memory.pool_terms(1)[-1].bytes == 24 * GIB
+
+
+def test_a_neighbour_arriving_after_the_engine_takes_headroom_not_pool() -> None:
+    """The engine holds its share; a 12 GiB neighbour starts: the pool stays, the headroom
+    (8 GiB at 0.9) is 4 GiB short, and the warning says so."""
+    before = gpu("a", 70 * GIB, (10, 70 * GIB))
+    after = gpu("a", 78 * GIB, (10, 70 * GIB), (11, 12 * GIB))
+    plans = [nvml_inputs(Readings(DECLARED, snapshot(g))) for g in (before, after)]
+    pools = [p.memory.pool_terms(1)[-1].bytes for p in plans if isinstance(p.memory, MemoryInputs)]
+    assert pools == [56 * GIB, 56 * GIB]
+    assert [h.taken_bytes for p in plans for h in p.headroom] == [0, 4 * GIB]
+    assert [w.code for w in plans[0].warnings] == []
+    [warning] = plans[1].warnings
+    assert warning.code == "engine_headroom"
+    assert "12,884,901,888 B, more than the 8,589,934,592 B" in warning.message
 
 
 def test_engine_pid_overrides_the_largest_process() -> None:
     """SIDECAR_ENGINE_PID names the engine; the largest process is then a neighbour."""
     reading = gpu("a", 40 * GIB, (10, 30 * GIB), (11, 6 * GIB))
-    inputs = plan_inputs(
-        "nvml", Readings(DECLARED, snapshot(reading)), COST, engine_pid=11, tolerance=0.1
-    )
-    assert isinstance(inputs.memory, MemoryInputs)
-    assert inputs.memory.neighbours.bytes == 30 * GIB
+    inputs = nvml_inputs(Readings(DECLARED, snapshot(reading)), engine_pid=11)
+    assert [h.others_bytes for h in inputs.headroom] == [30 * GIB]
 
 
-def test_tensor_parallel_group_is_bounded_by_the_fullest_gpu() -> None:
-    """Two GPUs, one with a neighbour: that one's numbers are the plan's."""
+def test_headroom_names_the_gpu_whose_neighbour_reaches_into_the_share() -> None:
+    """Two GPUs of a group, a 10 GiB neighbour on the second: its headroom is 2 GiB short."""
     readings = Readings(
         DECLARED,
         snapshot(
             gpu("a", 20 * GIB, (1, 20 * GIB)), gpu("b", 30 * GIB, (1, 20 * GIB), (2, 10 * GIB))
         ),
     )
-    inputs = plan_inputs("nvml", readings, COST, engine_pid=None, tolerance=0.1)
-    assert isinstance(inputs.memory, MemoryInputs)
-    assert inputs.memory.neighbours.bytes == 10 * GIB
+    inputs = nvml_inputs(readings)
+    assert [(h.gpu, h.taken_bytes) for h in inputs.headroom] == [("a", 0), ("b", 2 * GIB)]
+    assert [w.message.split()[1] for w in inputs.warnings] == ["b"]
 
 
 def test_engine_reports_its_pool_and_overhead_is_measured() -> None:
-    """With the engine's pool known, overhead = engine process - weights - pool + unlisted."""
+    """With the engine's pool known, overhead = engine process - weights - pool."""
     pool = 100_000 * 57_344
     engine_proc = 14 * GIB + pool + GIB
     reading = gpu("a", engine_proc + GIB // 2, (1, engine_proc))
-    inputs = plan_inputs(
-        "nvml",
-        Readings(DECLARED, snapshot(reading), engine()),
-        COST,
-        engine_pid=None,
-        tolerance=0.1,
-    )
+    inputs = nvml_inputs(Readings(DECLARED, snapshot(reading), engine()))
     assert isinstance(inputs.memory, MemoryInputs)
-    assert inputs.memory.overhead == Term("overhead", GIB + GIB // 2, Source.MEASURED, 4.0)
+    assert inputs.memory.overhead == Term("overhead", GIB, Source.MEASURED, 4.0)
+
+
+UNSEEN = [
+    pytest.param((), None, "NVML lists no process at all", id="none-listed"),
+    pytest.param(((7, GIB),), None, "the largest process NVML lists holds", id="too-small"),
+    pytest.param(((7, 30 * GIB),), 99, "SIDECAR_ENGINE_PID 99 is not among", id="pid-gone"),
+]
+
+
+@pytest.mark.parametrize(("procs", "pid", "why"), UNSEEN)
+def test_engine_process_unseen_skips_the_cross_check_and_says_so(
+    procs: tuple[tuple[int, int], ...], pid: int | None, why: str
+) -> None:
+    """NVML stops listing the engine's process while it answers: no -18 GB "disagreement",
+    one warning naming what happened."""
+    readings = Readings(DECLARED, snapshot(gpu("a", 2 * GIB, *procs)), engine())
+    inputs = plan_inputs("vllm", readings, COST, engine_pid=pid, tolerance=0.1)
+    assert inputs.memory == Term("kv_pool", 100_000 * 57_344, Source.ENGINE, 5.0)
+    assert inputs.disagreements == ()
+    [warning] = [w for w in inputs.warnings if w.code == "engine_process_unseen"]
+    assert why in warning.message
+    assert "on a " in warning.message
+
+
+def test_nvml_source_keeps_the_declared_overhead_when_the_engine_is_unseen() -> None:
+    """With the engine's pool stated but its process unlisted, nothing measures the overhead."""
+    inputs = nvml_inputs(Readings(DECLARED, snapshot(gpu("a", 2 * GIB)), engine()))
+    assert isinstance(inputs.memory, MemoryInputs)
+    assert inputs.memory.overhead == Term("overhead", 2 * GIB, Source.DECLARED, 0.0)
+    assert [w.code for w in inputs.warnings] == ["engine_process_unseen"]
 
 
 def test_llamacpp_inferred_pool_measures_no_overhead() -> None:

@@ -196,38 +196,79 @@ def engine_cost(bytes_per_token: int, block_size: int | None, name: str = "engin
 
 _NO_NEIGHBOURS = Term("neighbours", 0, Source.DEFAULT)
 
+# vLLM's default --gpu-memory-utilization: the share of each GPU it sizes itself to.
+DEFAULT_MEMORY_FRACTION = 0.9
+
+
+@dataclass(frozen=True)
+class MemoryFraction:
+    """The share of each GPU the engine sizes itself to (vLLM's ``gpu_memory_utilization``,
+    SGLang's ``mem_fraction_static``), and who said it."""
+
+    value: float = DEFAULT_MEMORY_FRACTION
+    source: Source = Source.DEFAULT
+
+    def __post_init__(self) -> None:
+        if not 0 < self.value <= 1:  # also rejects NaN
+            raise ConfigError(f"the engine's memory fraction must be in (0, 1], got {self.value}")
+
+    def of(self, total_bytes: int) -> int:
+        """The engine's share of ``total_bytes``, rounded down to a byte."""
+        return math.floor(exact(self.value) * total_bytes)
+
+
+WHOLE_GPU = MemoryFraction(1.0, Source.DECLARED)
+
 
 @dataclass(frozen=True)
 class MemoryInputs:
-    """GPU memory split: VRAM, overhead and neighbours per GPU; weights for the whole model."""
+    """GPU memory split: VRAM, the engine's share of it, overhead and neighbours per GPU; weights
+    for the whole model. The engine sizes its pool inside its share (vLLM: requested memory =
+    total x gpu_memory_utilization; KV = requested - weights - activations - non-torch memory)."""
 
     vram_total: Term
     weights: Term
     overhead: Term
     neighbours: Term = _NO_NEIGHBOURS
+    fraction: MemoryFraction = WHOLE_GPU
+
+    def engine_share(self) -> Term:
+        """vram_total x the memory fraction: what the engine sizes weights, overhead and KV in."""
+        detail = f"vram_total x memory fraction {self.fraction.value} ({self.fraction.source})"
+        return Term(
+            "engine_share", self.fraction.of(self.vram_total.bytes), Source.DERIVED, detail=detail
+        )
 
     def pool_terms(self, tp: int) -> tuple[Term, ...]:
         """Every term of the formula, ending with the derived KV pool of one GPU."""
         weights_per_gpu = Term(
             "weights_per_gpu", math.ceil(self.weights.bytes / tp), Source.DERIVED
         )
+        share = self.engine_share()
         taken = weights_per_gpu.bytes + self.overhead.bytes + self.neighbours.bytes
-        if taken >= self.vram_total.bytes:
+        if taken >= share.bytes:
             msg = (
                 f"no room for a KV cache: weights per GPU {weights_per_gpu.bytes:,} B + overhead "
                 f"{self.overhead.bytes:,} B + neighbours {self.neighbours.bytes:,} B = {taken:,} B"
-                f" >= VRAM {self.vram_total.bytes:,} B"
+                f" >= {_share_text(share, self.vram_total)}"
             )
             raise PlanError(msg)
-        pool = Term("kv_pool_per_gpu", self.vram_total.bytes - taken, Source.DERIVED)
+        pool = Term("kv_pool_per_gpu", share.bytes - taken, Source.DERIVED)
         return (
             self.vram_total,
+            share,
             self.weights,
             weights_per_gpu,
             self.overhead,
             self.neighbours,
             pool,
         )
+
+
+def _share_text(share: Term, vram: Term) -> str:
+    if share.bytes == vram.bytes:
+        return f"VRAM {vram.bytes:,} B"
+    return f"the engine's share {share.bytes:,} B ({share.detail} of {vram.bytes:,} B)"
 
 
 @dataclass(frozen=True)
@@ -242,6 +283,7 @@ class Plan:
     budget: Budget
     cost: KvCost
     terms: tuple[Term, ...]
+    memory_fraction: MemoryFraction | None = None  # None: the pool was given, not derived
 
     @property
     def kv_pool_bytes(self) -> int:
@@ -278,6 +320,7 @@ class Plan:
             "kv_dtype_bytes": self.cost.element_bytes,
             "tensor_parallel_size": self.cost.tp,
             "block_size_tokens": self.cost.block_size,
+            "memory_fraction": None if self.memory_fraction is None else self.memory_fraction.value,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -337,4 +380,5 @@ def make_plan(cost: KvCost, memory: MemoryInputs | Term, budget: Budget, alpha: 
         budget=budget,
         cost=cost,
         terms=terms,
+        memory_fraction=None if isinstance(memory, Term) else memory.fraction,
     )

@@ -11,7 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-WarningCode = Literal["model_mismatch", "no_capacity", "adaptive_unsupported"]
+WarningCode = Literal[
+    "model_mismatch",
+    "no_capacity",
+    "adaptive_unsupported",
+    "engine_process_unseen",
+    "engine_headroom",
+]
 
 RAISED_EVENT = "config_warning_raised"
 CLEARED_EVENT = "config_warning_cleared"
@@ -23,6 +29,10 @@ WARNING_CODES: Mapping[WarningCode, str] = {
     "no_capacity": "the KV pool cannot hold one request of the token budget: 0 permits",
     "adaptive_unsupported": "SIDECAR_ADMISSION=adaptive needs an engine that preempts; it prices "
     "every request at its worst case (tokens mode) instead",
+    "engine_process_unseen": "NVML lists no process that can be the engine while the engine "
+    "answers; the NVML cross-check (or the measured overhead) is skipped, readiness is kept",
+    "engine_headroom": "other processes hold more of a GPU than the engine's memory fraction "
+    "leaves free: the engine's pool is unchanged, its headroom is gone",
 }
 
 
@@ -62,6 +72,38 @@ def adaptive_unsupported(reason: str) -> ConfigWarning:
     """Adaptive admission fell back to worst-case pricing, and why."""
     return ConfigWarning(
         "adaptive_unsupported", f"adaptive admission falls back to tokens: {reason}"
+    )
+
+
+def engine_process_unseen(
+    gpus: list[str], engine_pid: int | None, largest: int, weights_per_gpu: int
+) -> ConfigWarning:
+    """NVML lists no process on ``gpus`` that can be the engine's."""
+    if engine_pid is not None:
+        why = f"SIDECAR_ENGINE_PID {engine_pid} is not among the processes NVML lists"
+    elif largest == 0:
+        why = "NVML lists no process at all"
+    else:
+        why = (
+            f"the largest process NVML lists holds {largest:,} B, less than the weights alone "
+            f"({weights_per_gpu:,} B per GPU)"
+        )
+    return ConfigWarning(
+        "engine_process_unseen",
+        f"the engine answers, but on {', '.join(gpus)} {why}: NVML lost sight of its process "
+        "(another PID namespace, a restarted driver) or the engine freed its memory (sleep "
+        "mode). The cross-check against NVML is skipped; readiness follows the engine's HTTP",
+    )
+
+
+def engine_headroom(gpu: str, others: int, left_free: int, fraction: float) -> ConfigWarning:
+    """Other processes on ``gpu`` hold ``others`` bytes where the engine leaves ``left_free``."""
+    return ConfigWarning(
+        "engine_headroom",
+        f"on {gpu} other processes hold {others:,} B, more than the {left_free:,} B the engine's "
+        f"memory fraction {fraction} leaves free: {others - left_free:,} B of the engine's share "
+        "is taken. Its KV pool stays allocated, but its activations can run out of memory, and "
+        "vLLM would refuse to start now (free memory below total x gpu_memory_utilization)",
     )
 
 

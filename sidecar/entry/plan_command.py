@@ -8,7 +8,17 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.core.capacity import Budget, KvCost, MemoryInputs, Plan, Source, Term, make_plan
+from sidecar.core.capacity import (
+    DEFAULT_MEMORY_FRACTION,
+    Budget,
+    KvCost,
+    MemoryFraction,
+    MemoryInputs,
+    Plan,
+    Source,
+    Term,
+    make_plan,
+)
 from sidecar.core.config_json import LayerKind
 from sidecar.core.errors import ConfigError
 from sidecar.core.hub_cache import hub_cache_dir
@@ -40,6 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--weights", help="weights of the whole model (default: the preset's or the files')"
     )
     memory.add_argument("--overhead", help=f"per GPU: CUDA context etc. ({DEFAULT_OVERHEAD})")
+    memory.add_argument(
+        "--memory-fraction",
+        type=float,
+        help="the share of each GPU the engine sizes itself to: vLLM's --gpu-memory-utilization, "
+        f"SGLang's --mem-fraction-static ({DEFAULT_MEMORY_FRACTION}, vLLM's default; "
+        "1: the whole GPU)",
+    )
     memory.add_argument("--kv-pool", help="the KV pool of one GPU, instead of --vram")
     budget = parser.add_argument_group("token budget of one request")
     budget.add_argument("--max-tokens", type=int, help="prompt + completion together")
@@ -75,6 +92,7 @@ FLAGS = {
     "max_prompt_tokens": "--max-prompt-tokens",
     "max_completion_tokens": "--max-completion-tokens",
     "alpha": "--alpha",
+    "memory_fraction": "--memory-fraction",
 }
 
 
@@ -127,7 +145,7 @@ def plan_for(model: Model, args: argparse.Namespace, inputs: Inputs) -> Plan:
     )
     budget = _budget(args, inputs)
     alpha = inputs.take("alpha", args.alpha, DEFAULT_ALPHA)
-    return make_plan(cost, _memory(args, model), budget, alpha)
+    return make_plan(cost, _memory(args, model, inputs), budget, alpha)
 
 
 def _budget(args: argparse.Namespace, inputs: Inputs) -> Budget:
@@ -154,10 +172,12 @@ def _budget(args: argparse.Namespace, inputs: Inputs) -> Budget:
     )
 
 
-def _memory(args: argparse.Namespace, model: Model) -> MemoryInputs | Term:
+def _memory(args: argparse.Namespace, model: Model, inputs: Inputs) -> MemoryInputs | Term:
     if args.kv_pool is not None:
         if args.vram is not None or args.weights is not None:
             raise ConfigError("give either --kv-pool or --vram (with --weights), not both")
+        if args.memory_fraction is not None:
+            raise ConfigError("--memory-fraction sizes the pool from --vram; --kv-pool is the pool")
         return Term("kv_pool_per_gpu", _size("--kv-pool", args.kv_pool), Source.DECLARED)
     weights = _weights(args, model)
     if args.vram is None:
@@ -169,7 +189,12 @@ def _memory(args: argparse.Namespace, model: Model) -> MemoryInputs | Term:
     if args.overhead is not None:
         overhead = Term("overhead", _size("--overhead", args.overhead), Source.DECLARED)
     vram = Term("vram_total", _size("--vram", args.vram), Source.DECLARED)
-    return MemoryInputs(vram_total=vram, weights=weights, overhead=overhead)
+    value = inputs.take("memory_fraction", args.memory_fraction, DEFAULT_MEMORY_FRACTION)
+    try:
+        fraction = MemoryFraction(value, inputs.sources["memory_fraction"])
+    except ConfigError as exc:
+        raise ConfigError(f"--memory-fraction: {exc}") from exc
+    return MemoryInputs(vram_total=vram, weights=weights, overhead=overhead, fraction=fraction)
 
 
 def _weights(args: argparse.Namespace, model: Model) -> Term | None:
@@ -249,7 +274,12 @@ def _memory_lines(plan: Plan) -> list[str]:
             continue
         head = "" if lines else "memory"
         label = f"{signs.get(term.name, '-')} {term.name}"
+        if term.name == "engine_share" and plan.memory_fraction is not None:
+            label = f"x {plan.memory_fraction.value} = {term.name}"
         lines.append(f"{head:<11}{label:<20} {format_size(term.bytes):>34}  {term.source}")
+    if plan.memory_fraction is not None:
+        said = _FRACTION_SAID_BY.get(plan.memory_fraction.source, str(plan.memory_fraction.source))
+        lines.append(f"             (the engine sizes itself to vram_total x {said})")
     weights = next((term for term in plan.terms if term.name == "weights"), None)
     if weights is not None and plan.cost.tp > 1:
         lines.append(
@@ -259,6 +289,12 @@ def _memory_lines(plan: Plan) -> list[str]:
     if weights is not None and weights.detail:
         lines.append(f"             weights: {weights.detail}")
     return lines
+
+
+_FRACTION_SAID_BY = {
+    Source.DEFAULT: "vLLM's default --gpu-memory-utilization",
+    Source.DECLARED: "--memory-fraction",
+}
 
 
 def _permit_lines(plan: Plan) -> list[str]:

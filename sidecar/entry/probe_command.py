@@ -80,6 +80,13 @@ def describe(doc: dict[str, Any]) -> list[str]:
         lines.append("engine cache: " + ", ".join(f"{k}={v}" for k, v in cache.items()))
     for check in doc["disagreements"]:
         lines.append(f"engine vs NVML on {check['gpu']}: {check['ratio']:.1%} apart")
+    for room in doc.get("headroom", []):
+        share, left = room["engine_share_bytes"], room["left_free_bytes"]
+        lines.append(
+            f"headroom on {room['gpu']}: engine share {format_size(share)} "
+            f"(x {room['memory_fraction']}) leaves {format_size(left)} free; "
+            f"other processes hold {format_size(room['others_bytes'])}"
+        )
     plan = doc["plan"]
     if plan:
         for term in plan["terms"]:

@@ -186,7 +186,14 @@ class Settings(BaseSettings):
     )
     kv_pool: Size | None = Field(
         None,
-        description="a declared KV pool per GPU (a size), instead of total - weights - overhead",
+        description="a declared KV pool per GPU (a size), instead of total x the engine's memory "
+        "fraction - weights - overhead",
+    )
+    engine_memory_fraction: Annotated[float, Field(gt=0, le=1)] | None = Field(
+        None,
+        description="the share of each GPU the engine sizes itself to (vLLM's "
+        "--gpu-memory-utilization, SGLang's --mem-fraction-static), in (0, 1]; unset: the "
+        "engine's own where it reports it (vLLM), else 0.9, vLLM's default",
     )
     kv_dtype: str = Field(
         "auto", description="KV cache dtype: auto (the model's), fp16, bf16, fp32, fp8..."

@@ -240,6 +240,7 @@ def declared_from(
         overhead_bytes=int(settings.overhead),
         kv_pool_bytes=None if settings.kv_pool is None else int(settings.kv_pool),
         observed_at=now,
+        memory_fraction=settings.engine_memory_fraction,
     )
 
 

@@ -26,6 +26,7 @@ from sidecar.core.errors import PlanError, ProbeError, ProbeTemporaryError
 from sidecar.core.token_budget import TokenBudget
 from sidecar.core.warnings import CLEARED_EVENT, RAISED_EVENT, ConfigWarning, changes, no_capacity
 from sidecar.live.engine_health import EngineHealth
+from sidecar.live.headroom import Headroom
 from sidecar.live.probes import EngineProbe, EngineReading, GpuProbe, GpuSnapshot
 from sidecar.live.probes.static import Declared
 from sidecar.live.sources import Disagreement, Readings, plan_inputs
@@ -50,6 +51,7 @@ class CapacityState:
     disagreements: tuple[Disagreement, ...] = ()
     error: str | None = None
     warnings: tuple[ConfigWarning, ...] = ()
+    headroom: tuple[Headroom, ...] = ()  # per GPU; neighbours threaten this, not the pool
 
     @property
     def available(self) -> bool:
@@ -208,6 +210,7 @@ class CapacityController:
                 planned_at=now,
                 readings=readings,
                 disagreements=inputs.disagreements,
+                headroom=inputs.headroom,
                 warnings=inputs.warnings + self._empty(plan) + extra,
             )
         self._publish(new)

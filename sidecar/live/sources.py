@@ -2,23 +2,35 @@
 (auto|nvml|vllm|sglang|llamacpp|static).
 
 Pure: readings in, :class:`PlanInputs` out; every term names where its number came from.
-- nvml:   pool = total - weights - overhead - neighbours, on the fullest GPU of the group;
+- nvml:   pool = total x the engine's memory fraction - weights - overhead, on the fullest GPU;
 - vllm, sglang, llamacpp: pool = the engine's own KV pool, cross-checked against what NVML sees
   it hold (auto names the engine the probe found);
-- static: the declared numbers.
+- static: the declared numbers, sized the same way.
+Neighbours never shrink the pool: they take the share the engine leaves free (its headroom), and
+:mod:`sidecar.live.headroom` reports when they take more.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from sidecar.core.capacity import KvCost, MemoryInputs, Source, Term, engine_cost
+from sidecar.core.capacity import (
+    KvCost,
+    MemoryFraction,
+    MemoryInputs,
+    Source,
+    Term,
+    engine_cost,
+)
 from sidecar.core.errors import ProbeError, ProbeTemporaryError, ProbeUnavailableError
-from sidecar.core.warnings import ConfigWarning, model_mismatch
+from sidecar.core.warnings import ConfigWarning, engine_process_unseen, model_mismatch
+from sidecar.live.engine_process import engine_process_bytes, neighbour_bytes, seen_engine_bytes
+from sidecar.live.headroom import Headroom, headroom, headroom_warnings
 from sidecar.live.probes import EngineCacheConfig, EngineReading, GpuReading, GpuSnapshot
 from sidecar.live.probes.static import Declared
 
 ENGINE_SOURCES = ("vllm", "sglang", "llamacpp")
+__all__ = ["engine_process_bytes", "neighbour_bytes"]  # where callers have long found them
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,23 @@ class PlanInputs:
     cost: KvCost
     disagreements: tuple[Disagreement, ...] = ()
     warnings: tuple[ConfigWarning, ...] = ()
+    headroom: tuple[Headroom, ...] = ()
+
+
+def memory_fraction(readings: Readings) -> MemoryFraction:
+    """The share of each GPU the engine sizes itself to: the engine's own (vLLM's
+    ``gpu_memory_utilization``), else SIDECAR_ENGINE_MEMORY_FRACTION, else vLLM's default 0.9."""
+    cache = readings.engine.cache if readings.engine is not None else None
+    if cache is not None and cache.gpu_memory_utilization is not None:
+        return MemoryFraction(cache.gpu_memory_utilization, Source.ENGINE)
+    return declared_fraction(readings.declared)
+
+
+def declared_fraction(declared: Declared) -> MemoryFraction:
+    """SIDECAR_ENGINE_MEMORY_FRACTION, else vLLM's default."""
+    if declared.memory_fraction is not None:
+        return MemoryFraction(declared.memory_fraction, Source.DECLARED)
+    return MemoryFraction()
 
 
 def pick_source(wanted: str, readings: Readings) -> str:
@@ -77,19 +106,28 @@ def plan_inputs(
     engine_pid: int | None,
     tolerance: float,
 ) -> PlanInputs:
-    """Plan inputs from ``readings``; raises the failed probe's ProbeError when it is needed.
+    """Plan inputs from ``readings``, with each GPU's headroom; raises the failed probe's
+    ProbeError when it is needed.
 
     ``cost`` is the model config's pricing (None without SIDECAR_MODEL: only the engine's
     numbers can size requests then).
     """
-    source = pick_source(wanted, readings)
+    inputs = _inputs(pick_source(wanted, readings), readings, cost, engine_pid, tolerance)
+    rooms = headroom(readings.gpus, memory_fraction(readings), engine_pid)
+    return replace(inputs, headroom=rooms, warnings=inputs.warnings + headroom_warnings(rooms))
+
+
+def _inputs(
+    source: str, readings: Readings, cost: KvCost | None, engine_pid: int | None, tolerance: float
+) -> PlanInputs:
     if source in ENGINE_SOURCES:
         return _from_engine(readings, cost, engine_pid, tolerance)
     if cost is None:
         msg = f"the {source} capacity source needs SIDECAR_MODEL to price a token"
         raise ProbeUnavailableError(msg)
     if source == "nvml":
-        return PlanInputs("nvml", _from_nvml(readings, cost, engine_pid), cost)
+        memory, unseen = _from_nvml(readings, cost, engine_pid)
+        return PlanInputs("nvml", memory, cost, warnings=unseen)
     return PlanInputs("static", static_memory(readings.declared), cost)
 
 
@@ -106,6 +144,7 @@ def static_memory(declared: Declared) -> MemoryInputs | Term:
         weights=_weights_term(declared),
         overhead=Term("overhead", declared.overhead_bytes, Source.DECLARED, at),
         neighbours=Term("neighbours", 0, Source.DECLARED, at),
+        fraction=declared_fraction(declared),
     )
 
 
@@ -116,20 +155,6 @@ def engine_pool_per_gpu(cache: EngineCacheConfig, cost: KvCost) -> int | None:
     if cache.num_gpu_blocks is not None and cache.block_size is not None:
         return cache.num_gpu_blocks * cache.block_size * cost.bytes_per_token_per_gpu
     return cache.kv_cache_memory_bytes
-
-
-def engine_process_bytes(gpu: GpuReading, engine_pid: int | None) -> int:
-    """What the engine holds: SIDECAR_ENGINE_PID's process, else the largest; all if none listed."""
-    sizes = {p.pid: p.used_bytes or 0 for p in gpu.processes}
-    if engine_pid is not None and engine_pid in sizes:
-        return sizes[engine_pid]
-    return max(sizes.values()) if sizes else gpu.used_bytes
-
-
-def neighbour_bytes(gpu: GpuReading, engine_pid: int | None) -> int:
-    """Memory held by listed processes other than the engine (unlisted memory is overhead)."""
-    listed = sum(p.used_bytes or 0 for p in gpu.processes)
-    return max(0, listed - engine_process_bytes(gpu, engine_pid)) if gpu.processes else 0
 
 
 def engine_pool_tokens(cache: EngineCacheConfig) -> int | None:
@@ -174,28 +199,43 @@ def _from_engine(
     pool = engine_pool_per_gpu(engine.cache, priced)
     if pool is None:
         raise ProbeTemporaryError(f"{engine.engine} states no KV pool size")
-    checks = _cross_check(readings, priced, pool, engine_pid, tolerance)
+    checks, unseen = _cross_check(readings, priced, pool, engine_pid, tolerance)
     term = Term("kv_pool", pool, Source.ENGINE, engine.observed_at)
-    return PlanInputs(engine.engine, term, priced, checks, warnings)
+    return PlanInputs(engine.engine, term, priced, checks, warnings + unseen)
 
 
 def _cross_check(
     readings: Readings, cost: KvCost, pool: int, engine_pid: int | None, tolerance: float
-) -> tuple[Disagreement, ...]:
-    """NVML's view of the engine's pool: what its process holds beyond weights and overhead."""
+) -> tuple[tuple[Disagreement, ...], tuple[ConfigWarning, ...]]:
+    """NVML's view of the engine's pool: what its process holds beyond weights and overhead; a
+    GPU where NVML lists no process that can be the engine gets a warning instead of a number."""
     declared = readings.declared
     if readings.gpus is None or declared.weights_bytes is None or pool <= 0:
-        return ()
+        return (), ()
     weights = declared.weights_bytes // cost.tp
-    found = []
+    found, unseen = [], []
     for gpu in readings.gpus.gpus:
-        seen = engine_process_bytes(gpu, engine_pid) - weights - declared.overhead_bytes
+        held = seen_engine_bytes(gpu, engine_pid, weights)
+        if held is None:
+            unseen.append(gpu)
+            continue
+        seen = held - weights - declared.overhead_bytes
         ratio = abs(pool - seen) / pool
         found.append(Disagreement(gpu.uuid, pool, seen, ratio, ratio > tolerance))
-    return tuple(found)
+    warnings = (_unseen_warning(unseen, engine_pid, weights),) if unseen else ()
+    return tuple(found), warnings
 
 
-def _from_nvml(readings: Readings, cost: KvCost, engine_pid: int | None) -> MemoryInputs:
+def _unseen_warning(
+    gpus: list[GpuReading], engine_pid: int | None, weights_per_gpu: int
+) -> ConfigWarning:
+    largest = max((p.used_bytes or 0 for g in gpus for p in g.processes), default=0)
+    return engine_process_unseen([g.uuid for g in gpus], engine_pid, largest, weights_per_gpu)
+
+
+def _from_nvml(
+    readings: Readings, cost: KvCost, engine_pid: int | None
+) -> tuple[MemoryInputs, tuple[ConfigWarning, ...]]:
     gpus, declared = readings.gpus, readings.declared
     if gpus is None:
         raise readings.gpu_error or ProbeTemporaryError("no GPU reading")
@@ -210,42 +250,47 @@ def _from_nvml(readings: Readings, cost: KvCost, engine_pid: int | None) -> Memo
     # allocated: no measurement to take the overhead from.
     if engine is not None and engine.cache is not None and engine.engine != "llamacpp":
         engine_pool = engine_pool_per_gpu(engine.cache, cost)
-    at = gpus.observed_at
-    options = [
-        _gpu_inputs(
-            g, at, declared=declared, cost=cost, engine_pid=engine_pid, engine_pool=engine_pool
-        )
-        for g in gpus.gpus
-    ]
-    return min(options, key=_pool_of)
+    weights_per_gpu = declared.weights_bytes // cost.tp
+    fraction = memory_fraction(readings)
+    options, unseen = [], []
+    for gpu in gpus.gpus:
+        held = seen_engine_bytes(gpu, engine_pid, weights_per_gpu)
+        overhead = Term("overhead", declared.overhead_bytes, Source.DECLARED, declared.observed_at)
+        if engine_pool is not None and held is None:
+            unseen.append(gpu)
+        elif engine_pool is not None and held is not None:
+            # What the engine's process holds beyond its weights and its pool.
+            measured = max(0, held - weights_per_gpu - engine_pool)
+            overhead = Term("overhead", measured, Source.MEASURED, gpus.observed_at)
+        options.append(_gpu_inputs(gpu, gpus.observed_at, declared, fraction, overhead, engine_pid))
+    warnings = (_unseen_warning(unseen, engine_pid, weights_per_gpu),) if unseen else ()
+    return min(options, key=_pool_of), warnings
 
 
-def _gpu_inputs(
+def _gpu_inputs(  # noqa: PLR0917
     gpu: GpuReading,
     at: float,
-    *,
     declared: Declared,
-    cost: KvCost,
+    fraction: MemoryFraction,
+    overhead: Term,
     engine_pid: int | None,
-    engine_pool: int | None,
 ) -> MemoryInputs:
-    overhead = Term("overhead", declared.overhead_bytes, Source.DECLARED, declared.observed_at)
-    if engine_pool is not None and gpu.processes:
-        weights_per_gpu = (declared.weights_bytes or 0) // cost.tp
-        beyond = engine_process_bytes(gpu, engine_pid) - weights_per_gpu
-        measured = max(0, beyond - engine_pool) + gpu.unlisted_bytes
-        overhead = Term("overhead", measured, Source.MEASURED, at)
+    """One GPU's terms. Neighbours come out of the engine's headroom, not its pool: their term
+    is 0 and names what they hold."""
+    others = neighbour_bytes(gpu, engine_pid)
+    held = f"{others:,} B held by other processes: out of the engine's headroom"
     return MemoryInputs(
         vram_total=Term("vram_total", gpu.total_bytes, Source.MEASURED, at),
         weights=_weights_term(declared),
         overhead=overhead,
-        neighbours=Term("neighbours", neighbour_bytes(gpu, engine_pid), Source.MEASURED, at),
+        neighbours=Term("neighbours", 0, Source.MEASURED, at, held if others else None),
+        fraction=fraction,
     )
 
 
 def _pool_of(inputs: MemoryInputs) -> int:
     """Per-GPU room left; the group is bounded by the GPU with the least."""
-    return inputs.vram_total.bytes - inputs.overhead.bytes - inputs.neighbours.bytes
+    return inputs.engine_share().bytes - inputs.overhead.bytes - inputs.neighbours.bytes
 
 
 def _weights_term(declared: Declared) -> Term:

@@ -98,6 +98,15 @@ def _reading_metrics(state: CapacityState) -> Iterator[Metric]:
     for check in state.disagreements:
         ratio.add_metric([check.gpu], check.ratio)
     yield ratio
+    room = GaugeMetricFamily(
+        "sidecar_engine_headroom_bytes",
+        "what the engine's memory fraction leaves free on a GPU, less what other processes hold "
+        "(below 0: they reach into the engine's share)",
+        labels=["gpu"],
+    )
+    for each in state.headroom:
+        room.add_metric([each.gpu], each.left_free_bytes - each.others_bytes)
+    yield room
 
 
 def register_capacity_metrics(
@@ -130,4 +139,5 @@ def capacity_json(state: CapacityState, requested: str, now: float) -> dict[str,
         "gpus": [asdict(g) for g in readings.gpus.gpus] if readings and readings.gpus else [],
         "engine": asdict(readings.engine) if readings and readings.engine else None,
         "disagreements": [asdict(d) for d in state.disagreements],
+        "headroom": [asdict(h) | {"taken_bytes": h.taken_bytes} for h in state.headroom],
     }

@@ -21,6 +21,7 @@ class Declared:
     kv_pool_bytes: int | None
     observed_at: float
     provenance: str = "static"
+    memory_fraction: float | None = None  # SIDECAR_ENGINE_MEMORY_FRACTION; None: not declared
 
     @property
     def plannable(self) -> bool:
