@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check docs bench bench-venv bench-overload bench-cold-start soak test-vllm plan clean lock
+.PHONY: demo test check docs bench bench-venv bench-overload bench-cold-start soak test-vllm test-gpu plan clean lock
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -79,6 +79,13 @@ bench-cold-start: $(STAMP)
 
 test-vllm: $(STAMP)
 	bash scripts/test_vllm.sh
+
+# The `gpu`-marked tests and a real-GPU scenario (a process holding memory as vLLM lays it out, a
+# neighbour coming and going, the engine's process gone), under 3 minutes, on any machine with an
+# NVIDIA GPU, torch and nvidia-ml-py; one line and exit 0 without a GPU (docs/live-capacity.md).
+# GPU_PYTHON=... names the interpreter that has torch.
+test-gpu:
+	bash scripts/test_gpu.sh
 
 # The pins, resolved from PyPI alone, whatever pip.conf says: the image's hash-locked dependencies
 # (Dockerfile), and constraints.txt, every package the dev, test and demo venv installs.
