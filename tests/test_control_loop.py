@@ -57,7 +57,7 @@ class ScriptedGpu:
 
 
 def controller(gpu: ScriptedGpu, clock: Clock, resized: list[int]) -> CapacityController:
-    # The brief's 8 GiB example, where the engine takes the whole card (memory fraction 1).
+    # The textbook 8 GiB example, where the engine takes the whole card (memory fraction 1).
     declared = Declared(None, 5 * GIB, False, 3 * GIB // 2, None, 0.0, memory_fraction=1.0)
     return CapacityController(
         source="nvml",
