@@ -26,6 +26,7 @@ RENDERINGS = (
     "overlays/device-plugin-keda",
     "overlays/dra-hpa",
     "overlays/inference-gateway",
+    "overlays/tensor-parallel",
 )
 OVERLAYS = RENDERINGS[1:]
 KUBERNETES_VERSION = "1.34.0"  # resource.k8s.io/v1 (DRA) and the preStop sleep action are GA here

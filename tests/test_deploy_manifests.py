@@ -19,6 +19,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from sidecar.core.model_spec import load_model, load_model_spec
+from sidecar.core.parallelism import check_tensor_parallel
 from sidecar.core.saturation import CAPACITY_REFUSALS
 from sidecar.core.tenancy import parse_priorities
 from sidecar.entry.settings import load_settings
@@ -209,6 +211,94 @@ def test_no_container_is_handed_every_gpu(target: str) -> None:
                     e["value"] for e in c.get("env", []) if e["name"] == "NVIDIA_VISIBLE_DEVICES"
                 ]
     assert "all" not in values
+
+
+@pytest.mark.parametrize("target", d.RENDERINGS)
+def test_vllm_is_restarted_when_its_health_fails_but_never_while_it_loads(target: str) -> None:
+    """A liveness probe on vLLM's /health (its engine core can die under a live API server),
+    held back by the startup probe and patient for a minute of failures."""
+    engine = d.container(rendered(target), "vllm")
+    live, startup = engine["livenessProbe"], engine["startupProbe"]
+    assert "http://127.0.0.1:8000/health" in " ".join(live["exec"]["command"])
+    assert live["periodSeconds"] * live["failureThreshold"] >= 60
+    assert live["timeoutSeconds"] < live["periodSeconds"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600  # a model's load
+
+
+def size_bytes(quantity: str) -> int:
+    """A Kubernetes quantity with a binary suffix (Mi, Gi, Ti) in bytes."""
+    units = {"Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    return int(quantity[:-2]) * units[quantity[-2:]]
+
+
+@pytest.mark.parametrize("target", d.RENDERINGS)
+def test_vllm_caches_have_their_own_sized_tmp(target: str) -> None:
+    """vLLM's compile and JIT caches go to a /tmp of several GiB that the pod requests as
+    ephemeral storage; the sidecar's /tmp is its own, small."""
+    docs = rendered(target)
+    volumes = {v["name"]: v for v in d.pod_spec(docs)["volumes"]}
+    engine, side = d.container(docs, "vllm"), d.container(docs, "sidecar")
+    mounts = {m["mountPath"]: m["name"] for m in engine["volumeMounts"]}
+    tmp = volumes[mounts["/tmp"]]["emptyDir"]
+    assert size_bytes(tmp["sizeLimit"]) >= 8 * 2**30
+    assert size_bytes(engine["resources"]["requests"]["ephemeral-storage"]) >= size_bytes(
+        tmp["sizeLimit"]
+    )
+    env = {e["name"]: e["value"] for e in engine["env"]}
+    assert env["XDG_CACHE_HOME"].startswith("/tmp/")
+    assert env["VLLM_CACHE_ROOT"].startswith("/tmp/")
+    (side_tmp,) = [m["name"] for m in side["volumeMounts"] if m["mountPath"] == "/tmp"]
+    assert side_tmp != mounts["/tmp"]
+
+
+@pytest.mark.parametrize("target", d.RENDERINGS)
+def test_sidecar_requests_the_full_core_the_performance_page_asks_for(target: str) -> None:
+    """docs/lab/performance.md: one process relays every token, give it a full CPU; no CPU limit."""
+    resources = d.container(rendered(target), "sidecar")["resources"]
+    assert resources["requests"]["cpu"] in {"1", "1000m"}
+    assert "cpu" not in resources["limits"]
+    advice = (d.ROOT / "docs" / "lab" / "performance.md").read_text()
+    assert "give its container a full CPU" in advice
+
+
+def test_model_cache_on_a_claim_that_holds_the_model() -> None:
+    """The PVC component mounts a ReadWriteMany claim at /models, rendered beside the pod, large
+    enough for the served model's weights twice (a new revision beside the old)."""
+    docs = rendered("overlays/tensor-parallel")
+    volumes = {v["name"]: v for v in d.pod_spec(docs)["volumes"]}
+    models = volumes["models"]
+    assert "emptyDir" not in models
+    claim = d.only(docs, "PersistentVolumeClaim", models["persistentVolumeClaim"]["claimName"])
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    weights = load_model(d.sidecar_env(docs)["SIDECAR_MODEL"], None).weights
+    assert weights is not None
+    assert size_bytes(claim["spec"]["resources"]["requests"]["storage"]) >= 2 * weights.bytes
+    mounts = {m["mountPath"]: m["name"] for m in d.container(docs, "vllm")["volumeMounts"]}
+    assert mounts["/models"] == "models"
+
+
+def test_tensor_parallel_gpus_flag_and_sidecar_agree() -> None:
+    """The GPUs the engine gets, --tensor-parallel-size and SIDECAR_TENSOR_PARALLEL_SIZE are one
+    number, one vLLM accepts for the model, with a memory-backed /dev/shm sized for NCCL."""
+    docs = rendered("overlays/tensor-parallel")
+    engine = d.container(docs, "vllm")
+    gpus = int(engine["resources"]["limits"]["nvidia.com/gpu"])
+    flags = [a for a in engine["args"] if a.startswith("--tensor-parallel-size=")]
+    settings = load_settings(d.sidecar_env(docs))
+    assert [int(f.split("=")[1]) for f in flags] == [gpus]
+    assert settings.tensor_parallel_size == gpus > 1
+    check_tensor_parallel(load_model_spec(settings.model or ""), gpus)
+    volumes = {v["name"]: v for v in d.pod_spec(docs)["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in engine["volumeMounts"]}
+    shm = volumes[mounts["/dev/shm"]]["emptyDir"]
+    assert shm["medium"] == "Memory"
+    assert size_bytes(shm["sizeLimit"]) >= 8 * 2**30
+    # a memory-backed emptyDir counts against the container's memory limit
+    limit = size_bytes(engine["resources"]["limits"]["memory"])
+    assert (
+        limit
+        >= size_bytes(shm["sizeLimit"]) + size_bytes(engine["resources"]["requests"]["memory"]) // 2
+    )
 
 
 @pytest.mark.parametrize("overlay", ["overlays/device-plugin-keda", "overlays/inference-gateway"])
