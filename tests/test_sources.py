@@ -130,6 +130,12 @@ def test_nvml_pool_is_the_engines_share_less_weights_and_overhead() -> None:
             MemoryFraction(0.5, Source.DECLARED),
             id="engine-silent",
         ),
+        pytest.param(
+            None,
+            dataclasses.replace(CACHE, gpu_memory_utilization=0.0),
+            MemoryFraction(0.9, Source.DEFAULT),
+            id="engine-nonsense",
+        ),
     ],
 )
 def test_memory_fraction_is_the_engines_then_the_setting_then_vllms_default(

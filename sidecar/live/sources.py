@@ -71,8 +71,10 @@ def memory_fraction(readings: Readings) -> MemoryFraction:
     """The share of each GPU the engine sizes itself to: the engine's own (vLLM's
     ``gpu_memory_utilization``), else SIDECAR_ENGINE_MEMORY_FRACTION, else vLLM's default 0.9."""
     cache = readings.engine.cache if readings.engine is not None else None
-    if cache is not None and cache.gpu_memory_utilization is not None:
-        return MemoryFraction(cache.gpu_memory_utilization, Source.ENGINE)
+    said = None if cache is None else cache.gpu_memory_utilization
+    # A figure outside (0, 1] is not a fraction vLLM would run with: the setting stands instead.
+    if said is not None and 0 < said <= 1:
+        return MemoryFraction(said, Source.ENGINE)
     return declared_fraction(readings.declared)
 
 
