@@ -92,6 +92,7 @@ def wait_for(probe: NvmlProbe, done: Callable[[GpuReading], bool]) -> tuple[GpuR
         took = time.monotonic() - start
         if done(gpu) or took > SEEN_WITHIN_S:
             return gpu, took
+        time.sleep(POLL_S)
 
 
 def held_by(gpu: GpuReading, pid: int) -> int | None:
