@@ -79,6 +79,21 @@ def test_partial_heads_past_their_budget_close_the_oldest_stale_one() -> None:
     assert table.partial == 3
 
 
+def test_at_the_port_cap_the_address_with_most_heads_gives_one_up() -> None:
+    """With only young heads at the port's cap, the address holding the most gives up its
+    oldest for a newcomer from elsewhere; a newcomer from that address itself is refused."""
+    table, _clock = _table(4, 4)
+    flood = [Conn(f"f{i}") for i in range(3)]
+    for conn in flood:
+        table.open(conn, "10.0.0.2")
+    table.open(Conn("one"), "10.0.0.3")
+    assert table.open(Conn("own"), "10.0.0.2") == "too_many_connections"
+    assert table.open(Conn("other"), "10.0.0.4") is None
+    assert [(c.evicted, c.answer) for c in flood] == [
+        (True, "too_many_partial_heads"), (False, None), (False, None)
+    ]  # fmt: skip
+
+
 def test_a_client_at_its_cap_closes_its_own_heads_then_its_own_idle() -> None:
     """Per-address cap as a share: the address's own stale head makes room, then its own idle
     connection; never another address's; only with neither is it refused."""

@@ -114,6 +114,11 @@ class SidecarServer:
         """A refusal or deadline at the proxy port's door: counted every time, logged once per
         burst (the first at once, then one line per interval with how many came since)."""
         self.metrics.refused(fault)
+        self._log_refusal(fault)
+
+    def _log_refusal(self, fault: EdgeFault) -> None:
+        """An edge refusal's log line: the first at once, then one per interval per code with how
+        many came since (a flood is a few lines, not one a connection)."""
         since = self._door_log.allow(fault)
         if since is not None:
             log.warning(EDGE_FAULTS[fault].log_event, port="proxy", repeated=since)
@@ -156,6 +161,7 @@ class SidecarServer:
             ),
             learn=self.adaptive.learn if self.adaptive is not None else lambda _u: None,
             timed=self._timed,
+            log_refusal=self._log_refusal,
         )
         _warn_unclaimable(s)
         counter = EnginePromptCounter(self.upstream) if s.prompt_tokens == "engine" else None

@@ -7,7 +7,10 @@ A connection is always one of three kinds, for this table:
   nothing yet, or one a byte or two into a head). A head costs its sender nothing to hold open
   until the header deadline, so partial heads have a budget of their own (``max_partial``), and
   one partial for longer than ``grace_s`` is the first to be closed at any cap, oldest first.
-  Within ``grace_s`` a partial head is left alone: a client that just connected is sending it.
+  Within ``grace_s`` a partial head is left alone (a client that just connected is sending it),
+  except at the port's cap when no stale head or idle connection is left: then the address that
+  holds the most partial heads gives up its oldest, where it holds more than the newcomer's would
+  (a flood that reconnects at once keeps its heads young; it cannot keep them from being the most).
 - **idle**: kept alive between requests; closed to make room once no stale partial head is left,
   longest idle first (nginx reuses its idle connections the same way when it runs out of them).
 - **busy**: a request is running; never closed to make room.
@@ -59,6 +62,7 @@ class ConnectionTable(Generic[C]):
         self._per_client: Counter[str] = Counter()
         self._partial: dict[C, float] = {}  # since when; insertion order: the oldest first
         self._idle: dict[C, None] = {}  # insertion order: the longest idle first
+        self._partial_by: Counter[str] = Counter()  # partial heads per address
 
     def __iter__(self) -> Iterator[C]:
         return iter(list(self._client_of))
@@ -70,7 +74,9 @@ class ConnectionTable(Generic[C]):
         if self._per_client[client] >= self.max_per_client and not self._evict_one(client):
             self.count.refused += 1
             return "too_many_client_connections"
-        if len(self._client_of) >= self.max_total and not self._evict_one(None):
+        if len(self._client_of) >= self.max_total and not (
+            self._evict_one(None) or self._evict_from_top_holder(client)
+        ):
             self.count.refused += 1
             return "too_many_connections"
         if len(self._partial) >= self.max_partial:
@@ -79,6 +85,7 @@ class ConnectionTable(Generic[C]):
         self._per_client[client] += 1
         self.count.open += 1
         self._partial[connection] = self._clock()
+        self._partial_by[client] += 1
         return None
 
     def close(self, connection: C) -> None:
@@ -87,7 +94,7 @@ class ConnectionTable(Generic[C]):
         if client is None:
             return
         self._idle.pop(connection, None)
-        self._partial.pop(connection, None)
+        self._unpartial(connection, client)
         self._per_client[client] -= 1
         if self._per_client[client] == 0:
             del self._per_client[client]
@@ -97,13 +104,21 @@ class ConnectionTable(Generic[C]):
         """``connection`` is now ``kind``: partial (a head begun), idle or busy."""
         if connection not in self._client_of:
             return
+        client = self._client_of[connection]
         self._idle.pop(connection, None)
         if kind != "partial":
-            self._partial.pop(connection, None)
+            self._unpartial(connection, client)
         if kind == "idle":
             self._idle[connection] = None  # idle again: the newest idle
         elif kind == "partial" and connection not in self._partial:
             self._partial[connection] = self._clock()
+            self._partial_by[client] += 1
+
+    def _unpartial(self, connection: C, client: str) -> None:
+        if self._partial.pop(connection, None) is not None:
+            self._partial_by[client] -= 1
+            if self._partial_by[client] == 0:
+                del self._partial_by[client]
 
     @property
     def partial(self) -> int:
@@ -129,6 +144,19 @@ class ConnectionTable(Generic[C]):
                 self._evict(connection, "too_many_partial_heads")
                 return True
         return False
+
+    def _evict_from_top_holder(self, newcomer: str) -> bool:
+        """Close the oldest partial head of the address holding the most, unless that address
+        would hold no more than the newcomer's with it (its own, or a tie: closing a head for an
+        equal would be a refusal by another name); False if none is closed."""
+        if not self._partial_by:
+            return False
+        top, held = self._partial_by.most_common(1)[0]
+        if held <= self._partial_by[newcomer] + 1:  # its own, or no more than it would hold
+            return False
+        victim = next(c for c in self._partial if self._client_of[c] == top)
+        self._evict(victim, "too_many_partial_heads")
+        return True
 
     def _belongs(self, connection: C, client: str | None) -> bool:
         return client is None or self._client_of[connection] == client

@@ -23,6 +23,7 @@ from sidecar.core.errors import (
     UpstreamError,
 )
 from sidecar.core.ledger import StreamUsage
+from sidecar.core.outcomes import EdgeFault
 from sidecar.core.request_checks import CheckedRequest, TokenPolicy
 from sidecar.core.request_id import accepted_request_id
 from sidecar.core.stream_timing import StreamTiming
@@ -75,6 +76,8 @@ class ProxyConfig:
     timed: Callable[[StreamTiming, float, Mapping[str, str], str], None] = lambda _t, _a, _h, _o: (
         None
     )
+    # Logs an edge refusal (a budget full, a body too slow) once per burst, not once a request.
+    log_refusal: Callable[[EdgeFault], None] = lambda _fault: None
 
 
 @dataclass(frozen=True)
@@ -137,9 +140,10 @@ async def handle(proxy: Proxy, request: Request) -> Answer:
 def _refused(proxy: Proxy, exc: RequestError | EdgeRefusedError, started: float) -> Response:
     outcome = exc.fault if isinstance(exc, EdgeRefusedError) else "invalid"
     proxy.metrics.finished(outcome, proxy.clock() - started)
-    status = exc.refusal.status if isinstance(exc, EdgeRefusedError) else exc.status
-    code = exc.refusal.code if isinstance(exc, EdgeRefusedError) else exc.code
-    log.info("request_invalid", code=code, status=status)
+    if isinstance(exc, EdgeRefusedError):
+        proxy.config.log_refusal(exc.fault)
+    else:
+        log.info("request_invalid", code=exc.code, status=exc.status)
     return error_response(exc)
 
 
