@@ -1,8 +1,9 @@
 """The scale-out signal on an H200-sized emulated engine, with the sidecar at its defaults.
 
-Three situations, each on a fresh engine and sidecar: idle; 96 streaming clients omitting
-max_tokens (a cold pod, the pool hardly touched); 320 clients from one address (a gateway) and
-300 from four, max_tokens 48, more than the engine's 256 sequences. Sampled every half second:
+Each situation on a fresh engine and sidecar: idle; 96 streaming clients omitting max_tokens (a
+cold pod priced at the worst case, the pool hardly touched) and 96 asking for 1,024 tokens; 320
+clients from one address (a gateway) and 300 from four, max_tokens 48, more than the engine's 256
+sequences. Sampled every half second:
 `sidecar_utilisation` (and the share of the admission limit in use, for comparison), the
 engine's KV use and queue, the sidecar's queue. Each client counts the busy answers it got
 (HTTP 429/503 or an SSE `event: fallback`); the sidecar's refusals are read from
@@ -168,6 +169,7 @@ async def main() -> None:
     )
     await situation(0, 1, None)
     await situation(96, 1, None)
+    await situation(96, 1, 1024)
     await situation(320, 1, 48)
     await situation(300, 4, 48)
 

@@ -32,7 +32,7 @@ CONFIG = SaturationConfig(kv_threshold=0.8, queue_threshold=5)
         # 256 running (max_num_seqs) and 64 waiting: (256 + 64) / 256.
         pytest.param(EngineEvidence(0.03, 256, 64), (0.0375, 1.25), id="at-max-num-seqs"),
         pytest.param(EngineEvidence(0.96, 30, 0), (1.2, 0.0), id="kv-past-threshold"),
-        pytest.param(EngineEvidence(None, 0, 10), (0.0, 11.0), id="waiting-nothing-running"),
+        pytest.param(EngineEvidence(None, 0, 10), (0.0, 10.0), id="waiting-nothing-running"),
     ],
 )
 def test_engine_ratios(engine: EngineEvidence, expected: tuple[float, float]) -> None:
@@ -78,12 +78,22 @@ def test_any_refusal_or_wait_reaches_one() -> None:
 def test_engine_peaks_hold_for_their_window() -> None:
     """A reading's ratios count until hold_s after it, then are forgotten."""
     peaks = EnginePeaks(hold_s=30.0)
-    assert peaks.peaks(0.0) == (0.0, 0.0)
-    peaks.add(0.0, 0.1, 1.3)
-    peaks.add(10.0, 0.2, 0.0)
-    assert peaks.peaks(29.0) == (0.2, 1.3)
-    assert peaks.peaks(31.0) == (0.2, 0.0)
-    assert peaks.peaks(41.0) == (0.0, 0.0)
+    assert peaks.ratios(0.0, CONFIG) == (0.0, 0.0)
+    peaks.add(0.0, EngineEvidence(0.08, 100, 30))  # 130 / 100
+    peaks.add(10.0, EngineEvidence(0.16, 20, 0))
+    assert peaks.ratios(29.0, CONFIG) == pytest.approx((0.2, 1.3))
+    assert peaks.ratios(31.0, CONFIG) == pytest.approx((0.2, 0.0))
+    assert peaks.ratios(41.0, CONFIG) == (0.0, 0.0)
+
+
+def test_a_queue_between_waves_is_priced_against_what_the_engine_ran() -> None:
+    """256 ran (max_num_seqs), then a wave ended: 50 running, 64 waiting. Against 256 that is
+    (256 + 64) / 256 at the full reading, and the lull adds nothing larger; against its own 50
+    the lull would have read 2.28."""
+    peaks = EnginePeaks(hold_s=30.0)
+    peaks.add(0.0, EngineEvidence(0.03, 256, 64))
+    peaks.add(1.0, EngineEvidence(0.01, 50, 64))
+    assert peaks.ratios(2.0, CONFIG)[1] == pytest.approx(320 / 256)
 
 
 def test_outcome_window_counts_what_ended_lately() -> None:

@@ -19,8 +19,9 @@ engine) or are refused. It is the largest of four ratios, each demand over a cap
   refused for want of capacity, at any cap (``CAPACITY_REFUSALS``): 1 to 2.
 
 The engine's two ratios are the largest of its readings over the last ``hold_s``
-(``EnginePeaks``): its queue comes and goes with each wave of completions, and the autoscaler
-above reads vLLM's gauges as their peak over a minute for the same reason.
+(``EnginePeaks``), each reading's queue against the most requests the engine ran in that time:
+its queue comes and goes with each wave of completions, and the autoscaler above reads vLLM's
+gauges as their peak over a minute for the same reason.
 
 Like the flow-control pool saturation of llm-d's router (``flow_control_pool_saturation``,
 llm-d/llm-d-router pkg/epp/metrics/llm_d_router_metrics.go, commit b64f44e: 0 empty, 1 fully
@@ -108,9 +109,12 @@ def saturation(evidence: SaturationEvidence) -> Saturation:
     return Saturation(max(ratios), *ratios)
 
 
-def engine_ratios(e: EngineEvidence, config: SaturationConfig) -> tuple[float, float]:
-    """(kv, engine_queue) of one engine reading."""
-    return _kv(e, config), _engine_queue(e, config)
+def engine_ratios(
+    e: EngineEvidence, config: SaturationConfig, capacity: float | None = None
+) -> tuple[float, float]:
+    """(kv, engine_queue) of one engine reading; ``capacity``: the most requests the engine
+    was seen running lately (its reading's own running count where not given)."""
+    return _kv(e, config), _engine_queue(e, config, capacity)
 
 
 def _kv(e: EngineEvidence, config: SaturationConfig) -> float:
@@ -119,29 +123,33 @@ def _kv(e: EngineEvidence, config: SaturationConfig) -> float:
     return e.kv_usage_ratio / config.kv_threshold
 
 
-def _engine_queue(e: EngineEvidence, config: SaturationConfig) -> float:
-    waiting = e.waiting or 0.0
+def _engine_queue(e: EngineEvidence, config: SaturationConfig, capacity: float | None) -> float:
+    waiting, running = e.waiting or 0.0, e.running or 0.0
     if waiting < config.queue_threshold:
         return 0.0
-    running = max(e.running or 0.0, 1.0)
-    return (running + waiting) / running
+    return (running + waiting) / max(capacity or 0.0, running, 1.0)
 
 
 class EnginePeaks:
-    """The largest (kv, engine_queue) of the readings of the last ``hold_s``; times are given."""
+    """The engine's readings of the last ``hold_s``: the largest of their ratios, each reading's
+    queue priced against the most requests any of them ran (between two waves of completions a
+    reading shows few running and many waiting: its own count would overstate the demand)."""
 
     def __init__(self, hold_s: float) -> None:
         self.hold_s = hold_s
-        self._seen: deque[tuple[float, float, float]] = deque()
+        self._seen: deque[tuple[float, EngineEvidence]] = deque()
 
-    def add(self, now: float, kv: float, queue: float) -> None:
-        self._seen.append((now, kv, queue))
+    def add(self, now: float, reading: EngineEvidence) -> None:
+        self._seen.append((now, reading))
 
-    def peaks(self, now: float) -> tuple[float, float]:
+    def ratios(self, now: float, config: SaturationConfig) -> tuple[float, float]:
+        """(kv, engine_queue): the largest over the readings still held at ``now``."""
         seen = self._seen
         while seen and now - seen[0][0] > self.hold_s:
             seen.popleft()
-        return max((k for _, k, _ in seen), default=0.0), max((q for *_, q in seen), default=0.0)
+        capacity = max((r.running or 0.0 for _, r in seen), default=0.0)
+        pairs = [engine_ratios(r, config, capacity) for _, r in seen]
+        return max((k for k, _ in pairs), default=0.0), max((q for _, q in pairs), default=0.0)
 
 
 def _sidecar_queue(e: SaturationEvidence) -> float:

@@ -17,7 +17,6 @@ from sidecar.core.saturation import (
     Saturation,
     SaturationConfig,
     SaturationEvidence,
-    engine_ratios,
     saturation,
 )
 from sidecar.limiter.events import BulkheadSnapshot
@@ -62,11 +61,11 @@ class SaturationSignal:
         evidence = EngineEvidence(
             engine.kv_usage_ratio, engine.requests_running, engine.requests_waiting
         )
-        self._engine.add(self._clock(), *engine_ratios(evidence, self.config))
+        self._engine.add(self._clock(), evidence)
 
     def evidence(self) -> SaturationEvidence:
         now, snap = self._clock(), self._snapshot()
-        kv, queue = self._engine.peaks(now)
+        kv, queue = self._engine.ratios(now, self.config)
         offered, refused = self._window.recent(now, outcome_counts(self._requests))
         return SaturationEvidence(
             engine_kv=kv,
