@@ -770,6 +770,17 @@ async def test_a_fast_start_does_not_buy_a_stalled_body_its_timeout(edge: Start)
     assert samples["sidecar_requests_total{outcome=body_timeout}"] == 1
 
 
+async def test_a_free_paths_stalled_body_is_counted(edge: Start) -> None:
+    """A body to a free path (no permit, no request outcome of its own) cut by the pace floor
+    still counts as body_timeout."""
+    server = await edge(SIDECAR_BODY_MIN_RATE="1000", SIDECAR_BODY_RATE_GRACE_MS="100")
+    head = b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+    answer = await exchange(server.proxy_port, head + b"{", timeout_s=5)
+    assert answer.startswith(b"HTTP/1.1 408")
+    samples = await scrape(admin_url(server) + "/metrics")
+    assert samples["sidecar_requests_total{outcome=body_timeout}"] == 1
+
+
 async def test_refusals_at_the_door_are_counted(edge: Start) -> None:
     """A refusal at the connection cap and a header timeout each count in
     sidecar_requests_total, under their own outcome, and a burst is logged once."""

@@ -241,14 +241,13 @@ class Connection(asyncio.Protocol):
             self.state = State.CLOSING
             self.transport.close()
             return
-        self._port.refused(fault)
-        self.transport.write(raw_answer(fault))
-        self._end(unread=True)
+        self._refuse(fault)
 
     def _refuse(self, fault: EdgeFault) -> None:
-        """Refused at the door: a 503 the client can read, never a bare reset. What it sent is
-        read off for a moment first (closing with unread bytes would send a reset), while few
-        refused connections are doing so."""
+        """Refused at the door, or closed to make room: a 503 the client can read, never a bare
+        reset. What it sent is read off for a moment first (closing with unread bytes would send
+        a reset), while few refused connections are doing so: they hold descriptors beyond the
+        port's cap."""
         port = self._port
         port.refused(fault)
         self.transport.write(raw_answer(fault))

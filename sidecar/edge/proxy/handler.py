@@ -366,7 +366,11 @@ async def passthrough(request: Request, proxy: Proxy, target: Target, request_id
         upstream = await proxy.upstream.send(
             request.method, target.path_qs, _upstream_headers(request, request_id), body
         )
-    except (RequestError, UpstreamError, EdgeRefusedError) as exc:
+    except EdgeRefusedError as exc:  # a free path's body too slow, or no room for it: counted
+        proxy.metrics.refused(exc.fault)
+        proxy.config.log_refusal(exc.fault)
+        return error_response(exc)
+    except (RequestError, UpstreamError) as exc:
         return error_response(exc)
     try:
         result = await relay_stream(
