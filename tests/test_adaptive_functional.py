@@ -141,7 +141,7 @@ async def test_adaptive_falls_back_on_an_engine_that_does_not_preempt(
 @pytest.mark.parametrize(
     ("engine", "pricing", "reason"),
     [
-        pytest.param(EmulatorConfig(model_name="tiny-llama"), "closed-loop", "the engine reports",
+        pytest.param(EmulatorConfig(model_name="tiny-llama"), "closed-loop", "TTFT and TPOT",
                      id="paged-engine-that-preempts"),
         pytest.param(EmulatorConfig(model_name="tiny-llama", oom=True), "worst-case",
                      "no preemption counter", id="engine-that-runs-out-instead"),
@@ -150,13 +150,13 @@ async def test_adaptive_falls_back_on_an_engine_that_does_not_preempt(
 async def test_the_default_admission_steers_where_the_engine_lets_it(
     start_pair: StartPair, engine: EmulatorConfig, pricing: str, reason: str
 ) -> None:
-    """SIDECAR_ADMISSION unset (auto): closed-loop in front of an engine that reports its pool,
-    preemptions and queue; worst-case pricing in front of one that does not preempt."""
+    """SIDECAR_ADMISSION unset (auto): the SLO-steered limit in front of an engine that
+    preempts; held to the worst-case permits in front of one that fails on overflow."""
     server = await start_pair(engine, SIDECAR_ADMISSION="auto")
     doc = await get_json(f"{admin_url(server)}/capacity")
-    assert doc["admission"] == "adaptive"
-    assert doc["adaptive"]["pricing"] == pricing
-    assert reason in doc["adaptive"]["pricing_reason"]
+    assert doc["admission"] == "slo"
+    assert doc["slo"]["pricing"] == pricing
+    assert reason in doc["slo"]["pricing_reason"]
 
 
 def test_auto_is_the_default_admission() -> None:

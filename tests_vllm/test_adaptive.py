@@ -1,7 +1,7 @@
-"""The default admission (auto: adaptive) against the real vLLM: completions that stop long
-before max_tokens let a sidecar with default settings (zero-config, started here) run more streams
-at once than the script's sidecar, which prices every request at its worst case (2 permits) on the
-same budget and alpha, while vLLM's own preemption counter stays flat."""
+"""Adaptive admission (SIDECAR_ADMISSION=adaptive) against the real vLLM: completions that stop
+long before max_tokens let an adaptive sidecar (zero-config otherwise, started here) run more
+streams at once than the script's sidecar, which prices every request at its worst case (2
+permits) on the same budget and alpha, while vLLM's own preemption counter stays flat."""
 
 from __future__ import annotations
 
@@ -38,8 +38,7 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def adaptive_sidecar(stack: Stack) -> Iterator[tuple[str, str]]:
-    """A second sidecar with the default admission (auto: adaptive in front of vLLM) and no
-    SIDECAR_MODEL, stopped by its PID."""
+    """A second sidecar with adaptive admission and no SIDECAR_MODEL, stopped by its PID."""
     port, admin = _free_port(), _free_port()
     env = {
         **os.environ,
@@ -52,7 +51,7 @@ def adaptive_sidecar(stack: Stack) -> Iterator[tuple[str, str]]:
         "SIDECAR_SAFETY_FACTOR": str(stack.safety_factor), "SIDECAR_REFRESH_MS": "250",
         "SIDECAR_MAX_WAIT_MS": "20000",
     }  # fmt: skip
-    env.pop("SIDECAR_ADMISSION", None)
+    env["SIDECAR_ADMISSION"] = "adaptive"
     sidecar = str(Path(sys.executable).with_name("sidecar"))
     # Its log beside the script's two, which scripts/test_vllm.sh prints when the suite fails.
     with (stack.logs / "adaptive-sidecar.log").open("wb") as out:

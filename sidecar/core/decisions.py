@@ -8,10 +8,12 @@ from typing import Literal
 from sidecar.core.outcomes import RejectReason
 
 Outcome = Literal["completed", "cancelled", "failed"]
-Mode = Literal["count", "tokens", "adaptive"]  # the unit costs and limits are counted in
-# What one unit of each mode's limit is: a permit per sequence (`n` counts each), KV bytes of
-# worst-case reservations, or tokens held and expected (adaptive).
-LIMIT_UNITS: dict[Mode, str] = {"count": "sequences", "tokens": "kv_bytes", "adaptive": "tokens"}
+Mode = Literal["count", "tokens", "adaptive", "slo"]  # the unit costs and limits are counted in
+# What one unit of each mode's limit is: a permit per sequence (`n` counts each: count, slo), KV
+# bytes of worst-case reservations, or tokens held and expected (adaptive).
+LIMIT_UNITS: dict[Mode, str] = {
+    "count": "sequences", "tokens": "kv_bytes", "adaptive": "tokens", "slo": "sequences",
+}  # fmt: skip
 WithdrawReason = Literal["timeout", "cancelled", "draining", "queue_full"]
 
 

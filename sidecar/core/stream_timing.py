@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # by identity: open streams are kept in a dict
 class StreamTiming:
     """One stream's clock readings: ``sent`` (the request went upstream), first and last token
     events, and how many token events were relayed."""

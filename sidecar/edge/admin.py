@@ -21,10 +21,12 @@ from sidecar.edge.http.server import Handler
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.live.adaptive import AdaptiveCapacity
 from sidecar.live.control_loop import CapacityController
+from sidecar.live.slo import SloControl
 from sidecar.telemetry.adaptive_metrics import adaptive_json
 from sidecar.telemetry.capacity_metrics import capacity_json
 from sidecar.telemetry.metrics import limit_utilisation
 from sidecar.telemetry.saturation_metrics import SaturationSignal
+from sidecar.telemetry.slo_metrics import slo_json
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class Admin:
     loop_alive: Callable[[], bool]
     adaptive: AdaptiveCapacity | None = None
     signal: SaturationSignal | None = None
+    slo: SloControl | None = None
 
 
 def admin_handler(admin: Admin) -> Handler:
@@ -79,7 +82,7 @@ def capacity_document(admin: Admin) -> dict[str, Any]:
         "admission": snap.mode,
         "shadow": snap.shadow,
         "draining": admin.draining(),
-        "permits": state["limit"] if snap.mode == "count" else plan.get("permits"),
+        "permits": state["limit"] if snap.mode in ("count", "slo") else plan.get("permits"),
         "worst_case_permits": plan.get("permits"),
         "limit": snap.limit,
         "limit_unit": LIMIT_UNITS[snap.mode],
@@ -105,6 +108,7 @@ def capacity_document(admin: Admin) -> dict[str, Any]:
         "budget": admin.controller.token_budget.to_dict(),
         "engine_kv_usage_ratio": (state["engine"] or {}).get("kv_usage_ratio"),
         "adaptive": adaptive_json(admin.adaptive, snap) if admin.adaptive is not None else None,
+        "slo": slo_json(admin.slo) if admin.slo is not None else None,
         "compartments": [asdict(part) for part in snap.compartments],
         "counters": {
             "granted": snap.granted_total,

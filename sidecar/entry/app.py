@@ -7,13 +7,13 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from functools import partial
 
 import structlog
 from prometheus_client import CollectorRegistry
 
-from sidecar.core.claims import ClaimNames, parse_claim_trust
+from sidecar.core.claims import ClaimNames, Claims, parse_claim_trust
 from sidecar.core.compartments import parse_compartments
 from sidecar.core.outcomes import EDGE_FAULTS, EdgeFault
 from sidecar.core.request_checks import TokenPolicy
@@ -44,6 +44,7 @@ from sidecar.entry.wiring import (
     build_bulkhead,
     build_controller,
     build_pricing,
+    build_slo,
 )
 from sidecar.limiter.events import AdmissionEvent
 from sidecar.live.control_loop import CapacityController
@@ -52,6 +53,7 @@ from sidecar.telemetry.adaptive_metrics import AdaptiveCollector
 from sidecar.telemetry.capacity_metrics import register_capacity_metrics
 from sidecar.telemetry.metrics import BulkheadCollector, RequestMetrics
 from sidecar.telemetry.saturation_metrics import SaturationCollector, SaturationSignal
+from sidecar.telemetry.slo_metrics import SloCollector
 
 log = structlog.get_logger("sidecar")
 
@@ -75,9 +77,10 @@ class SidecarServer:
         self.bulkhead = build_bulkhead(settings, limit=0, clock=clock, on_event=self._on_event)
         self.adaptive = build_adaptive(settings, self.bulkhead.pressed)
         self.signal = SaturationSignal(self.bulkhead.snapshot, self.metrics.requests, clock)
+        self.slo = build_slo(settings, self.bulkhead.pressed, clock)
         compartments = parse_compartments(settings.compartments)
         self.pricing = build_pricing(
-            settings, self.adaptive, compartments.resolve, lambda: self.controller.cost
+            settings, self.adaptive, compartments.resolve, lambda: self.controller.cost, self.slo
         )
         self.controller: CapacityController = build_controller(
             settings,
@@ -88,6 +91,7 @@ class SidecarServer:
             adaptive=self.adaptive,
             available=self.bulkhead.set_available,
             observe=self.signal.observe,
+            slo=self.slo,
         )
         self.upstream = Upstream(
             settings.upstream_url,
@@ -109,6 +113,8 @@ class SidecarServer:
         if self.adaptive is not None:
             self.registry.register(AdaptiveCollector(self.adaptive, self.bulkhead.snapshot))
         self.registry.register(SaturationCollector(self.signal))
+        if self.slo is not None:
+            self.registry.register(SloCollector(self.slo))
 
     def _refused_at_door(self, fault: EdgeFault) -> None:
         """A refusal or deadline at the proxy port's door: counted every time, logged once per
@@ -159,7 +165,9 @@ class SidecarServer:
                 sheddable=parse_names(s.sheddable),
                 priorities=parse_priorities(s.objective_priorities),
             ),
+            max_wait_of=self.slo.max_wait_s if self.slo is not None else _claimed_wait,
             learn=self.adaptive.learn if self.adaptive is not None else lambda _u: None,
+            track=self.slo.track if self.slo is not None else lambda _t, _c: None,
             timed=self._timed,
             log_refusal=self._log_refusal,
         )
@@ -170,11 +178,12 @@ class SidecarServer:
             self.gate, self.in_flight,
         )  # fmt: skip
 
-    def _timed(
-        self, timing: StreamTiming, arrived: float, headers: Mapping[str, str], outcome: str
-    ) -> None:
+    def _timed(self, timing: StreamTiming, arrived: float, outcome: str) -> None:
         """A relayed stream's timing -> the TTFT and TPOT histograms."""
-        self.metrics.streamed(timing, arrived, completed=outcome == "completed")
+        completed = outcome == "completed"
+        self.metrics.streamed(timing, arrived, completed=completed)
+        if self.slo is not None:
+            self.slo.ended(timing, completed)
 
     def _token_policy(self) -> TokenPolicy:
         """The request checks' budget in force: the engine's limits, narrowed by the settings;
@@ -227,6 +236,7 @@ class SidecarServer:
             loop_alive=self.controller.running,
             adaptive=self.adaptive,
             signal=self.signal,
+            slo=self.slo,
         )
 
     async def start(self) -> None:
@@ -308,6 +318,11 @@ class SidecarServer:
         self.proxy_server = self.admin_server = None
         await self.controller.stop()
         await self.upstream.close()
+
+
+def _claimed_wait(claims: Claims) -> float | None:
+    """The longest a request may wait where the mode sets no bound of its own: its claims'."""
+    return claims.max_wait_s
 
 
 def _warn_unclaimable(s: Settings) -> None:

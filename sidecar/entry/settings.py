@@ -246,12 +246,23 @@ class Settings(BaseSettings):
     )
 
     # --- admission -----------------------------------------------------------------------------
-    admission: Literal["auto", "count", "tokens", "adaptive"] = Field(
+    admission: Literal["auto", "slo", "count", "tokens", "adaptive"] = Field(
         "auto",
-        description="auto: adaptive, closed-loop on the engine's own evidence where the engine "
-        "reports its pool, preemptions and queue, worst-case pricing where it cannot; count: N "
-        "worst-case permits; tokens: each request reserves its own worst case in KV bytes; "
-        "adaptive: learned completion lengths, a live ledger and a limit steered by the engine",
+        description="auto: slo; slo: requests in flight, a limit steered by the streams' TTFT and "
+        "TPOT against their objectives (never past the worst-case permits on an engine that "
+        "cannot preempt); count: N worst-case permits; tokens: each request reserves its own "
+        "worst case in KV bytes; adaptive: learned completion lengths, a live ledger and a "
+        "KV over-commit ratio steered by the engine's preemptions and KV usage",
+    )
+    slo_ttft_ms: PositiveInt = Field(
+        2000,
+        description="time to first token a request is held to when its headers set none "
+        "(x-llm-d-slo-ttft-ms, x-slo-ttft-ms)",
+    )
+    slo_tpot_ms: PositiveInt = Field(
+        100,
+        description="mean time per output token a request is held to when its headers set none "
+        "(x-llm-d-slo-tpot-ms, x-slo-tpot-ms)",
     )
     max_wait_ms: NonNegativeInt = Field(
         3000, description="longest wait in the admission queue before the busy answer"

@@ -20,6 +20,7 @@ from sidecar.core.decisions import Mode
 from sidecar.core.errors import ConfigError
 from sidecar.core.estimator import EstimatorConfig
 from sidecar.core.model_spec import load_model_spec, weights_bytes_in
+from sidecar.core.objectives import Objectives
 from sidecar.core.overcommit import AimdConfig
 from sidecar.core.token_budget import resolve_budget
 from sidecar.core.warnings import ConfigWarning
@@ -27,19 +28,33 @@ from sidecar.entry.settings import Settings
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.live.adaptive import AdaptiveCapacity
 from sidecar.live.control_loop import CapacityController, Floor
-from sidecar.live.pricing import AdaptivePricing, CountPricing, Pricing, TokenPricing
+from sidecar.live.pricing import AdaptivePricing, CountPricing, Pricing, SloPricing, TokenPricing
 from sidecar.live.probes import GpuProbe
 from sidecar.live.probes.engine_probe import ENGINES, EngineMetricsProbe
 from sidecar.live.probes.nvml import NvmlProbe, parse_gpu_selection
 from sidecar.live.probes.static import Declared
+from sidecar.live.slo import SloControl
 from sidecar.live.sources import Readings, static_memory
 
 
 def admission_mode(settings: Settings) -> Mode:
-    """The mode SIDECAR_ADMISSION asks for; ``auto`` is adaptive, which prices at the worst case
-    by itself where the engine shows no evidence to steer by (static and NVML-only sources,
-    engines that do not preempt)."""
-    return "adaptive" if settings.admission == "auto" else settings.admission
+    """The mode SIDECAR_ADMISSION asks for; ``auto`` is slo, which keeps to the worst-case
+    permits by itself where the engine cannot preempt (static and NVML-only sources, engines
+    that fail on overflow)."""
+    return "slo" if settings.admission == "auto" else settings.admission
+
+
+def build_slo(
+    settings: Settings,
+    binding: Callable[[], bool] = lambda: True,
+    clock: Callable[[], float] = time.monotonic,
+) -> SloControl | None:
+    """The SLO-steered limit's state (None unless the mode is slo); ``binding`` tells it
+    whether its limit bound lately (the bulkhead's ``pressed``)."""
+    if admission_mode(settings) != "slo":
+        return None
+    objectives = Objectives(settings.slo_ttft_ms / 1000, settings.slo_tpot_ms / 1000)
+    return SloControl(objectives=objectives, binding=binding, clock=clock)
 
 
 def build_bulkhead(settings: Settings, *, limit: int, **seams: Any) -> Bulkhead:
@@ -98,8 +113,11 @@ def build_pricing(
     adaptive: AdaptiveCapacity | None,
     resolve: Callable[[str], str],
     cost_of: Callable[[], KvCost],
+    slo: SloControl | None = None,
 ) -> Pricing:
-    """The admission mode's prices and limit (``adaptive`` is built for adaptive modes)."""
+    """The admission mode's prices and limit (``adaptive`` and ``slo`` are built for theirs)."""
+    if slo is not None:
+        return SloPricing(slo, settings.max_concurrent_calls)
     if adaptive is not None:
         return AdaptivePricing(adaptive, resolve)
     if admission_mode(settings) == "tokens":
@@ -137,6 +155,7 @@ def build_controller(
     adaptive: AdaptiveCapacity | None = None,
     available: Callable[[bool], None] | None = None,
     observe: Callable[[Readings], None] | None = None,
+    slo: SloControl | None = None,
 ) -> CapacityController:
     """The controller ``settings`` describe; ``nvml`` replaces the NVML probe (tests, demo).
 
@@ -153,7 +172,7 @@ def build_controller(
     upstream = settings.upstream_url.rstrip("/")
     metrics_url = settings.engine_metrics_url or upstream + "/metrics"
     if pricing is None:  # a controller on its own (sidecar probe): permits, or bytes in tokens mode
-        pricing = build_pricing(settings, adaptive, str, lambda: controller.cost)
+        pricing = build_pricing(settings, adaptive, str, lambda: controller.cost, slo)
     controller = CapacityController(
         source=settings.capacity_source,
         cost=cost,
@@ -181,25 +200,28 @@ def build_controller(
         engine_pid=settings.engine_pid,
         tolerance=settings.disagreement_tolerance,
         clock=clock,
-        feedback=_feedback(adaptive, observe),
+        feedback=_feedback(adaptive, slo, observe),
         available=available,
         probe_timeout_s=settings.probe_timeout_ms / 1000,
-        cap_at_engine_slots=pricing.mode == "count",
+        cap_at_engine_slots=pricing.mode in ("count", "slo"),
         budget_rule=budget_rule,
     )
     return controller
 
 
 def _feedback(
-    adaptive: AdaptiveCapacity | None, observe: Callable[[Readings], None] | None
+    adaptive: AdaptiveCapacity | None,
+    slo: SloControl | None,
+    observe: Callable[[Readings], None] | None,
 ) -> Callable[[Readings], tuple[ConfigWarning, ...]] | None:
-    """What hears each tick's readings: the adaptive state (its warnings are returned), then
-    ``observe``."""
+    """What hears each tick's readings: the mode's controller, slo or adaptive, where it has
+    one (its warnings are returned), then ``observe``."""
+    control = slo.observe if slo is not None else adaptive.observe if adaptive is not None else None
     if observe is None:
-        return adaptive.observe if adaptive is not None else None
+        return control
 
     def feedback(readings: Readings) -> tuple[ConfigWarning, ...]:
-        warnings = adaptive.observe(readings) if adaptive is not None else ()
+        warnings = control(readings) if control is not None else ()
         observe(readings)
         return warnings
 

@@ -19,6 +19,7 @@ from sidecar.core.decisions import Mode
 from sidecar.core.ledger import StreamUsage, in_blocks
 from sidecar.core.request_checks import CheckedRequest
 from sidecar.live.adaptive import AdaptiveCapacity
+from sidecar.live.slo import SloControl
 
 Price = tuple[int, StreamUsage | None]  # (cost in the mode's unit, live usage if adaptive)
 
@@ -52,6 +53,26 @@ class CountPricing:
 
     def price(self, request: CheckedRequest, compartment: str) -> Price:
         # Each sequence (`n`, a batch's prompts) pins a worst-case request's KV cache.
+        return request.sequences, None
+
+    def full_request(self, tokens: int, cost: KvCost) -> int:
+        return 1
+
+
+class SloPricing:
+    """A permit per sequence, against the limit the streams' latencies steer."""
+
+    mode: Mode = "slo"
+
+    def __init__(self, control: SloControl, cap: int | None = None) -> None:
+        self.control = control
+        self.cap = cap
+
+    def limit_of(self, plan: Plan) -> int:
+        limit = self.control.limit_of(plan)
+        return limit if self.cap is None else min(limit, self.cap)
+
+    def price(self, request: CheckedRequest, compartment: str) -> Price:
         return request.sequences, None
 
     def full_request(self, tokens: int, cost: KvCost) -> int:

@@ -72,10 +72,12 @@ class ProxyConfig:
     sheddable: Callable[[Claims], bool] = lambda _claims: False
     # Adaptive admission: what a completed request teaches.
     learn: Callable[[StreamUsage], None] = lambda _u: None
-    # A relayed stream's timing, when it arrived, its headers and how it ended (metrics, the law).
-    timed: Callable[[StreamTiming, float, Mapping[str, str], str], None] = lambda _t, _a, _h, _o: (
-        None
-    )
+    # The longest a request may wait for a permit (None: the bulkhead's own wait).
+    max_wait_of: Callable[[Claims], float | None] = lambda claims: claims.max_wait_s
+    # A stream about to be relayed: its timing, stamped as tokens come, and its claims.
+    track: Callable[[StreamTiming, Claims], None] = lambda _t, _c: None
+    # A tracked stream ended: its timing, when it arrived, and how it ended.
+    timed: Callable[[StreamTiming, float, str], None] = lambda _t, _a, _o: None
     # Logs an edge refusal (a budget full, a body too slow) once per burst, not once a request.
     log_refusal: Callable[[EdgeFault], None] = lambda _fault: None
 
@@ -188,18 +190,22 @@ async def _admit_and_forward(
     try:
         may_wait = not config.sheddable(who.claims)
         admit = proxy.bulkhead.admit(
-            cost, compartment, usage, may_wait=may_wait, max_wait_s=who.claims.max_wait_s
+            cost, compartment, usage, may_wait=may_wait, max_wait_s=config.max_wait_of(who.claims)
         )
         async with admit as permit:
             queue_wait = permit.wait_s
             timing = StreamTiming(proxy.clock()) if job.stream else None
-            with proxy.in_flight.track() as stop:
-                forwarded = _forward(
-                    request, proxy, job, permit, request_id, stop=stop, timing=timing
-                )
-                response, outcome = await forwarded
             if timing is not None:
-                config.timed(timing, started, request.headers, outcome)
+                config.track(timing, who.claims)
+            try:
+                with proxy.in_flight.track() as stop:
+                    forwarded = _forward(
+                        request, proxy, job, permit, request_id, stop=stop, timing=timing
+                    )
+                    response, outcome = await forwarded
+            finally:
+                if timing is not None:
+                    config.timed(timing, started, outcome)
             if outcome == "completed" and permit.usage is not None:
                 config.learn(permit.usage)
             return response

@@ -104,6 +104,10 @@ class EngineReading:
     engine: str = "vllm"
     max_model_len: int | None = None
     slots: int | None = None
+    # Mean prompt and completion lengths of the requests the engine finished (vLLM's
+    # request_prompt_tokens / request_generation_tokens histograms), where it has served any.
+    typical_prompt_tokens: float | None = None
+    typical_generation_tokens: float | None = None
 
     @property
     def pool_tokens(self) -> int | None:

@@ -24,9 +24,19 @@ _SUMMED = {
 }
 
 
+# Histograms of finished requests whose mean (sum / count) primes the learned lengths.
+_MEANS = {
+    "vllm:request_prompt_tokens": "typical_prompt_tokens",
+    "vllm:request_generation_tokens": "typical_generation_tokens",
+}
 _CACHE_INFO = "vllm:cache_config_info"
 # Family and sample names the probe reads; a counter's family may be named without its _total.
-_WANTED = frozenset({*_SUMMED, _CACHE_INFO, "vllm:num_preemptions"})
+_WANTED = frozenset(
+    {
+        *_SUMMED, _CACHE_INFO, "vllm:num_preemptions",
+        *(name + part for name in _MEANS for part in ("", "_sum", "_count")),
+    }
+)  # fmt: skip
 _NAME_CHARS = "a-zA-Z0-9_:"
 
 
@@ -100,6 +110,7 @@ def _reading(
             values[_SUMMED[sample.name]].append(sample.value)
     usage = values.pop("kv_usage_ratio")
     summed = {field: (sum(v) if v else None) for field, v in values.items()}
+    means = histogram_means(samples, _MEANS)
     return EngineReading(
         cache=cache,
         kv_usage_ratio=sum(usage) / len(usage) if usage else None,
@@ -107,7 +118,21 @@ def _reading(
         requests_waiting=summed["requests_waiting"],
         preemptions_total=summed["preemptions_total"],
         observed_at=observed_at,
+        typical_prompt_tokens=means.get("typical_prompt_tokens"),
+        typical_generation_tokens=means.get("typical_generation_tokens"),
     )
+
+
+def histogram_means(samples: Iterable[Sample], families: dict[str, str]) -> dict[str, float]:
+    """field -> sum / count of each histogram family in ``families`` (summed over engines) that
+    has counted anything."""
+    totals: dict[str, list[float]] = {}
+    for sample in samples:
+        family, _, part = sample.name.rpartition("_")
+        if family in families and part in ("sum", "count"):
+            pair = totals.setdefault(families[family], [0.0, 0.0])
+            pair[part == "count"] += sample.value
+    return {field: total / count for field, (total, count) in totals.items() if count > 0}
 
 
 def _cache_config(samples: Iterable[Sample]) -> EngineCacheConfig | None:

@@ -1,0 +1,121 @@
+"""The SLO-steered concurrency limit: how many requests the engine should run, from how the
+relayed streams meet their latency objectives. Pure: evidence in, a limit out.
+
+A gradient controller in the manner of Envoy's adaptive concurrency filter and Netflix's
+Gradient2, with the reference latency set by the objectives instead of a measured minimum:
+
+- every stream is a sample: its time to first token at the engine over its TTFT target (the
+  share of its TTFT objective the engine may use; the sidecar's queue gets the rest), and, once
+  it completed, its mean time per output token over its TPOT objective. 1.0 is on target.
+- each update takes the ``quantile`` (p90) of each kind of sample gathered since the last one
+  (TTFT and TPOT apart, so that many fast tokens cannot hide slow starts), and the larger of
+  the two; the gradient is ``aim / that``, clamped to ``[min_gradient, max_gradient]``;
+- while the limit binds (requests waited or were refused for room), ``limit x gradient``,
+  and at least one more where the gradient is above 1: the engine has room to do better. Until
+  the first cut the gradient may reach ``slow_start_gradient`` (x2: a fresh pod finds the
+  engine's size in a few ticks); after it, ``max_gradient``;
+- while it does not bind, only ``min(gradient, 1)``: a limit nobody presses against has no
+  reason to grow;
+- fewer than ``min_samples`` samples: the decision waits for more (they are kept);
+- always within ``[floor, ceiling]``.
+
+The engine's insides (KV usage, preemptions, its queue) enter only through what they cost the
+streams: a preemption that costs one cheap step leaves the latencies, and so the limit, alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SloLimitConfig:
+    """The controller's constants.
+
+    ``engine_share``: the part of a TTFT objective the engine's own TTFT is steered to (the
+    queue at the sidecar may use the rest); ``aim``: the quantile of samples is steered to this
+    fraction of the target (headroom for the swings between updates).
+    """
+
+    floor: int = 1
+    ceiling: int = 4096
+    engine_share: float = 0.5
+    aim: float = 0.8
+    quantile: float = 0.9
+    min_gradient: float = 0.5
+    max_gradient: float = 1.25
+    slow_start_gradient: float = 2.0
+    min_samples: int = 3
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.floor <= self.ceiling:
+            raise ValueError(f"need 1 <= floor <= ceiling, got {self.floor}/{self.ceiling}")
+        if not (0 < self.engine_share <= 1 and 0 < self.aim <= 1 and 0 < self.quantile <= 1):
+            raise ValueError("need engine_share, aim and quantile in (0, 1]")
+        if not 0 < self.min_gradient <= 1 <= self.max_gradient <= self.slow_start_gradient:
+            raise ValueError("need 0 < min_gradient <= 1 <= max_gradient <= slow_start_gradient")
+        if self.min_samples < 1:
+            raise ValueError("need min_samples >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class LimitEvidence:
+    """Since the last update: each stream's TTFT and TPOT over their targets (1.0 = on target),
+    and whether the limit bound (a request waited or was refused for room)."""
+
+    ttft: tuple[float, ...]
+    tpot: tuple[float, ...]
+    pressed: bool
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank; ``values`` not empty)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+class SloLimit:
+    """The limit now, and the samples still waiting for a decision."""
+
+    def __init__(self, initial: int, config: SloLimitConfig | None = None) -> None:
+        self.config = config or SloLimitConfig()
+        self._limit = float(self._bounded(initial))
+        self._pending: tuple[list[float], list[float]] = ([], [])
+        self.last_gradient: float | None = None  # None until a decision was made
+        self.slow_start = True  # until the first cut
+
+    @property
+    def limit(self) -> int:
+        return math.floor(self._limit)
+
+    def restart(self, initial: int) -> None:
+        """Start again from ``initial`` (the engine changed), forgetting pending samples."""
+        self._limit = float(self._bounded(initial))
+        self._pending = ([], [])
+
+    def update(self, evidence: LimitEvidence) -> int:
+        """One step on ``evidence``; returns the new limit."""
+        config = self.config
+        for pending, samples in zip(self._pending, (evidence.ttft, evidence.tpot), strict=True):
+            pending.extend(s for s in samples if s >= 0 and math.isfinite(s))
+        if sum(map(len, self._pending)) < config.min_samples:
+            return self.limit
+        observed = max(quantile(p, config.quantile) for p in self._pending if p)
+        self._pending = ([], [])
+        top = config.slow_start_gradient if self.slow_start else config.max_gradient
+        gradient = top if observed <= 0 else config.aim / observed
+        gradient = min(top, max(config.min_gradient, gradient))
+        if gradient < 1:
+            self.slow_start = False
+        if not evidence.pressed:
+            gradient = min(gradient, 1.0)
+        self.last_gradient = gradient
+        grown = self._limit * gradient
+        if gradient > 1:
+            grown = max(grown, self._limit + 1)
+        self._limit = float(self._bounded(grown))
+        return self.limit
+
+    def _bounded(self, value: float) -> float:
+        return min(float(self.config.ceiling), max(float(self.config.floor), value))

@@ -1,0 +1,192 @@
+"""The default admission's moving parts: the relayed streams' latencies against their objectives,
+gathered between control-loop ticks, and the SLO-steered limit they drive (sidecar.core.slo_limit).
+
+The limit counts requests in flight at the engine. It starts from what the engine can run: the
+pool over the typical request where the engine's own histograms say what that is (a warm engine,
+a restarted sidecar), else the pool over the worst case, and the law doubles it each tick while
+the streams stay well within their objectives. An engine that exports no preemption counter (it
+fails on overflow instead) never gets more than its worst-case permits.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+from sidecar.core.capacity import Plan
+from sidecar.core.claims import Claims
+from sidecar.core.exact import exact
+from sidecar.core.objectives import Objectives, objectives_of
+from sidecar.core.slo_limit import LimitEvidence, SloLimit, SloLimitConfig, quantile
+from sidecar.core.stream_timing import StreamTiming
+from sidecar.core.warnings import ConfigWarning, adaptive_unsupported
+from sidecar.live.probes import EngineReading
+from sidecar.live.sources import Readings
+
+log = structlog.get_logger("sidecar.live.slo")
+
+NO_PREEMPTION_SERIES = (
+    "the engine exports no preemption counter (vllm:num_preemptions_total, "
+    "sglang:num_retracted_requests_total): it may fail on overflow, so the limit never passes "
+    "the worst-case permits"
+)
+NO_ENGINE = "no engine metrics to watch (capacity source without the engine)"
+STEERED = "the limit follows the streams' TTFT and TPOT against their objectives"
+# Weight of a new tick's p90 engine TTFT in the expected TTFT that bounds the queue wait.
+TTFT_SMOOTHING = 0.5
+
+
+@dataclass(slots=True)
+class _Tracked:
+    objectives: Objectives
+    sampled: bool = False  # its TTFT is in the samples
+
+    def target(self, engine_share: float) -> float:
+        """The engine's share of its TTFT objective."""
+        return self.objectives.ttft_s * engine_share
+
+
+class SloControl:
+    """Samples in, the limit out: one per control-loop tick."""
+
+    def __init__(
+        self,
+        *,
+        objectives: Objectives | None = None,
+        law: SloLimitConfig | None = None,
+        binding: Callable[[], bool] = lambda: True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``binding`` says whether the limit bound since it was last asked (the bulkhead's
+        ``pressed``): only then may the limit grow."""
+        self.objectives = objectives or Objectives()
+        self.config = law or SloLimitConfig()
+        self.binding = binding
+        self.clock = clock  # the proxy's: the streams' timings are read on it
+        self.law: SloLimit | None = None  # made at the first plan, from what the engine can run
+        self.unsupported: str | None = NO_ENGINE
+        self.slots: int | None = None
+        self.expected_ttft_s = 0.0  # engine TTFT p90, smoothed over ticks
+        self._samples: tuple[list[float], list[float]] = ([], [])  # TTFT, TPOT over target
+        self._ttfts: list[float] = []
+        # Streams being relayed, with their objectives, and whether their TTFT was sampled.
+        self._open: dict[StreamTiming, _Tracked] = {}
+        self._typical: float | None = None  # tokens of a typical request, per the engine
+        # The last cut: streams sent before it were admitted under the old limit, and what
+        # they show is already answered, so only streams sent since count (one cut per round).
+        self._epoch = -math.inf
+
+    @property
+    def pricing(self) -> str:
+        return "worst-case" if self.unsupported else "closed-loop"
+
+    @property
+    def pricing_reason(self) -> str:
+        return self.unsupported or STEERED
+
+    @property
+    def tracked(self) -> int:
+        """Streams being relayed now."""
+        return len(self._open)
+
+    def objectives_for(self, claims: Claims) -> Objectives:
+        return objectives_of(claims, self.objectives)
+
+    def max_wait_s(self, claims: Claims) -> float:
+        """How long a request may wait for a permit: its TTFT objective less the engine's
+        expected TTFT (past that it would miss anyway, so it is told at once), and no longer
+        than its queue TTL where it claims one."""
+        wait = max(0.0, self.objectives_for(claims).ttft_s - self.expected_ttft_s)
+        return wait if claims.ttl_s is None else min(wait, claims.ttl_s)
+
+    def track(self, timing: StreamTiming, claims: Claims) -> None:
+        """A stream is about to be relayed: its first token is sampled on the tick it comes."""
+        self._open[timing] = _Tracked(self.objectives_for(claims))
+
+    def ended(self, timing: StreamTiming, completed: bool) -> None:
+        """A tracked stream ended: its TTFT if not sampled yet, and its TPOT if it completed."""
+        tracked = self._open.pop(timing, None)
+        if tracked is None:
+            return
+        if not tracked.sampled:
+            self._sample_ttft(timing, tracked)
+        tpot = timing.tpot_s() if completed else None
+        if tpot is not None and timing.sent >= self._epoch:
+            self._samples[1].append(tpot / tracked.objectives.tpot_s)
+
+    def _sample_ttft(self, timing: StreamTiming, tracked: _Tracked) -> None:
+        ttft = timing.ttft_s()
+        if ttft is not None:
+            tracked.sampled = True
+            self._ttfts.append(ttft)
+            if timing.sent >= self._epoch:
+                self._samples[0].append(ttft / tracked.target(self.config.engine_share))
+
+    def _harvest(self, now: float) -> None:
+        """Each open stream's first token, on the tick it came; one still waiting past its
+        target counts what it waited so far (a late start must not go unseen until it starts)."""
+        share = self.config.engine_share
+        for timing, tracked in self._open.items():
+            if tracked.sampled:
+                continue
+            if timing.first is not None:
+                self._sample_ttft(timing, tracked)
+                continue
+            target = tracked.target(share)
+            if timing.sent >= self._epoch and (waited := now - timing.sent) > target:
+                self._samples[0].append(waited / target)
+
+    def observe(self, readings: Readings) -> tuple[ConfigWarning, ...]:
+        """One tick: the engine's verdict, the expected TTFT and one step of the law."""
+        engine = readings.engine
+        if engine is not None:
+            self._engine_seen(engine)
+        if self.law is None:  # no plan yet: the samples wait for the first limit
+            return (adaptive_unsupported(self.unsupported),) if self.unsupported else ()
+        self._harvest(self.clock())
+        (ttft, tpot), self._samples = self._samples, ([], [])
+        ttfts, self._ttfts = self._ttfts, []
+        if ttfts:
+            p90 = quantile(ttfts, self.config.quantile)
+            self.expected_ttft_s += TTFT_SMOOTHING * (p90 - self.expected_ttft_s)
+        before = self.law.limit
+        pressed = self.binding()
+        after = self.law.update(LimitEvidence(tuple(ttft), tuple(tpot), pressed))
+        log.debug(
+            "slo_step", limit=after, gradient=self.law.last_gradient, ttft_samples=len(ttft),
+            tpot_samples=len(tpot), pressed=pressed, expected_ttft_s=self.expected_ttft_s,
+        )  # fmt: skip
+        if after < before:
+            self._epoch = self.clock()
+            log.info("slo_backoff", limit=after, gradient=self.law.last_gradient)
+        return (adaptive_unsupported(self.unsupported),) if self.unsupported else ()
+
+    def _engine_seen(self, engine: EngineReading) -> None:
+        self.slots = engine.slots
+        reason = NO_PREEMPTION_SERIES if engine.preemptions_total is None else None
+        if reason != self.unsupported:
+            self.unsupported = reason
+            log.info("admission_pricing", pricing=self.pricing, reason=self.pricing_reason)
+        prompt, generation = engine.typical_prompt_tokens, engine.typical_generation_tokens
+        if prompt is not None and generation is not None:
+            self._typical = prompt + generation
+
+    def limit_of(self, plan: Plan) -> int:
+        """The law's limit; never above the worst-case permits where the engine cannot preempt."""
+        if self.law is None:
+            self.law = SloLimit(self._start(plan), self.config)
+            log.info("slo_limit_start", limit=self.law.limit, typical_tokens=self._typical)
+        limit = self.law.limit
+        return min(limit, max(1, plan.permits)) if self.unsupported else limit
+
+    def _start(self, plan: Plan) -> int:
+        """What the engine can run: the pool over its typical request where it says one, else
+        over the worst case (the plan's permits)."""
+        if self._typical is None or self._typical <= 0 or self.unsupported:
+            return max(1, plan.permits)
+        fit = math.floor(plan.kv_pool_tokens * exact(plan.alpha) / exact(self._typical))
+        return max(1, plan.permits, fit)

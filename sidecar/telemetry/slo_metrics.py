@@ -1,0 +1,61 @@
+"""What the SLO-steered admission shows, in /metrics and /capacity, read at scrape time."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from sidecar.live.slo import SloControl
+from sidecar.telemetry.gauges import gauge
+
+
+class SloCollector(Collector):
+    """Reads the SLO control's state at scrape time."""
+
+    def __init__(self, slo: SloControl) -> None:
+        self._slo = slo
+
+    def collect(self) -> Iterator[Metric]:
+        slo = self._slo
+        law = slo.law
+        yield gauge(
+            "sidecar_slo_limit",
+            "Requests in flight the streams' TTFT and TPOT allow now (before any worst-case cap).",
+            law.limit if law is not None else 0,
+        )
+        yield gauge(
+            "sidecar_slo_gradient",
+            "The last step of the limit: target over the p90 of latency/objective samples "
+            "(above 1: room to grow; NaN before the first step).",
+            math.nan if law is None or law.last_gradient is None else law.last_gradient,
+        )
+        yield gauge(
+            "sidecar_slo_expected_ttft_seconds",
+            "Engine TTFT p90, smoothed over ticks: a request's queue wait is capped at its TTFT "
+            "objective less this.",
+            slo.expected_ttft_s,
+        )
+        yield gauge(
+            "sidecar_slo_fallback",
+            "1 while the limit is held to the worst-case permits (engine without preemption).",
+            int(slo.unsupported is not None),
+        )
+
+
+def slo_json(slo: SloControl) -> dict[str, Any]:
+    """The /capacity section: the limit, why it is priced so, and what steers it."""
+    law = slo.law
+    return {
+        "pricing": slo.pricing,
+        "pricing_reason": slo.pricing_reason,
+        "limit": law.limit if law is not None else None,
+        "last_gradient": None if law is None else law.last_gradient,
+        "expected_ttft_s": round(slo.expected_ttft_s, 4),
+        "objectives": {"ttft_s": slo.objectives.ttft_s, "tpot_s": slo.objectives.tpot_s},
+        "engine_share": slo.config.engine_share,
+        "streams_tracked": slo.tracked,
+    }

@@ -1,0 +1,188 @@
+"""The SLO control between ticks: streams sampled as their first token comes (or as they run
+late), the start limit from what the engine can run, and the worst-case cap without preemption."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.core.capacity import Budget, Source, Term, engine_cost, make_plan
+from sidecar.core.claims import NO_CLAIMS, Claims
+from sidecar.core.objectives import Objectives
+from sidecar.core.stream_timing import StreamTiming
+from sidecar.live.probes import EngineReading
+from sidecar.live.probes.static import Declared
+from sidecar.live.slo import SloControl
+from sidecar.live.sources import Readings
+
+
+class FakeClock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+DECLARED = Declared(None, None, False, 0, None, 0.0)
+# A pool of 100,000 one-byte tokens; a request of the budget holds 10,000 of them at worst.
+PLAN = make_plan(
+    engine_cost(1, None), Term("kv", 100_000, Source.ENGINE), Budget(2_000, 8_000), 1.0
+)
+
+
+def reading(
+    preemptions: float | None = 0.0, typical: tuple[float, float] | None = None
+) -> Readings:
+    prompt, generation = typical if typical is not None else (None, None)
+    engine = EngineReading(
+        cache=None, kv_usage_ratio=0.5, requests_running=1, requests_waiting=0,
+        preemptions_total=preemptions, observed_at=0.0,
+        typical_prompt_tokens=prompt, typical_generation_tokens=generation,
+    )  # fmt: skip
+    return Readings(declared=DECLARED, engine=engine)
+
+
+def control(clock: FakeClock, pressed: bool = True) -> SloControl:
+    return SloControl(objectives=Objectives(2.0, 0.1), binding=lambda: pressed, clock=clock)
+
+
+def test_a_cold_engine_starts_at_its_worst_case_permits() -> None:
+    """No history at the engine: pool / worst case = 10 requests to start."""
+    slo = control(FakeClock())
+    slo.observe(reading())
+    assert slo.limit_of(PLAN) == 10
+
+
+def test_a_warm_engine_primes_the_start_from_its_histograms() -> None:
+    """The engine served requests of 40 + 360 tokens on average: 100,000 / 400 = 250 to start."""
+    slo = control(FakeClock())
+    slo.observe(reading(typical=(40.0, 360.0)))
+    assert slo.limit_of(PLAN) == 250
+
+
+def test_fast_first_tokens_grow_the_limit_while_streams_still_run() -> None:
+    """Three streams whose first token came at a tenth of the engine's TTFT target are
+    sampled on the next tick, long before they end: the limit doubles."""
+    clock = FakeClock()
+    slo = control(clock)
+    slo.observe(reading())
+    assert slo.limit_of(PLAN) == 10
+    for _ in range(3):
+        timing = StreamTiming(sent=clock())
+        slo.track(timing, NO_CLAIMS)
+        timing.saw(1, clock() + 0.1)  # target: 2 s x 0.5 = 1 s; 0.1 / 1 = 0.1 of it
+    clock.advance(1.0)
+    slo.observe(reading())
+    assert slo.limit_of(PLAN) == 20
+
+
+def test_streams_still_waiting_past_their_target_shrink_it() -> None:
+    """Three streams with no first token 2 s after they went out (twice the target): the limit
+    is cut, by half at most, without waiting for them to start."""
+    clock = FakeClock()
+    slo = control(clock)
+    slo.observe(reading())
+    assert slo.limit_of(PLAN) == 10
+    for _ in range(3):
+        slo.track(StreamTiming(sent=clock()), NO_CLAIMS)
+    clock.advance(2.0)
+    slo.observe(reading())
+    assert slo.limit_of(PLAN) == 5
+
+
+def test_a_request_objective_in_its_headers_is_the_one_it_is_held_to() -> None:
+    """A stream claiming 200 ms to first token, served in 0.3 s: three times its engine target,
+    a miss; the queue wait it may have is its objective less the expected TTFT, and no more
+    than a TTL it claims."""
+    clock = FakeClock()
+    slo = control(clock)
+    slo.observe(reading())
+    assert slo.limit_of(PLAN) == 10
+    claims = Claims(ttft_slo_ms=200)
+    for _ in range(3):
+        timing = StreamTiming(sent=clock())
+        slo.track(timing, claims)
+        timing.saw(1, clock() + 0.3)
+        slo.ended(timing, completed=False)
+    slo.observe(reading())
+    assert slo.limit_of(PLAN) == 5
+    assert slo.expected_ttft_s == pytest.approx(0.15)
+    assert slo.max_wait_s(claims) == pytest.approx(0.05)
+    assert slo.max_wait_s(NO_CLAIMS) == pytest.approx(1.85)
+    assert slo.max_wait_s(Claims(ttl_s=0.5)) == pytest.approx(0.5)
+
+
+def test_slow_tokens_after_a_fast_start_shrink_it() -> None:
+    """Streams that start at once but then take 0.2 s a token (twice the TPOT objective)."""
+    clock = FakeClock()
+    slo = control(clock)
+    slo.observe(reading())
+    assert slo.limit_of(PLAN) == 10
+    for _ in range(3):
+        timing = StreamTiming(sent=clock())
+        slo.track(timing, NO_CLAIMS)
+        for i in range(5):
+            timing.saw(1, clock() + 0.01 + 0.2 * i)
+        slo.ended(timing, completed=True)
+    slo.observe(reading())
+    assert slo.limit_of(PLAN) == 5
+
+
+def test_an_engine_that_cannot_preempt_keeps_the_worst_case_permits() -> None:
+    """No preemption counter: however fast the streams, never past pool / worst case."""
+    clock = FakeClock()
+    slo = control(clock)
+    slo.observe(reading(preemptions=None))
+    assert slo.limit_of(PLAN) == 10
+    for _ in range(3):
+        timing = StreamTiming(sent=clock())
+        slo.track(timing, NO_CLAIMS)
+        timing.saw(1, clock() + 0.01)
+    slo.observe(reading(preemptions=None))
+    assert slo.law is not None
+    assert slo.law.limit == 20  # the law moved ...
+    assert slo.limit_of(PLAN) == 10  # ... the limit did not
+    assert slo.pricing == "worst-case"
+
+
+def test_streams_sent_before_a_cut_do_not_cut_again() -> None:
+    """A cut answers the streams that caused it: while they still wait, they cut no further;
+    streams sent after it are what the next step hears."""
+    clock = FakeClock()
+    slo = control(clock)
+    slo.observe(reading())
+    assert slo.limit_of(PLAN) == 10
+    for _ in range(3):
+        slo.track(StreamTiming(sent=clock()), NO_CLAIMS)
+    clock.advance(2.0)
+    slo.observe(reading())
+    assert slo.limit_of(PLAN) == 5
+    clock.advance(1.0)
+    slo.observe(reading())
+    assert slo.limit_of(PLAN) == 5  # the same late streams, no second cut
+    for _ in range(3):
+        timing = StreamTiming(sent=clock())
+        slo.track(timing, NO_CLAIMS)
+        timing.saw(1, clock() + 0.1)
+    clock.advance(1.0)
+    slo.observe(reading())
+    assert slo.limit_of(PLAN) == 6  # new streams, fast: growth (gentle, after the cut)
+
+
+def test_ended_streams_are_forgotten() -> None:
+    """Every tracked stream is dropped when it ends, sampled or not."""
+    clock = FakeClock()
+    slo = control(clock)
+    timings = [StreamTiming(sent=0.0) for _ in range(4)]
+    for timing in timings:
+        slo.track(timing, NO_CLAIMS)
+    timings[0].saw(1, 0.1)
+    slo.observe(reading())
+    for timing in timings:
+        slo.ended(timing, completed=False)
+    assert slo.tracked == 0

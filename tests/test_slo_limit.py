@@ -1,0 +1,129 @@
+"""The SLO-steered limit: a gradient on latency over objective, and the invariants it keeps."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sidecar.core.slo_limit import LimitEvidence, SloLimit, SloLimitConfig, quantile
+
+samples = st.lists(st.floats(0, 50, allow_nan=False), max_size=20).map(tuple)
+evidence = st.builds(LimitEvidence, samples, samples, st.booleans())
+configs = st.builds(
+    SloLimitConfig,
+    floor=st.integers(1, 8),
+    ceiling=st.integers(8, 500),
+    min_samples=st.integers(1, 5),
+)
+
+
+def test_many_fast_tokens_do_not_hide_slow_starts() -> None:
+    """Nine TPOT samples well within their objective and three TTFTs at twice theirs: the
+    TTFTs' p90 decides, and the limit is cut."""
+    law = SloLimit(40)
+    assert law.update(LimitEvidence((2.0, 2.0, 2.0), (0.1,) * 9, pressed=True)) == 20
+
+
+def test_well_within_objectives_and_bound_the_limit_doubles() -> None:
+    """Streams at a tenth of their target while requests wait: the largest step up (x2)."""
+    law = SloLimit(10)
+    assert law.update(LimitEvidence((0.1, 0.1, 0.1), (), pressed=True)) == 20
+
+
+def test_past_the_objectives_the_limit_shrinks_in_proportion() -> None:
+    """p90 of samples at 1.0 against an aim of 0.8: the limit x 0.8."""
+    law = SloLimit(50)
+    assert law.update(LimitEvidence((1.0,) * 10, (), pressed=True)) == 40
+
+
+def test_after_the_first_cut_growth_is_gentler() -> None:
+    """Slow start doubles; once a cut came, the same fast streams grow it by a quarter."""
+    law = SloLimit(10)
+    assert law.update(LimitEvidence((0.1,) * 3, (), pressed=True)) == 20
+    assert law.update(LimitEvidence((1.6,) * 3, (), pressed=True)) == 10
+    assert law.update(LimitEvidence((0.1,) * 3, (), pressed=True)) == 12
+
+
+def test_a_limit_nobody_presses_against_does_not_grow() -> None:
+    """Fast streams but nobody waiting: no reason to grow."""
+    law = SloLimit(10)
+    assert law.update(LimitEvidence((0.1,) * 5, (), pressed=False)) == 10
+
+
+def test_too_few_samples_wait_for_more() -> None:
+    """Two samples (of three needed) change nothing; the third decides, with all three."""
+    law = SloLimit(40)
+    assert law.update(LimitEvidence((2.0,), (2.0,), pressed=True)) == 40
+    assert law.update(LimitEvidence((2.0,), (), pressed=True)) == 20
+
+
+@pytest.mark.parametrize(
+    ("values", "q", "expected"),
+    [
+        pytest.param([3.0], 0.9, 3.0, id="one"),
+        pytest.param([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0], 0.9, 9.0, id="p90-of-10"),
+        pytest.param([5.0, 1.0], 0.5, 1.0, id="median-of-two"),
+    ],
+)
+def test_quantile_is_the_nearest_rank(values: list[float], q: float, expected: float) -> None:
+    """Nearest rank: the smallest value with at least q of the values at or below it."""
+    assert quantile(values, q) == expected
+
+
+@given(config=configs, start=st.integers(0, 1000), steps=st.lists(evidence, max_size=40))
+def test_the_limit_stays_within_its_bounds(
+    config: SloLimitConfig, start: int, steps: list[LimitEvidence]
+) -> None:
+    """Whatever the evidence, floor <= limit <= ceiling."""
+    law = SloLimit(start, config)
+    assert config.floor <= law.limit <= config.ceiling
+    for step in steps:
+        assert config.floor <= law.update(step) <= config.ceiling
+
+
+@given(config=configs, start=st.integers(1, 500), steps=st.lists(evidence, max_size=40))
+def test_one_step_moves_at_most_by_the_gradient_bounds(
+    config: SloLimitConfig, start: int, steps: list[LimitEvidence]
+) -> None:
+    """One update never cuts below min_gradient x the limit, nor grows past max_gradient x it
+    (or by one, for a limit too small to grow by a fraction)."""
+    law = SloLimit(start, config)
+    for step in steps:
+        before = law.limit
+        after = law.update(step)
+        assert after >= min(before, max(config.floor, int(before * config.min_gradient) - 1))
+        assert after <= max(before * config.slow_start_gradient, before + 1)
+
+
+@given(config=configs, start=st.integers(1, 500), steps=st.lists(evidence, max_size=40))
+def test_without_pressure_the_limit_never_grows(
+    config: SloLimitConfig, start: int, steps: list[LimitEvidence]
+) -> None:
+    """Nobody waited or was refused: the limit holds or shrinks, never grows."""
+    law = SloLimit(start, config)
+    for step in steps:
+        before = law.limit
+        assert law.update(LimitEvidence(step.ttft, step.tpot, pressed=False)) <= before
+
+
+@given(
+    start=st.integers(1, 400),
+    missed=st.lists(st.floats(0.81, 50), min_size=3, max_size=20).map(tuple),
+)
+def test_streams_past_their_aim_never_grow_it(start: int, missed: tuple[float, ...]) -> None:
+    """Every sample past the aim (0.8 of target): the limit does not grow, however pressed."""
+    law = SloLimit(start)
+    assert law.update(LimitEvidence(missed, (), pressed=True)) <= max(1, start)
+
+
+@given(
+    start=st.integers(1, 400),
+    met=st.lists(st.floats(0, 0.79), min_size=3, max_size=20).map(tuple),
+)
+def test_streams_within_their_aim_and_pressed_always_grow_it(
+    start: int, met: tuple[float, ...]
+) -> None:
+    """Every sample within the aim while requests wait: the limit grows by at least one."""
+    law = SloLimit(start)
+    assert law.update(LimitEvidence(met, met, pressed=True)) >= start + 1
