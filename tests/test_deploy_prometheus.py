@@ -45,8 +45,20 @@ HELD_STREAMS = 5
 # Dashboard panels that stay empty in this set-up, and why.
 EMPTY_HERE = {
     "sidecar_capacity_disagreement_ratio": "only where the engine's pool and NVML are both read",
-    "sidecar_kv_reserved_bytes": "token admission only; this stack runs the default (adaptive)",
-    "sidecar_kv_admissible_bytes": "token admission only; this stack runs the default (adaptive)",
+    "sidecar_kv_reserved_bytes": "token admission only; this stack runs the default (slo)",
+    "sidecar_kv_admissible_bytes": "token admission only; this stack runs the default (slo)",
+    **dict.fromkeys(
+        (
+            "sidecar_adaptive_limit_tokens",
+            "sidecar_adaptive_overcommit_ratio",
+            "sidecar_adaptive_fallback",
+            "sidecar_adaptive_expected_completion_tokens",
+            "sidecar_adaptive_completion_samples",
+            "sidecar_ledger_tokens",
+            "sidecar_ledger_reserved_tokens",
+        ),
+        "adaptive admission only; this stack runs the default (slo)",
+    ),
 }
 DASHBOARD_VALUES = {"namespace": POD["namespace"], "pod": ".+", "__rate_interval": "10s"}
 PROMETHEUS_KEY = {  # metric an autoscaler reads -> the /capacity field it must equal
@@ -193,6 +205,8 @@ def sidecar_env(upstream: str, proxy_port: int, admin_port: int, double: Path) -
         "SIDECAR_MAX_COMPLETION_TOKENS": "156",
         "SIDECAR_MAX_QUEUE": "8",
         "SIDECAR_MAX_WAIT_MS": "120000",
+        # The default admission waits no longer than the TTFT objective: held streams must queue.
+        "SIDECAR_SLO_TTFT_MS": "120000",
         "SIDECAR_LOG_LEVEL": "warning",
     }
 

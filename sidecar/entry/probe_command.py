@@ -108,7 +108,10 @@ def describe(doc: dict[str, Any]) -> list[str]:
 def _limit_line(doc: dict[str, Any]) -> str:
     """The limit ``serve`` would enforce, in its unit, and whether the permits are it."""
     line = f"admission: {doc['admission']}, limit {doc['limit']:,} {doc['limit_unit']}"
-    if doc["admission"] != "count":
+    if doc["admission"] == "slo":
+        line += " (steered by the streams' latencies; never past the permits above unless the "
+        line += "engine preempts)"
+    elif doc["admission"] != "count":
         line += " (the permits above are not enforced in this mode)"
     return line
 
