@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 RejectReason = Literal["queue_full", "shed", "timeout", "too_large", "draining", "no_capacity"]
 UpstreamFailure = Literal["upstream_unavailable", "upstream_timeout"]
@@ -34,6 +34,20 @@ class Refusal:
     should_retry: bool = True
     # The value of llm-d's DROPPED_REASON_HEADER on this refusal; None: not a flow-control drop.
     dropped_reason: str | None = None
+
+
+def error_body(
+    message: str, *, type_: str, code: str, param: str | None = None
+) -> dict[str, dict[str, Any]]:
+    """The OpenAI error object of every 4xx/5xx the sidecar itself produces, so that OpenAI SDKs
+    raise their usual exception classes with our message."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def refusal_body(refusal: Refusal, message: str | None = None) -> dict[str, dict[str, Any]]:
+    """The error object of a refusal or failure, as its row says (``message``: more than the
+    row's own words, where there is more to say)."""
+    return error_body(message or refusal.message, type_=refusal.error_type, code=refusal.code)
 
 
 # llm-d's router says why it dropped a request in this response header, with these values

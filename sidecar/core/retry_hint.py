@@ -12,6 +12,9 @@ from collections import deque
 from dataclasses import dataclass
 
 MIN_RETRY_S = 0.5
+# The longest wait ever asked for. The openai SDK honours a server's delay only within
+# 0 < delay <= its limit (_base_client.py: 60 s in openai 1.54.0, MAX_RETRY_AFTER_DELAY = 120 s in
+# 3.60.0), beyond which it falls back to its own backoff (1.x) or gives up (3.x): 60 s fits both.
 MAX_RETRY_S = 60.0
 
 

@@ -24,7 +24,7 @@ from typing import cast
 import httptools
 
 from sidecar.edge.engine.errors import EngineProtocolError, StaleConnectionError
-from sidecar.edge.engine.head import MAX_HEAD_BYTES, Head, ends_at_close, make_head
+from sidecar.edge.engine.head import MAX_HEAD_BYTES, ResponseHead, ends_at_close, make_head
 from sidecar.edge.engine.read_deadline import ReadDeadline
 from sidecar.edge.flow import FlowControl
 
@@ -80,7 +80,7 @@ class EngineConnection(asyncio.Protocol):
     def _new_answer(self, *, head_request: bool) -> None:
         self._parser = httptools.HttpResponseParser(self)
         self._head_request = head_request
-        self.head: Head | None = None
+        self.head: ResponseHead | None = None
         self._reason = b""
         self._fields: list[tuple[bytes, bytes]] = []
         self._head_bytes = 0
@@ -214,7 +214,7 @@ class EngineConnection(asyncio.Protocol):
         wait: those are the next read's, and order is kept."""
         self._sink = sink if not self._pieces else None
 
-    async def read_head(self) -> Head:
+    async def read_head(self) -> ResponseHead:
         """The answer's head, once here. An answer that broke by then, in its head or in body
         bytes that came with it, fails whole: nothing of it has gone anywhere yet."""
         while self.head is None:

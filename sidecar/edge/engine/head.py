@@ -17,17 +17,17 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from sidecar.edge.engine.errors import EngineProtocolError
 from sidecar.edge.engine.http1 import end_to_end_fields
+from sidecar.edge.message import NO_BODY_STATUSES
 
 # Past this the answer is refused, not buffered: it bounds what one engine head can cost.
 MAX_HEAD_BYTES = 64 * 1024
-NO_BODY_STATUSES = frozenset({204, 304})
 MIN_STATUS, MAX_STATUS = 100, 599
 # RFC 9112 §4: a reason phrase is HTAB, SP, visible ASCII and obs-text; no other control byte.
 _CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 @dataclass(frozen=True, slots=True)
-class Head:
+class ResponseHead:
     """Status, reason and fields of the engine's answer; ``fields`` is read-only."""
 
     status: int
@@ -36,7 +36,7 @@ class Head:
     forwarded: tuple[tuple[str, str], ...]  # the end-to-end fields: what a proxy passes on
 
 
-def make_head(status: int, reason: bytes, fields: list[tuple[bytes, bytes]]) -> Head:
+def make_head(status: int, reason: bytes, fields: list[tuple[bytes, bytes]]) -> ResponseHead:
     """The head llhttp parsed, its values decoded as aiohttp's parser does (UTF-8, any other
     byte kept as it came, so it goes out to the client unchanged)."""
     if _CONTROL.search(reason):
@@ -50,7 +50,7 @@ def make_head(status: int, reason: bytes, fields: list[tuple[bytes, bytes]]) -> 
     multi = CIMultiDict(decoded)
     _check_transfer_coding(multi.getall("Transfer-Encoding", []))
     forwarded = end_to_end_fields(decoded, multi.get("Connection"))
-    return Head(
+    return ResponseHead(
         status, reason.decode("utf-8", "replace"), CIMultiDictProxy(multi), tuple(forwarded)
     )
 
@@ -65,7 +65,7 @@ def _check_transfer_coding(fields: list[str]) -> None:
         raise EngineProtocolError("the engine's answer uses a transfer coding other than chunked")
 
 
-def ends_at_close(head: Head, *, head_request: bool) -> bool:
+def ends_at_close(head: ResponseHead, *, head_request: bool) -> bool:
     """Whether the body, if it has one, ends where the engine closes the connection (RFC 9112
     §6.3: neither chunked, the only transfer coding make_head lets through, nor a length)."""
     if head_request or head.status < 200 or head.status in NO_BODY_STATUSES:

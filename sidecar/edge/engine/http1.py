@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from multidict import CIMultiDict
 
 from sidecar.edge.engine.errors import UnsendableRequestError
+from sidecar.edge.message import holds_line_break
 
 # Sent by the sidecar itself, whatever the client sent: the framing of the request it writes.
 # Expect too: the body goes out with the head, so there is nothing for a 100 Continue to unblock.
@@ -56,7 +57,7 @@ def encode_request(
     if body is not None or method in ("POST", "PUT", "PATCH"):
         lines.append(f"Content-Length: {len(body or b'')}")
     fields = "".join(lines)  # the head less its separators: no CR, LF or NUL may be left in it
-    if "\n" in fields or "\r" in fields:
+    if holds_line_break(fields):
         msg = "a request line or header field holds a line break"
         raise UnsendableRequestError(msg)
     if "\x00" in fields or " " in target:

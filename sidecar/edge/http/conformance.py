@@ -21,7 +21,7 @@ class HeadRefusedError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class Head:
+class CheckedHead:
     """What the rules decide about a head that passes them."""
 
     version: tuple[int, int]
@@ -32,7 +32,7 @@ class Head:
 
 def check_head(
     version_text: str, url: str, headers: CIMultiDict[str], *, keep_alive: bool, upgrade: bool
-) -> Head:
+) -> CheckedHead:
     """Apply every rule to a head llhttp accepted; HeadRefusedError for the first it breaks.
 
     ``keep_alive`` is llhttp's reading of the version and the Connection field; ``upgrade`` that
@@ -55,7 +55,7 @@ def check_head(
         # RFC 9112 §6.1: Transfer-Encoding in an HTTP/1.0 message means the framing is faulty:
         # the message is processed, then the connection closes.
         keep_alive = False
-    return Head(version, without_fragment(url), body_exists, keep_alive)
+    return CheckedHead(version, without_fragment(url), body_exists, keep_alive)
 
 
 def _check_host(version: tuple[int, int], hosts: list[str]) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
 
 from sidecar.core.errors import (
     AdmissionRejectedError,
@@ -18,26 +17,14 @@ from sidecar.core.errors import (
     SidecarError,
     UpstreamError,
 )
-from sidecar.core.outcomes import DROPPED_REASON_HEADER, Refusal
+from sidecar.core.outcomes import DROPPED_REASON_HEADER, Refusal, error_body, refusal_body
+from sidecar.core.retry_hint import MAX_RETRY_S
 from sidecar.edge.http.response import Response
-
-
-def error_body(
-    message: str, *, type_: str, code: str, param: str | None = None
-) -> dict[str, dict[str, Any]]:
-    """The OpenAI-shaped error object."""
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
-
-
-# The longest wait we ask for. The openai SDK honours a server's delay only within
-# 0 < delay <= its limit (_base_client.py: 60 s in openai 1.54.0, MAX_RETRY_AFTER_DELAY = 120 s in
-# 3.60.0), beyond which it falls back to its own backoff (1.x) or gives up (3.x): 60 s fits both.
-SDK_MAX_RETRY_S = 60.0
 
 
 def retry_after_header(retry_after_s: float) -> str:
     """``Retry-After`` takes whole seconds; round up so a client never comes back too early."""
-    return str(max(1, math.ceil(min(retry_after_s, SDK_MAX_RETRY_S))))
+    return str(max(1, math.ceil(min(retry_after_s, MAX_RETRY_S))))
 
 
 def retry_headers(retry_after_s: float, *, should_retry: bool) -> dict[str, str]:
@@ -48,7 +35,7 @@ def retry_headers(retry_after_s: float, *, should_retry: bool) -> dict[str, str]
     """
     if not should_retry:
         return {"x-should-retry": "false"}
-    wait_ms = max(1, math.ceil(min(retry_after_s, SDK_MAX_RETRY_S) * 1000))
+    wait_ms = max(1, math.ceil(min(retry_after_s, MAX_RETRY_S) * 1000))
     return {
         "Retry-After": retry_after_header(retry_after_s),
         "retry-after-ms": str(wait_ms),
@@ -67,11 +54,6 @@ def json_error(
 ) -> Response:
     body = json.dumps(error_body(message, type_=type_, code=code, param=param)).encode()
     return Response(status, body, headers, content_type="application/json")
-
-
-def refusal_body(refusal: Refusal, message: str) -> dict[str, dict[str, Any]]:
-    """The error object of a refusal or upstream failure, as its outcome-table row says."""
-    return error_body(message, type_=refusal.error_type, code=refusal.code)
 
 
 def error_response(exc: SidecarError) -> Response:

@@ -10,7 +10,7 @@ from http import HTTPStatus
 from typing import Literal
 
 from sidecar.core.errors import EdgeRefusedError
-from sidecar.core.outcomes import EDGE_FAULTS, EdgeFault
+from sidecar.core.outcomes import EDGE_FAULTS, EdgeFault, refusal_body
 
 # The body budget's refusals (rows of EDGE_FAULTS): the port's, or one address's share.
 BudgetFault = Literal["body_budget_full", "client_body_budget_full"]
@@ -128,13 +128,7 @@ def raw_answer(fault: EdgeFault, message: str | None = None) -> bytes:
 
     ``message`` (our own words, never the client's bytes) says more than the fault's own."""
     refusal = EDGE_FAULTS[fault]
-    error = {
-        "message": message or refusal.message,
-        "type": refusal.error_type,
-        "param": None,
-        "code": refusal.code,
-    }
-    body = json.dumps({"error": error}).encode()
+    body = json.dumps(refusal_body(refusal, message)).encode()
     retry = b"Retry-After: 1\r\n" if refusal.status == 503 else b""
     head = (
         f"HTTP/1.1 {refusal.status} {HTTPStatus(refusal.status).phrase}\r\n"

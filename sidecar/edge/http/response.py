@@ -16,9 +16,9 @@ from http import HTTPStatus
 from multidict import CIMultiDict
 
 from sidecar.edge.http.request import Request
+from sidecar.edge.message import NO_BODY_STATUSES, holds_line_break
 
 REASONS = {status.value: status.phrase for status in HTTPStatus}
-NO_BODY_STATUSES = frozenset({204, 304})
 # Set by the framing below, whatever a handler or the engine put in the fields.
 FRAMING_FIELDS = frozenset({"transfer-encoding", "connection", "keep-alive"})
 SIZED_FIELDS = FRAMING_FIELDS | {"content-length"}  # a whole answer's length is its body's
@@ -74,7 +74,7 @@ def encode_head(
     if close:
         lines.append("Connection: close")
     joined = "".join(lines)  # the head less its separators: no CR or LF may be left in it
-    if "\n" in joined or "\r" in joined:
+    if holds_line_break(joined):
         raise UnsendableHeadError("a response field holds a line break")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
 

@@ -12,13 +12,9 @@ import json
 from typing import Literal
 
 from sidecar.core.errors import AdmissionRejectedError
-from sidecar.edge.http.errors import (
-    SDK_MAX_RETRY_S,
-    error_response,
-    refusal_body,
-    refusal_headers,
-    retry_headers,
-)
+from sidecar.core.outcomes import refusal_body
+from sidecar.core.retry_hint import MAX_RETRY_S
+from sidecar.edge.http.errors import error_response, refusal_headers, retry_headers
 from sidecar.edge.http.response import Response
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -37,7 +33,7 @@ def fallback_event(exc: AdmissionRejectedError) -> bytes:
     payload["error"]["should_retry"] = should
     if should:
         payload["error"]["retry_after_ms"] = int(advice["retry-after-ms"])
-    data = {**payload, "retry_after_s": round(min(exc.retry_after_s, SDK_MAX_RETRY_S), 1)}
+    data = {**payload, "retry_after_s": round(min(exc.retry_after_s, MAX_RETRY_S), 1)}
     return f"event: fallback\ndata: {json.dumps(data)}\n\ndata: [DONE]\n\n".encode()
 
 

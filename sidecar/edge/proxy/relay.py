@@ -21,11 +21,10 @@ from typing import Any, Literal
 
 from sidecar.core.errors import UpstreamError
 from sidecar.core.ledger import StreamUsage
-from sidecar.core.outcomes import REJECTIONS, Refusal
+from sidecar.core.outcomes import REJECTIONS, Refusal, refusal_body
 from sidecar.core.stream_timing import StreamTiming
 from sidecar.edge.engine.client import read_chunk
 from sidecar.edge.engine.pool import EngineResponse
-from sidecar.edge.http.errors import refusal_body
 from sidecar.edge.http.request import Request
 from sidecar.edge.http.response import StreamResponse
 from sidecar.edge.proxy.in_flight import Stop
