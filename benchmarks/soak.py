@@ -238,7 +238,7 @@ async def soak(total: int, concurrency: int) -> int:
             await settle(server)
             # Both ends of each kept-alive engine connection are in this process: bounded by the
             # pool (and by each round's peak concurrency), they are not what a leak looks like.
-            pooled = 2 * server.upstream.idle_connections
+            pooled = 2 * server.upstream.idle
             figures.append((round_no, fds() - pooled, rss_mib(), pooled))
     finally:
         sampler.cancel()

@@ -19,10 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.core.errors import UpstreamTimeoutError, UpstreamUnavailableError
-from sidecar.edge.engine.client import Upstream, read_all, read_chunk, release
+from sidecar.edge.engine.client import read_all, read_chunk, release, send
 from sidecar.edge.engine.connection import HIGH_WATER, EngineConnection, Phase
 from sidecar.edge.engine.errors import EngineProtocolError
-from sidecar.edge.engine.pool import EngineResponse
+from sidecar.edge.engine.pool import EnginePool, EngineResponse
 
 # One scripted answer: given the request's bytes (head and body), the bytes to send back, and
 # whether to close the connection after sending them.
@@ -103,34 +103,33 @@ async def engine() -> AsyncIterator[Engine]:
 
 async def _upstream(
     port: int, *, read_timeout_s: float = 5.0, path: str = ""
-) -> AsyncIterator[Upstream]:
-    upstream = Upstream(
+) -> AsyncIterator[EnginePool]:
+    upstream = EnginePool(
         f"http://127.0.0.1:{port}{path}",
         connect_timeout_s=2.0,
         read_timeout_s=read_timeout_s,
     )
-    await upstream.start()
     try:
         yield upstream
     finally:
-        await upstream.close()
+        upstream.close()
 
 
 @pytest.fixture
-async def upstream(engine: Engine) -> AsyncIterator[Upstream]:
+async def upstream(engine: Engine) -> AsyncIterator[EnginePool]:
     async for made in _upstream(engine.port):
         yield made
 
 
-async def _get_body(upstream: Upstream, method: str = "POST") -> tuple[EngineResponse, bytes]:
-    response = await upstream.send(method, "/v1/x", {"Content-Type": "application/json"}, b"{}")
+async def _get_body(upstream: EnginePool, method: str = "POST") -> tuple[EngineResponse, bytes]:
+    response = await send(upstream, method, "/v1/x", {"Content-Type": "application/json"}, b"{}")
     try:
         return response, await read_all(response)
     finally:
         release(response)
 
 
-async def test_a_kept_alive_connection_is_reused(engine: Engine, upstream: Upstream) -> None:
+async def test_a_kept_alive_connection_is_reused(engine: Engine, upstream: EnginePool) -> None:
     engine.answers = [answer(OK_BODY)] * 3
     for _ in range(3):
         response, body = await _get_body(upstream)
@@ -149,7 +148,7 @@ async def test_the_request_goes_out_as_the_sidecar_means_it(engine: Engine) -> N
             "Transfer-Encoding": "chunked",
             "Expect": "100-continue",
         }
-        response = await upstream.send("POST", "/v1/chat/completions?x=1", headers, b'{"a":1}')
+        response = await send(upstream, "POST", "/v1/chat/completions?x=1", headers, b'{"a":1}')
         release(response)
     head, _, body = engine.requests[0].partition(b"\r\n\r\n")
     lines = head.split(b"\r\n")
@@ -160,14 +159,16 @@ async def test_the_request_goes_out_as_the_sidecar_means_it(engine: Engine) -> N
     assert body == b'{"a":1}'
 
 
-async def test_a_header_with_a_line_break_is_never_sent(engine: Engine, upstream: Upstream) -> None:
+async def test_a_header_with_a_line_break_is_never_sent(
+    engine: Engine, upstream: EnginePool
+) -> None:
     with pytest.raises(UpstreamUnavailableError):
-        await upstream.send("POST", "/v1/x", {"X-A": "1\r\nX-Injected: 1"}, b"{}")
+        await send(upstream, "POST", "/v1/x", {"X-A": "1\r\nX-Injected: 1"}, b"{}")
     assert engine.requests == []
 
 
 async def test_a_chunked_body_with_extensions_and_trailers(
-    engine: Engine, upstream: Upstream
+    engine: Engine, upstream: EnginePool
 ) -> None:
     engine.answers = [
         answer(
@@ -182,7 +183,7 @@ async def test_a_chunked_body_with_extensions_and_trailers(
     assert engine.connections == 1  # read to its end: reused
 
 
-async def test_a_chunked_body_split_at_every_byte(engine: Engine, upstream: Upstream) -> None:
+async def test_a_chunked_body_split_at_every_byte(engine: Engine, upstream: EnginePool) -> None:
     """However the socket splits it, the body is the same bytes."""
     engine.byte_by_byte = True
     engine.answers = [
@@ -195,7 +196,7 @@ async def test_a_chunked_body_split_at_every_byte(engine: Engine, upstream: Upst
 
 
 async def test_a_body_without_length_ends_at_close_and_is_not_reused(
-    engine: Engine, upstream: Upstream
+    engine: Engine, upstream: EnginePool
 ) -> None:
     """RFC 9112 §6.3: neither a length nor chunked: the body is what comes before the engine
     closes (a FIN; a reset is a failure, below). Another transfer coding is refused outright
@@ -216,7 +217,7 @@ async def test_a_body_without_length_ends_at_close_and_is_not_reused(
     ids=["connection-close", "http-1.0"],
 )
 async def test_answers_that_end_their_connection(
-    engine: Engine, upstream: Upstream, head: bytes
+    engine: Engine, upstream: EnginePool, head: bytes
 ) -> None:
     engine.answers = [answer(head), answer(OK_BODY)]
     _, body = await _get_body(upstream)
@@ -225,7 +226,7 @@ async def test_answers_that_end_their_connection(
     assert engine.connections == 2
 
 
-async def test_an_interim_answer_is_skipped(engine: Engine, upstream: Upstream) -> None:
+async def test_an_interim_answer_is_skipped(engine: Engine, upstream: EnginePool) -> None:
     engine.answers = [
         answer(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\n\r\n" + OK_BODY)
     ]
@@ -243,7 +244,7 @@ async def test_an_interim_answer_is_skipped(engine: Engine, upstream: Upstream) 
     ids=["head", "204", "304"],
 )
 async def test_answers_without_a_body(
-    engine: Engine, upstream: Upstream, method: str, head: bytes
+    engine: Engine, upstream: EnginePool, method: str, head: bytes
 ) -> None:
     engine.answers = [answer(head), answer(OK_BODY)]
     _, body = await _get_body(upstream, method)
@@ -253,7 +254,7 @@ async def test_answers_without_a_body(
 
 
 async def test_a_head_request_has_no_body_where_the_same_head_had_one_before(
-    engine: Engine, upstream: Upstream
+    engine: Engine, upstream: EnginePool
 ) -> None:
     """A HEAD request's answer has no body whatever its fields say, and the next answer on
     the same connection, to the same head, has its own."""
@@ -266,7 +267,7 @@ async def test_a_head_request_has_no_body_where_the_same_head_had_one_before(
 
 
 async def test_status_reason_and_fields_reach_the_response(
-    engine: Engine, upstream: Upstream
+    engine: Engine, upstream: EnginePool
 ) -> None:
     engine.answers = [
         answer(
@@ -327,10 +328,10 @@ async def test_status_reason_and_fields_reach_the_response(
         "switching-protocols",
     ],
 )
-async def test_a_broken_head_is_a_502(engine: Engine, upstream: Upstream, data: bytes) -> None:
+async def test_a_broken_head_is_a_502(engine: Engine, upstream: EnginePool, data: bytes) -> None:
     engine.answers = [answer(data), answer(OK_BODY)]
     with pytest.raises(UpstreamUnavailableError):
-        await upstream.send("POST", "/v1/x", {}, b"{}")
+        await send(upstream, "POST", "/v1/x", {}, b"{}")
     await _get_body(upstream)
     assert engine.connections == 2  # the broken connection was not kept
 
@@ -361,7 +362,7 @@ async def test_a_broken_head_is_a_502(engine: Engine, upstream: Upstream, data: 
     ],
 )
 async def test_a_broken_body_is_an_error_not_a_short_body(
-    engine: Engine, upstream: Upstream, data: bytes
+    engine: Engine, upstream: EnginePool, data: bytes
 ) -> None:
     engine.answers = [answer(data)]
     # Whether the break comes in the head's read or a later one, it is an error, never a body.
@@ -378,10 +379,10 @@ async def test_a_broken_body_is_an_error_not_a_short_body(
     ids=["length", "chunked"],
 )
 async def test_an_engine_gone_mid_body_is_an_error(
-    engine: Engine, upstream: Upstream, data: bytes
+    engine: Engine, upstream: EnginePool, data: bytes
 ) -> None:
     engine.answers = [answer(data, close=True)]
-    response = await upstream.send("POST", "/v1/x", {}, b"{}")
+    response = await send(upstream, "POST", "/v1/x", {}, b"{}")
     assert await read_chunk(response) == b"12345"
     with pytest.raises(UpstreamUnavailableError) as caught:
         await read_chunk(response)
@@ -389,23 +390,25 @@ async def test_an_engine_gone_mid_body_is_an_error(
     release(response)
 
 
-async def test_a_reset_ends_no_close_delimited_body(engine: Engine, upstream: Upstream) -> None:
+async def test_a_reset_ends_no_close_delimited_body(engine: Engine, upstream: EnginePool) -> None:
     """A body framed by the engine's close ends cleanly on a FIN; a reset is a failure."""
     engine.answers = [answer(b"HTTP/1.1 200 OK\r\n\r\npart" + RESET)]
-    response = await upstream.send("POST", "/v1/x", {}, b"{}")
+    response = await send(upstream, "POST", "/v1/x", {}, b"{}")
     with pytest.raises(UpstreamUnavailableError):
         await read_all(response)
     release(response)
 
 
-async def test_an_engine_gone_before_its_head_is_a_502(engine: Engine, upstream: Upstream) -> None:
+async def test_an_engine_gone_before_its_head_is_a_502(
+    engine: Engine, upstream: EnginePool
+) -> None:
     engine.answers = [answer(b"", close=True)]
     with pytest.raises(UpstreamUnavailableError):
-        await upstream.send("POST", "/v1/x", {}, b"{}")
+        await send(upstream, "POST", "/v1/x", {}, b"{}")
 
 
 async def test_a_kept_alive_connection_the_engine_closed_is_replaced(
-    engine: Engine, upstream: Upstream
+    engine: Engine, upstream: EnginePool
 ) -> None:
     """The engine's keep-alive timeout closed the idle connection, and the pool saw it: nothing
     was sent on it, so the POST goes out on a new one; the engine saw it once."""
@@ -415,21 +418,19 @@ async def test_a_kept_alive_connection_the_engine_closed_is_replaced(
         writer.close()  # the engine ends the idle connection
     engine.writers.clear()
     for _ in range(100):  # loop turns, bounded: the close reaches the pooled connection
-        if upstream.idle_connections == 1 and await _pooled_closing(upstream):
+        if upstream.idle == 1 and await _pooled_closing(upstream):
             break
         await asyncio.sleep(0)
     response, body = await _get_body(upstream)
     assert (response.status, body, engine.connections, len(engine.requests)) == (200, b"{}", 2, 2)
 
 
-async def _pooled_closing(upstream: Upstream) -> bool:
+async def _pooled_closing(upstream: EnginePool) -> bool:
     await asyncio.sleep(0)
-    pool = upstream._pool
-    assert pool is not None
-    return all(connection.closing for connection in pool._idle)
+    return all(connection.closing for connection in upstream._idle)
 
 
-async def test_a_post_is_never_sent_twice(engine: Engine, upstream: Upstream) -> None:
+async def test_a_post_is_never_sent_twice(engine: Engine, upstream: EnginePool) -> None:
     """RFC 9112 §9.3.1: the engine closed a reused connection just as a POST went out on it,
     without a byte of an answer. The POST may have reached it (and be generating): a 502, and
     the engine saw it once."""
@@ -443,14 +444,14 @@ async def test_a_post_is_never_sent_twice(engine: Engine, upstream: Upstream) ->
 
 @pytest.mark.parametrize("method", ["GET", "HEAD", "OPTIONS", "PUT", "DELETE"])
 async def test_an_idempotent_request_on_a_connection_closed_unanswered_is_sent_once_more(
-    engine: Engine, upstream: Upstream, method: str
+    engine: Engine, upstream: EnginePool, method: str
 ) -> None:
     """The same race for an idempotent request: not one byte came back, so it is sent again,
     once, on a new connection."""
     last = OK_BODY.removesuffix(b"{}") if method == "HEAD" else OK_BODY
     engine.answers = [answer(OK_BODY), answer(b"", close=True), answer(last)]
     await _get_body(upstream)
-    response = await upstream.send(method, "/v1/x", {}, None)
+    response = await send(upstream, method, "/v1/x", {}, None)
     body = await read_all(response)
     release(response)
     assert response.status == 200
@@ -465,7 +466,7 @@ async def test_a_new_connection_closed_unanswered_is_not_sent_again(engine: Engi
     engine.answers = [answer(b"", close=True), answer(OK_BODY)]
     async for upstream in _upstream(engine.port):
         with pytest.raises(UpstreamUnavailableError):
-            await upstream.send("GET", "/v1/models", {}, None)
+            await send(upstream, "GET", "/v1/models", {}, None)
     assert len(engine.requests) == 1
 
 
@@ -488,7 +489,7 @@ async def test_sent_comes_once_the_engine_can_read_the_request() -> None:
 
     try:
         async for upstream in _upstream(listener.getsockname()[1]):
-            response = await upstream.send("POST", "/v1/x", {}, b'{"a":1}', sent)
+            response = await send(upstream, "POST", "/v1/x", {}, b'{"a":1}', sent=sent)
             assert (response.status, await read_all(response)) == (200, b"{}")
     finally:
         for conn in accepted:
@@ -499,14 +500,14 @@ async def test_sent_comes_once_the_engine_can_read_the_request() -> None:
 
 
 async def test_sent_comes_once_where_the_request_goes_out_twice(
-    engine: Engine, upstream: Upstream
+    engine: Engine, upstream: EnginePool
 ) -> None:
     """An idempotent request on a reused connection the engine closed unanswered: it is sent
     again, ``sent`` runs for the first write only."""
     engine.answers = [answer(OK_BODY), answer(b"", close=True), answer(OK_BODY)]
     await _get_body(upstream)
     calls: list[int] = []
-    response = await upstream.send("GET", "/v1/x", {}, None, lambda: calls.append(1))
+    response = await send(upstream, "GET", "/v1/x", {}, None, sent=lambda: calls.append(1))
     assert (await read_all(response), len(engine.requests), calls) == (b"{}", 3, [1])
     release(response)
 
@@ -514,7 +515,7 @@ async def test_sent_comes_once_where_the_request_goes_out_twice(
 async def test_no_answer_in_time_is_a_504(engine: Engine) -> None:
     async for upstream in _upstream(engine.port, read_timeout_s=0.2):
         with pytest.raises(UpstreamTimeoutError):
-            await upstream.send("POST", "/v1/x", {}, b"{}")
+            await send(upstream, "POST", "/v1/x", {}, b"{}")
 
 
 async def test_a_pooled_connection_gives_its_next_request_the_whole_read_timeout(
@@ -535,7 +536,7 @@ async def test_a_pooled_connection_gives_its_next_request_the_whole_read_timeout
 async def test_a_body_that_stops_arriving_is_a_504(engine: Engine) -> None:
     engine.answers = [answer(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n12345")]
     async for upstream in _upstream(engine.port, read_timeout_s=0.2):
-        response = await upstream.send("POST", "/v1/x", {}, b"{}")
+        response = await send(upstream, "POST", "/v1/x", {}, b"{}")
         assert await read_chunk(response) == b"12345"
         with pytest.raises(UpstreamTimeoutError):
             await read_chunk(response)
@@ -549,17 +550,19 @@ async def test_a_refused_connection_is_a_502() -> None:
     await server.wait_closed()
     async for upstream in _upstream(port):
         with pytest.raises(UpstreamUnavailableError) as caught:
-            await upstream.send("GET", "/health", {}, None)
+            await send(upstream, "GET", "/health", {}, None)
     assert isinstance(caught.value.__cause__, ConnectionRefusedError)
 
 
-async def test_a_body_left_unread_closes_its_connection(engine: Engine, upstream: Upstream) -> None:
+async def test_a_body_left_unread_closes_its_connection(
+    engine: Engine, upstream: EnginePool
+) -> None:
     """Closing is how vLLM learns the client is gone: it aborts the request on the drop."""
     engine.answers = [
         answer(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n12345"),
         answer(OK_BODY),
     ]
-    response = await upstream.send("POST", "/v1/x", {}, b"{}")
+    response = await send(upstream, "POST", "/v1/x", {}, b"{}")
     assert await read_chunk(response) == b"12345"
     release(response)
     await _get_body(upstream)
@@ -567,12 +570,12 @@ async def test_a_body_left_unread_closes_its_connection(engine: Engine, upstream
 
 
 async def test_a_whole_body_left_unread_never_reaches_the_next_request(
-    engine: Engine, upstream: Upstream
+    engine: Engine, upstream: EnginePool
 ) -> None:
     """The engine's answer arrived in full, but the relay stopped before taking it (its client
     left): those bytes are dropped with their connection, not read by the next request."""
     engine.answers = [answer(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale"), answer(OK_BODY)]
-    response = await upstream.send("POST", "/v1/x", {}, b"{}")
+    response = await send(upstream, "POST", "/v1/x", {}, b"{}")
     for _ in range(5):
         await asyncio.sleep(0)  # turns of the loop: the body arrives, unread
     release(response)
@@ -581,7 +584,7 @@ async def test_a_whole_body_left_unread_never_reaches_the_next_request(
 
 
 async def test_bytes_on_an_idle_connection_never_reach_the_next_request(
-    engine: Engine, upstream: Upstream
+    engine: Engine, upstream: EnginePool
 ) -> None:
     """An engine that writes while nothing was asked (a stray second answer): the connection is
     dropped, and the next request reads its own answer on a new one."""
@@ -596,12 +599,12 @@ async def test_bytes_on_an_idle_connection_never_reach_the_next_request(
     assert (body, engine.connections) == (b"{}", 2)
 
 
-async def test_a_slow_reader_stops_the_engine_socket(engine: Engine, upstream: Upstream) -> None:
+async def test_a_slow_reader_stops_the_engine_socket(engine: Engine, upstream: EnginePool) -> None:
     """Bytes the relay has not taken yet are bounded: past the high-water mark the socket stops
     reading and the engine's own send buffer fills, instead of the sidecar's memory."""
     size = 16 * 1024 * 1024
     engine.answers = [answer(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size + b"x" * size)]
-    response = await upstream.send("POST", "/v1/x", {}, b"{}")
+    response = await send(upstream, "POST", "/v1/x", {}, b"{}")
     connection = response._connection
     assert connection is not None
     # Loop turns, as many as it takes (bounded), for the engine to write past the mark.

@@ -9,7 +9,7 @@ import pytest
 import structlog
 from aiohttp import web
 
-from sidecar.edge.engine.client import Upstream
+from sidecar.edge.engine.pool import EnginePool
 from sidecar.edge.proxy.prompt_count import EnginePromptCounter
 from tests.servers import StartSidecar, admin_url, error_of, get_json, proxy_url, serve_app
 
@@ -62,17 +62,16 @@ async def test_exact_count_over_the_prompt_budget_is_refused(
 
 
 @pytest.fixture
-async def no_tokenize() -> AsyncIterator[Upstream]:
+async def no_tokenize() -> AsyncIterator[EnginePool]:
     """An OpenAI-compatible server without /tokenize (every path 404s)."""
     runner, url = await serve_app(web.Application())
-    upstream = Upstream(url, connect_timeout_s=1, read_timeout_s=1)
-    await upstream.start()
+    upstream = EnginePool(url, connect_timeout_s=1, read_timeout_s=1)
     yield upstream
-    await upstream.close()
+    upstream.close()
     await runner.cleanup()
 
 
-async def test_engine_without_tokenize_falls_back_and_says_so_once(no_tokenize: Upstream) -> None:
+async def test_engine_without_tokenize_falls_back_and_says_so_once(no_tokenize: EnginePool) -> None:
     """No /tokenize: the count is None (the estimate stays) and the warning is logged once."""
     counter = EnginePromptCounter(no_tokenize)
     with structlog.testing.capture_logs() as events:

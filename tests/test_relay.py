@@ -13,7 +13,8 @@ import pytest
 from multidict import CIMultiDict
 
 from sidecar.core.errors import UpstreamTimeoutError, UpstreamUnavailableError
-from sidecar.edge.engine.client import Upstream, release
+from sidecar.edge.engine.client import release, send
+from sidecar.edge.engine.pool import EnginePool
 from sidecar.edge.http.request import Request, Wire
 from sidecar.edge.proxy.relay import RelayResult, in_band_error, relay_stream
 from sidecar.edge.proxy.sse_framing import EventFramer
@@ -95,19 +96,18 @@ class _Engine:
 
 
 @contextlib.asynccontextmanager
-async def _upstream() -> AsyncIterator[tuple[_Engine, Upstream]]:
+async def _upstream() -> AsyncIterator[tuple[_Engine, EnginePool]]:
     engine = _Engine()
     server = await asyncio.start_server(engine.serve, "127.0.0.1", 0)
     engine.port = server.sockets[0].getsockname()[1]
-    upstream = Upstream(
+    upstream = EnginePool(
         f"http://127.0.0.1:{engine.port}", connect_timeout_s=2.0, read_timeout_s=5.0
     )
-    await upstream.start()
     try:
         yield engine, upstream
     finally:
         engine.sends.put_nowait(b"")
-        await upstream.close()
+        upstream.close()
         for writer in engine.writers:
             writer.close()
             with contextlib.suppress(ConnectionError):
@@ -185,7 +185,7 @@ async def _relayed(
     once the client got what the read before it carried."""
     async with _upstream() as (engine, upstream):
         engine.sends.put_nowait(SSE_HEAD)
-        answer = await upstream.send("POST", "/v1/chat/completions", {}, b"{}")
+        answer = await send(upstream, "POST", "/v1/chat/completions", {}, b"{}")
         relay = relay_stream(
             _client(socket, wire or _Wire(), version), answer, "req-1",
             write_timeout_s=write_timeout_s,
@@ -224,7 +224,7 @@ async def test_a_head_sent_with_its_first_event_leaves_with_it() -> None:
     socket = _Socket()
     async with _upstream() as (engine, upstream):
         engine.sends.put_nowait(SSE_HEAD + chunk(b"data: 1\n\n"))
-        answer = await upstream.send("POST", "/v1/chat/completions", {}, b"{}")
+        answer = await send(upstream, "POST", "/v1/chat/completions", {}, b"{}")
         relay = relay_stream(_client(socket, _Wire()), answer, "req-1", write_timeout_s=10.0)
         task = asyncio.create_task(relay)
         await socket.writes(1)
@@ -260,7 +260,7 @@ async def test_a_client_that_stops_reading_is_cut_off_at_the_write_deadline() ->
     socket, wire = _Socket(), _Wire()
     async with _upstream() as (engine, upstream):
         engine.sends.put_nowait(SSE_HEAD)
-        answer = await upstream.send("POST", "/v1/chat/completions", {}, b"{}")
+        answer = await send(upstream, "POST", "/v1/chat/completions", {}, b"{}")
         relay = relay_stream(_client(socket, wire), answer, "req-1", write_timeout_s=0.01)
         task = asyncio.create_task(relay)
         await socket.writes(1)

@@ -10,7 +10,7 @@ from conftest import Stack
 from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 
 from sidecar.core.request_checks import TokenPolicy, check_request
-from sidecar.edge.engine.client import Upstream
+from sidecar.edge.engine.pool import EnginePool
 from sidecar.edge.proxy.prompt_count import EnginePromptCounter
 
 MESSAGES: list[ChatCompletionMessageParam] = [
@@ -30,14 +30,13 @@ async def test_tokenize_count_equals_the_prompt_tokens_vllm_bills(
     stack: Stack, direct: openai.AsyncOpenAI, payload: dict[str, object], request_kind: str
 ) -> None:
     """What the sidecar asks /tokenize for is exactly the prompt_tokens vLLM reports in usage."""
-    upstream = Upstream(stack.vllm_url, connect_timeout_s=5, read_timeout_s=30)
-    await upstream.start()
+    upstream = EnginePool(stack.vllm_url, connect_timeout_s=5, read_timeout_s=30)
     try:
         counted = await EnginePromptCounter(upstream).count(
             {"model": stack.served_model, **payload}, {}
         )
     finally:
-        await upstream.close()
+        upstream.close()
     if request_kind == "chat":
         chat = await direct.chat.completions.create(
             model=stack.served_model, messages=MESSAGES, max_tokens=1
@@ -80,12 +79,11 @@ async def test_vllm_takes_what_the_sidecar_asks_it_to_render(
     policy = TokenPolicy(256, 16, count_from_engine=True)
     payload = check_request(json.dumps(body).encode(), "chat", policy).tokenize
     assert payload is not None
-    upstream = Upstream(stack.vllm_url, connect_timeout_s=5, read_timeout_s=30)
-    await upstream.start()
+    upstream = EnginePool(stack.vllm_url, connect_timeout_s=5, read_timeout_s=30)
     try:
         counted = await EnginePromptCounter(upstream).count(payload, {})
     finally:
-        await upstream.close()
+        upstream.close()
     chat = await direct.chat.completions.create(
         model=stack.served_model,
         messages=MESSAGES,

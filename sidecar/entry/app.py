@@ -27,7 +27,7 @@ from sidecar.core.tenancy import (
 )
 from sidecar.core.token_budget import TokenBudget
 from sidecar.edge.admin import Admin, admin_handler
-from sidecar.edge.engine.client import Upstream
+from sidecar.edge.engine.pool import EnginePool
 from sidecar.edge.http.limits import BodyLimits, ConnectionCount, EdgeLimits, Gate
 from sidecar.edge.http.server import HttpServer
 from sidecar.edge.proxy.handler import Proxy, ProxyConfig, proxy_handler
@@ -93,7 +93,7 @@ class SidecarServer:
             observe=self.signal.observe,
             slo=self.slo,
         )
-        self.upstream = Upstream(
+        self.upstream = EnginePool(
             settings.upstream_url,
             connect_timeout_s=settings.upstream_connect_timeout_ms / 1000,
             read_timeout_s=settings.upstream_read_timeout_ms / 1000,
@@ -252,7 +252,6 @@ class SidecarServer:
         await self._start(admin_sock, proxy_sock)
 
     async def _start(self, admin_sock: socket.socket, proxy_sock: socket.socket) -> None:
-        await self.upstream.start()
         state = await self.controller.refresh()
         log.info("capacity_initial", source=state.source, limit=state.limit, mode=state.mode)
         self.controller.start()
@@ -317,7 +316,7 @@ class SidecarServer:
                 await server.close(SHUTDOWN_TIMEOUT_S)
         self.proxy_server = self.admin_server = None
         await self.controller.stop()
-        await self.upstream.close()
+        self.upstream.close()
 
 
 def _claimed_wait(claims: Claims) -> float | None:

@@ -27,9 +27,9 @@ from sidecar.core.outcomes import EdgeFault
 from sidecar.core.request_checks import CheckedRequest, TokenPolicy
 from sidecar.core.request_id import accepted_request_id
 from sidecar.core.stream_timing import StreamTiming
-from sidecar.edge.engine.client import Upstream, read_all, release
+from sidecar.edge.engine.client import read_all, release, send
 from sidecar.edge.engine.http1 import end_to_end
-from sidecar.edge.engine.pool import EngineResponse
+from sidecar.edge.engine.pool import EnginePool, EngineResponse
 from sidecar.edge.http.errors import error_response
 from sidecar.edge.http.limits import BodyLimits, Gate
 from sidecar.edge.http.request import Request
@@ -86,7 +86,7 @@ class ProxyConfig:
 class Proxy:
     config: ProxyConfig
     bulkhead: Bulkhead
-    upstream: Upstream
+    upstream: EnginePool
     metrics: RequestMetrics
     clock: Callable[[], float] = time.monotonic
     counter: EnginePromptCounter | None = None
@@ -274,8 +274,9 @@ async def _forward(
         try:
             if timing is not None:
                 timing.sent = proxy.clock()
-            upstream = await proxy.upstream.send(
-                request.method, job.target.path_qs, headers, job.body, granted.went_out
+            target = job.target.path_qs
+            upstream = await send(
+                proxy.upstream, request.method, target, headers, job.body, sent=granted.went_out
             )
         finally:
             granted()  # where the request never went out, its grant is still logged, first
@@ -369,8 +370,12 @@ async def passthrough(request: Request, proxy: Proxy, target: Target, request_id
     """A free path (GET, HEAD, OPTIONS, or a configured cheap POST): forwarded without a permit."""
     try:
         body = await read_body(request, proxy.config.body) if request.body_exists else None
-        upstream = await proxy.upstream.send(
-            request.method, target.path_qs, _upstream_headers(request, request_id), body
+        upstream = await send(
+            proxy.upstream,
+            request.method,
+            target.path_qs,
+            _upstream_headers(request, request_id),
+            body,
         )
     except EdgeRefusedError as exc:  # a free path's body too slow, or no room for it: counted
         proxy.metrics.refused(exc.fault)

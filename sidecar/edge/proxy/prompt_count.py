@@ -14,7 +14,8 @@ from typing import Any
 import structlog
 
 from sidecar.core.errors import UpstreamError
-from sidecar.edge.engine.client import Upstream, read_all, release
+from sidecar.edge.engine.client import read_all, release, send
+from sidecar.edge.engine.pool import EnginePool
 
 log = structlog.get_logger(__name__)
 
@@ -22,7 +23,7 @@ log = structlog.get_logger(__name__)
 class EnginePromptCounter:
     """Counts prompt tokens with the engine's own tokenizer and chat template."""
 
-    def __init__(self, upstream: Upstream) -> None:
+    def __init__(self, upstream: EnginePool) -> None:
         self._upstream = upstream
         self._warned = False
 
@@ -30,8 +31,8 @@ class EnginePromptCounter:
         """The engine's token count for ``payload``, or None when it cannot say."""
         sent = {**headers, "Content-Type": "application/json"}
         try:
-            response = await self._upstream.send(
-                "POST", "/tokenize", sent, json.dumps(payload).encode()
+            response = await send(
+                self._upstream, "POST", "/tokenize", sent, json.dumps(payload).encode()
             )
             try:
                 body = await read_all(response)
