@@ -100,6 +100,9 @@ class EnginePool:
         read_timeout_s: float,
         engine_silence: Callable[[], float | None] | None = None,
     ) -> None:
+        """``engine_silence``: seconds since the engine last answered its probe (None: not
+        probed); a request still waiting for its answer's first byte is not timed out while
+        the engine answers (:class:`~sidecar.edge.engine.connection.EngineConnection`)."""
         parts = urlsplit(base_url)
         self._engine_silence = engine_silence
         self.https = parts.scheme == "https"
