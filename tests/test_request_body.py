@@ -11,6 +11,7 @@ from multidict import CIMultiDict
 
 from sidecar.edge.http.limits import BodyBudget
 from sidecar.edge.http.request import Request, Wire
+from tests.fake_time import FakeTime
 
 MIB = 1024 * 1024
 
@@ -62,3 +63,25 @@ def test_an_address_is_held_to_its_share(first: str, second: str, fault: str | N
     one.release()
     two.release()
     assert budget.held == 0
+
+
+@pytest.mark.parametrize(
+    ("silent_s", "fault_of_new", "fault_of_old"),
+    [
+        pytest.param(2.0, None, "stalled", id="silent-past-grace-gives-way"),
+        pytest.param(0.5, "body_budget_full", None, id="within-grace-keeps-its-room"),
+    ],
+)
+def test_a_silent_body_gives_its_room_to_an_arriving_one(
+    silent_s: float, fault_of_new: str | None, fault_of_old: str | None
+) -> None:
+    """With the budget full, a body silent for over the grace is ended (as too slow) so that
+    the next body's bytes fit; one that sent bytes lately keeps its room."""
+    time = FakeTime()
+    budget = BodyBudget(1000, grace_s=1.0, clock=time.clock)
+    old, new = _request(budget, "10.0.0.1"), _request(budget, "10.0.0.2")
+    old.feed(b"x" * 900)
+    time.advance(silent_s)
+    new.feed(b"x" * 300)
+    assert (new.fault, old.fault) == (fault_of_new, fault_of_old)
+    assert budget.held == (300 if fault_of_new is None else 900)

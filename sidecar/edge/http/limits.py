@@ -5,9 +5,11 @@ given at the door, and the cap on the work done before admission."""
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Literal
+from typing import Literal, Protocol
 
 from sidecar.core.errors import EdgeRefusedError
 from sidecar.core.outcomes import EDGE_FAULTS, EdgeFault, refusal_body
@@ -73,6 +75,13 @@ class BodyPace:
     check_at: float
 
 
+class Stallable(Protocol):
+    """A body still arriving, as the budget sees it."""
+
+    def stall(self) -> None:
+        """End this body: it sent nothing for a while and its room is needed."""
+
+
 class BodyBudget:
     """Request body bytes held at once by one port, whatever the number of connections, and by
     any one client address (``per_client``).
@@ -80,27 +89,51 @@ class BodyBudget:
     A body is awaited outside the pre-admission gate, so without this the memory that bodies
     hold would be bounded only by the connections times the body limit. A body whose next bytes
     do not fit is refused (503); its bytes come back when its request ends. The share per
-    address keeps a few connections from one address from holding the whole budget."""
+    address keeps a few connections from one address from holding the whole budget, and a body
+    that has sent nothing for ``grace_s`` gives its room up to one that is arriving (the
+    longest silent first), so bodies that stall cannot hold the budget from many addresses
+    either."""
 
-    def __init__(self, limit: int, per_client: int | None = None) -> None:
+    def __init__(
+        self,
+        limit: int,
+        per_client: int | None = None,
+        *,
+        grace_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.limit = limit
         self.per_client = limit if per_client is None else per_client
+        self.grace_s, self._clock = grace_s, clock
         self.held = 0
         self.refused = 0
         self._held_by: dict[str, int] = {}
+        self._arriving: dict[Stallable, float] = {}  # by their last bytes' time, oldest first
 
-    def take(self, size: int, client: str = "") -> BudgetFault | None:
-        """Charge ``size`` bytes to ``client``; or the fault that refuses them."""
+    def take(
+        self, size: int, client: str = "", body: Stallable | None = None
+    ) -> BudgetFault | None:
+        """Charge ``size`` bytes of ``body`` to ``client``; or the fault that refuses them."""
+        now = self._clock()
+        if body is not None:
+            self._arriving.pop(body, None)  # back at the end once charged: the newest bytes
         mine = self._held_by.get(client, 0)
         if mine + size > self.per_client:
             self.refused += 1
             return "client_body_budget_full"
-        if self.held + size > self.limit:
-            self.refused += 1
-            return "body_budget_full"
+        while self.held + size > self.limit:
+            if not self._stall_one(now):
+                self.refused += 1
+                return "body_budget_full"
         self.held += size
-        self._held_by[client] = mine + size
+        self._held_by[client] = self._held_by.get(client, 0) + size
+        if body is not None:
+            self._arriving[body] = now
         return None
+
+    def arrived(self, body: Stallable) -> None:
+        """``body`` is whole, or ended: it is no longer one that may stall."""
+        self._arriving.pop(body, None)
 
     def give(self, size: int, client: str = "") -> None:
         if size <= 0:
@@ -111,6 +144,15 @@ class BodyBudget:
             self._held_by[client] = left
         else:
             self._held_by.pop(client, None)
+
+    def _stall_one(self, now: float) -> bool:
+        """End the body silent the longest, if it has been for ``grace_s``; False if none."""
+        oldest = next(iter(self._arriving.items()), None)
+        if oldest is None or oldest[1] > now - self.grace_s:
+            return False
+        del self._arriving[oldest[0]]
+        oldest[0].stall()  # which gives its bytes back
+        return True
 
 
 @dataclass(slots=True)

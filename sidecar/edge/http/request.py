@@ -16,7 +16,7 @@ from multidict import CIMultiDict
 from sidecar.core.errors import EdgeRefusedError, RequestError
 from sidecar.edge.http.limits import BodyBudget, BudgetFault
 
-BodyFault = Literal["too_large", "bad_framing", "cut_off"] | BudgetFault
+BodyFault = Literal["too_large", "bad_framing", "cut_off", "stalled"] | BudgetFault
 NO_ROOM: frozenset[BodyFault] = frozenset(get_args(BudgetFault))
 
 
@@ -133,7 +133,7 @@ class Request:
             self.fail("too_large")
             return
         if self.budget is not None:
-            refused = self.budget.take(len(data), self.client)
+            refused = self.budget.take(len(data), self.client, self)
             if refused is not None:
                 self.fail(refused)
                 return
@@ -142,7 +142,14 @@ class Request:
 
     def end_of_body(self) -> None:
         self.complete = True
+        if self.budget is not None:
+            self.budget.arrived(self)
         self._wake()
+
+    def stall(self) -> None:
+        """The port's body budget needs the room this body holds, and it has sent nothing for a
+        while: it ends as too slow (408 ``body_timeout``)."""
+        self.fail("stalled")
 
     def fail(self, fault: BodyFault) -> None:
         if self._fault is None:
@@ -154,6 +161,7 @@ class Request:
     def release(self) -> None:
         """Give the port's budget back what this request's body held (once it has ended)."""
         if self.budget is not None:
+            self.budget.arrived(self)
             self.budget.give(self._charged, self.client)
         self._charged = 0
 
@@ -174,6 +182,8 @@ class Request:
         fault = self._fault
         if fault in NO_ROOM:
             raise EdgeRefusedError(cast(BudgetFault, fault))
+        if fault == "stalled":
+            raise EdgeRefusedError("body_timeout")
         if fault is not None:
             raise _body_error(fault, self.client_max_size)
         return bytes(self._body)

@@ -63,7 +63,7 @@ class HttpServer:
         )
         self.count = self.connections.count
         self.bodies = BodyBudget(
-            limits.max_buffered_body_bytes, limits.max_buffered_body_bytes_per_client
+            limits.max_buffered_body_bytes, limits.max_buffered_body_bytes_per_client, clock=clock
         )
         self._port = Port(
             handler, limits, max_body_bytes, self.connections, self.bodies, refused=refused
