@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import tracemalloc
+from collections.abc import Callable
 from typing import cast
 
 import pytest
 from multidict import CIMultiDict
 
-from sidecar.edge.http.limits import BodyBudget
+from sidecar.edge.http.limits import BodyBudget, BodyLimits, BodyPace
 from sidecar.edge.http.request import Request, Wire
 from tests.fake_time import FakeTime
 
@@ -85,3 +86,33 @@ def test_a_silent_body_gives_its_room_to_an_arriving_one(
     new.feed(b"x" * 300)
     assert (new.fault, old.fault) == (fault_of_new, fault_of_old)
     assert budget.held == (300 if fault_of_new is None else 900)
+
+
+def _cut_at(limits: BodyLimits, received_by: Callable[[float], int]) -> float | None:
+    """When a body whose bytes arrive as ``received_by(t)`` is cut off (None: never, by 60 s)."""
+    pace: BodyPace | None = limits.first_check(0.0)
+    while pace is not None and pace.check_at < 60:
+        now = pace.check_at
+        pace = limits.check(pace, 0.0, now, received_by(now))
+        if pace is None:
+            return now
+    return None
+
+
+@pytest.mark.parametrize(
+    ("received_by", "cut_at"),
+    [
+        pytest.param(lambda t: 4 * MIB, 10.0, id="4MiB-at-once-then-nothing"),
+        pytest.param(lambda t: int(600 * t), 30.0, id="steady-above-the-floor"),
+        pytest.param(lambda t: int(400 * t), 5.0, id="steady-below-the-floor"),
+        # 1,000 B/s, then nothing from 8 s: the window slides every 2.5 s, so 12.5, not 15.
+        pytest.param(lambda t: int(1000 * min(t, 8.0)), 12.5, id="stall-after-8s"),
+    ],
+)
+def test_the_pace_floor_is_the_recent_pace(
+    received_by: Callable[[float], int], cut_at: float | None
+) -> None:
+    """500 B/s over a sliding 5 s window, timeout 30 s: a fast start buys one window, not the
+    timeout; a steady body above the floor runs to the timeout; one below it is cut at once."""
+    limits = BodyLimits(timeout_s=30.0, min_rate=500, grace_s=5.0)
+    assert _cut_at(limits, received_by) == cut_at

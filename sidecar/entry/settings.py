@@ -124,13 +124,14 @@ class Settings(BaseSettings):
     )
     body_min_rate: NonNegativeInt = Field(
         500,
-        description="Bytes a second a request body must keep up over each window of "
+        description="Bytes a second a request body must keep up over the last "
         "SIDECAR_BODY_RATE_GRACE_MS (the recent pace, not the average since it began); a slower "
         "one gets a 408 (0: no floor, only the body timeout).",
     )
     body_rate_grace_ms: PositiveInt = Field(
         5_000,
-        description="The window over which a request body's pace is checked, from its start.",
+        description="The window over which a request body's recent pace is checked: first "
+        "after this long, then every half of it.",
     )
     max_connections: PositiveInt = Field(
         4096,

@@ -37,41 +37,45 @@ class EdgeLimits:
 @dataclass(frozen=True, slots=True)
 class BodyLimits:
     """How long a request body may take: ``timeout_s`` in all, and never less than ``min_rate``
-    bytes a second over each window of ``grace_s`` (0: no floor). The floor is what keeps a
-    client from holding a connection with a trickle (Apache's mod_reqtimeout has the same pair:
-    a timeout and a MinRate). It is the recent pace, window by window, not the average since the
-    start: a fast start cannot buy a stall that lasts until the overall timeout."""
+    bytes a second over the last ``grace_s`` (0: no floor). The floor is what keeps a client from
+    holding a connection with a trickle (Apache's mod_reqtimeout has the same pair: a timeout and
+    a MinRate). It is the recent pace, over a window that slides by half its length, not the
+    average since the start: a fast start cannot buy a stall that lasts until the timeout."""
 
     timeout_s: float = 30.0
     min_rate: int = 500
     grace_s: float = 5.0
 
     def first_check(self, started: float) -> BodyPace:
-        """The pace to keep for a body that began at ``started``."""
-        return BodyPace(started, 0, self.next_check_at(started, started))
-
-    def next_check_at(self, started: float, now: float) -> float:
-        deadline = started + self.timeout_s
-        if self.min_rate <= 0:
-            return deadline
-        return min(deadline, now + self.grace_s)
+        """The pace to keep for a body that began at ``started``: first checked after the
+        grace (a whole window), then every half window."""
+        return BodyPace(((started, 0),), self._next(started, started + self.grace_s))
 
     def check(self, pace: BodyPace, started: float, now: float, received: int) -> BodyPace | None:
-        """At ``pace.check_at``: the next window's pace, or None where the body is too late or
-        fell under the floor in the window that just ended."""
+        """At ``pace.check_at``: the pace to keep next, or None where the body is too late or
+        received less than the floor over the window that ends now."""
         if now >= started + self.timeout_s:
             return None
-        if self.min_rate > 0 and received - pace.received < self.min_rate * (now - pace.since):
+        window_start = now - self.grace_s
+        # The window's base: the last mark at or before its start (the body's start at first).
+        base = next((m for m in reversed(pace.marks) if m[0] <= window_start), pace.marks[0])
+        since, then = base
+        if self.min_rate > 0 and received - then < self.min_rate * (now - since):
             return None
-        return BodyPace(now, received, self.next_check_at(started, now))
+        marks = (*(m for m in pace.marks if m[0] >= since), (now, received))
+        return BodyPace(marks, self._next(started, now + self.grace_s / 2))
+
+    def _next(self, started: float, at: float) -> float:
+        deadline = started + self.timeout_s
+        return deadline if self.min_rate <= 0 else min(deadline, at)
 
 
 @dataclass(frozen=True, slots=True)
 class BodyPace:
-    """One window of a body's pace: bytes received by ``since``, and when it is checked."""
+    """A body's pace so far: (time, bytes received) at each check of the last window, oldest
+    first, and when it is checked next."""
 
-    since: float
-    received: int
+    marks: tuple[tuple[float, int], ...]
     check_at: float
 
 

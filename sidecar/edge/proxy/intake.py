@@ -24,7 +24,7 @@ from sidecar.edge.proxy.prompt_count import EnginePromptCounter
 
 async def read_body(request: Request, limits: BodyLimits) -> bytes:
     """The whole body, within the size limit, ``limits.timeout_s`` and the floor on its recent
-    pace (window by window); RequestError, or EdgeRefusedError ``body_timeout`` (408) when it is
+    pace (a sliding window); RequestError, or EdgeRefusedError ``body_timeout`` (408) when it is
     too late or too slow."""
     expect = request.headers.get("Expect")
     if expect is not None:
