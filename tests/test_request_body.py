@@ -10,8 +10,9 @@ from typing import cast
 import pytest
 from multidict import CIMultiDict
 
-from sidecar.edge.http.limits import BodyBudget, BodyLimits, BodyPace
+from sidecar.edge.http.limits import BodyBudget
 from sidecar.edge.http.request import Request, Wire
+from sidecar.edge.proxy.intake import BodyLimits, BodyPace
 from tests.fake_time import FakeTime
 
 MIB = 1024 * 1024

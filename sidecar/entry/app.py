@@ -28,10 +28,11 @@ from sidecar.core.tenancy import (
 from sidecar.core.token_budget import TokenBudget
 from sidecar.edge.admin import Admin, admin_handler
 from sidecar.edge.engine.pool import EnginePool
-from sidecar.edge.http.limits import BodyLimits, ConnectionCount, EdgeLimits, Gate
+from sidecar.edge.http.limits import ConnectionCount, EdgeLimits
 from sidecar.edge.http.server import HttpServer
 from sidecar.edge.proxy.handler import Proxy, ProxyConfig, proxy_handler
 from sidecar.edge.proxy.in_flight import InFlight
+from sidecar.edge.proxy.intake import BodyLimits, Gate
 from sidecar.edge.proxy.prompt_count import EnginePromptCounter
 from sidecar.edge.proxy.routes import parse_free_paths
 from sidecar.entry.event_loop import running_loop_name

@@ -1,6 +1,6 @@
 """The bounded edge, in plain values: the bounds of a port (its connection cap, deadlines and
-head sizes, enforced by sidecar.edge.http.server), the pace a request body must keep, the answers
-given at the door, and the cap on the work done before admission."""
+head sizes, enforced by sidecar.edge.http.server), the buffer request bodies share, and the
+answers given at the door."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Literal, Protocol
 
-from sidecar.core.errors import EdgeRefusedError
 from sidecar.core.outcomes import EDGE_FAULTS, EdgeFault, refusal_body
 
 # The body budget's refusals (rows of EDGE_FAULTS): the port's, or one address's share.
@@ -32,51 +31,6 @@ class EdgeLimits:
     max_line_size: int = 8190
     max_field_size: int = 8190
     max_headers: int = 64
-
-
-@dataclass(frozen=True, slots=True)
-class BodyLimits:
-    """How long a request body may take: ``timeout_s`` in all, and never less than ``min_rate``
-    bytes a second over the last ``grace_s`` (0: no floor). The floor is what keeps a client from
-    holding a connection with a trickle (Apache's mod_reqtimeout has the same pair: a timeout and
-    a MinRate). It is the recent pace, over a window that slides by half its length, not the
-    average since the start: a fast start cannot buy a stall that lasts until the timeout."""
-
-    timeout_s: float = 30.0
-    min_rate: int = 500
-    grace_s: float = 5.0
-
-    def first_check(self, started: float) -> BodyPace:
-        """The pace to keep for a body that began at ``started``: first checked after the
-        grace (a whole window), then every half window."""
-        return BodyPace(((started, 0),), self._next(started, started + self.grace_s))
-
-    def check(self, pace: BodyPace, started: float, now: float, received: int) -> BodyPace | None:
-        """At ``pace.check_at``: the pace to keep next, or None where the body is too late or
-        received less than the floor over the window that ends now."""
-        if now >= started + self.timeout_s:
-            return None
-        window_start = now - self.grace_s
-        # The window's base: the last mark at or before its start (the body's start at first).
-        base = next((m for m in reversed(pace.marks) if m[0] <= window_start), pace.marks[0])
-        since, then = base
-        if self.min_rate > 0 and received - then < self.min_rate * (now - since):
-            return None
-        marks = (*(m for m in pace.marks if m[0] >= since), (now, received))
-        return BodyPace(marks, self._next(started, now + self.grace_s / 2))
-
-    def _next(self, started: float, at: float) -> float:
-        deadline = started + self.timeout_s
-        return deadline if self.min_rate <= 0 else min(deadline, at)
-
-
-@dataclass(frozen=True, slots=True)
-class BodyPace:
-    """A body's pace so far: (time, bytes received) at each check of the last window, oldest
-    first, and when it is checked next."""
-
-    marks: tuple[tuple[float, int], ...]
-    check_at: float
 
 
 class Stallable(Protocol):
@@ -182,22 +136,3 @@ def raw_answer(fault: EdgeFault, message: str | None = None) -> bytes:
         f"Content-Length: {len(body)}\r\nConnection: close\r\n"
     ).encode()
     return head + retry + b"\r\n" + body
-
-
-class Gate:
-    """At most ``limit`` requests being parsed, checked or counted at once (``with gate:``); the
-    next one is refused at once (503 ``edge_busy``), never queued."""
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-        self.held = 0
-        self.refused = 0
-
-    def __enter__(self) -> None:
-        if self.held >= self._limit:
-            self.refused += 1
-            raise EdgeRefusedError("edge_busy")
-        self.held += 1
-
-    def __exit__(self, *_exc: object) -> None:
-        self.held -= 1

@@ -31,13 +31,12 @@ from sidecar.edge.engine.client import read_all, release, send
 from sidecar.edge.engine.http1 import end_to_end
 from sidecar.edge.engine.pool import EnginePool, EngineResponse
 from sidecar.edge.http.errors import error_response
-from sidecar.edge.http.limits import BodyLimits, Gate
 from sidecar.edge.http.request import Request
 from sidecar.edge.http.response import Answer, Response
 from sidecar.edge.http.server import Handler
 from sidecar.edge.proxy.busy import busy_response
 from sidecar.edge.proxy.in_flight import InFlight, Stop
-from sidecar.edge.proxy.intake import checked_request, read_body, require_json
+from sidecar.edge.proxy.intake import BodyLimits, Gate, checked_request, read_body, require_json
 from sidecar.edge.proxy.prompt_count import EnginePromptCounter
 from sidecar.edge.proxy.relay import RelayResult, relay_stream
 from sidecar.edge.proxy.routes import DEFAULT_FREE_PATHS, Target, route
