@@ -14,7 +14,8 @@ load and the targets, yes or NO; written: .bench/overload.json (every request's 
                             queued-tokens)
     OVERLOAD_OPEN_RATE      open-long's arrivals per second (default: 1.5x vLLM alone's
                             completions per second under closed-long, first repetition)
-    OVERLOAD_SLO_TTFT_MS, OVERLOAD_SLO_TPOT_MS   the objectives (default 2000 and 100)
+    OVERLOAD_SLO_TTFT_MS, OVERLOAD_SLO_TPOT_MS   the objectives, passed to the sidecar too
+                            (default: the sidecar's, 2000 and 100)
 """
 
 from __future__ import annotations
@@ -48,15 +49,24 @@ from benchmarks.overload.plan import (
 )
 from benchmarks.overload.report import Report, markdown, print_report, run_figures, write_plot
 from demo.slo import Objectives, Record
+from sidecar.entry.settings import Settings
 
 OUT = Path(".bench")
 RECORDS = OUT / "overload.json"
 WARMUP_S = float(os.environ.get("OVERLOAD_WARMUP_S", "10"))
 MEASURE_S = float(os.environ.get("OVERLOAD_MEASURE_S", "40"))
 REPETITIONS = int(os.environ.get("OVERLOAD_REPETITIONS", "3"))
+# The sidecar's default objectives, unless OVERLOAD_SLO_* set others: then the sidecar is told them.
+SLO_SETTINGS = {
+    name: os.environ[f"OVERLOAD_{name.upper()}"]
+    for name in ("slo_ttft_ms", "slo_tpot_ms")
+    if os.environ.get(f"OVERLOAD_{name.upper()}")
+}
 OBJECTIVES = Objectives(
-    ttft_s=float(os.environ.get("OVERLOAD_SLO_TTFT_MS", "2000")) / 1000,
-    tpot_s=float(os.environ.get("OVERLOAD_SLO_TPOT_MS", "100")) / 1000,
+    ttft_s=float(SLO_SETTINGS.get("slo_ttft_ms", Settings.model_fields["slo_ttft_ms"].default))
+    / 1000,
+    tpot_s=float(SLO_SETTINGS.get("slo_tpot_ms", Settings.model_fields["slo_tpot_ms"].default))
+    / 1000,
 )
 
 
@@ -131,7 +141,8 @@ async def measure(
     load = spec.load(rate)
     if config.behind_sidecar:
         log = OUT / f"overload-sidecar-{spec.engine}.log"
-        with servers.sidecar(engine_url, None, log, **SIDECAR_SETTINGS[spec.engine]) as url:
+        settings = SIDECAR_SETTINGS[spec.engine] | SLO_SETTINGS
+        with servers.sidecar(engine_url, None, log, **settings) as url:
             run = await run_load(url, engine_url, load, spec.model)
     else:
         run = await run_load(engine_url, engine_url, load, spec.model)
