@@ -42,6 +42,10 @@ class Snapshot:
     generation_tokens: int
     finished: Mapping[str, int] = field(default_factory=dict)
     recomputed_tokens: int = 0  # tokens prefilled again after a preemption (not a vLLM series)
+    # Prompt and generated tokens of the requests that finished (vLLM's request_prompt_tokens
+    # and request_generation_tokens histograms: their sums; their count is sum(finished)).
+    finished_prompt_tokens: int = 0
+    finished_generation_tokens: int = 0
 
     @property
     def kv_usage(self) -> float:
@@ -104,7 +108,11 @@ class KVPool:
         self._waiting: deque[str] = deque()
         self._killed: set[str] = set()
         self._free = num_blocks
-        self._counts = {"preemptions": 0, "prompt": 0, "generation": 0, "recomputed": 0}
+        self._counts = dict.fromkeys(
+            ("preemptions", "prompt", "generation", "recomputed", "finished_prompt",
+             "finished_generation"),
+            0,
+        )  # fmt: skip
         self._finished = dict.fromkeys(FINISHED_REASONS, 0)
 
     def blocks_for(self, tokens: int) -> int:
@@ -187,6 +195,8 @@ class KVPool:
             generation_tokens=self._counts["generation"],
             finished=dict(self._finished),
             recomputed_tokens=self._counts["recomputed"],
+            finished_prompt_tokens=self._counts["finished_prompt"],
+            finished_generation_tokens=self._counts["finished_generation"],
         )
 
     def _grow(self, request_id: str, tokens: int, preempted: list[str]) -> bool:
@@ -251,6 +261,8 @@ class KVPool:
         self._running.remove(request_id)
         self._free += seq.blocks
         self._finished["length"] += 1
+        self._counts["finished_prompt"] += seq.prompt_tokens
+        self._counts["finished_generation"] += seq.generated
 
     def _preempt_newest(self) -> str:
         # vLLM's recompute preemption (_preempt_request): the newest running request frees its

@@ -6,7 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from emulator.config import EmulatorConfig
@@ -22,7 +27,7 @@ class EngineCollector(Collector):
         self._config = config
         self._snapshot = snapshot
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         """Yield the families in the fixture's order."""
         snap = self._snapshot()
         labels = ["engine", "model_name"]
@@ -53,6 +58,7 @@ class EngineCollector(Collector):
             counter.add_metric(values, value)
             yield counter
         yield self._success(snap)
+        yield from self._lengths(snap)
         yield self._cache_config_info()
 
     def _success(self, snap: Snapshot) -> CounterMetricFamily:
@@ -64,6 +70,20 @@ class EngineCollector(Collector):
         for reason, count in snap.finished.items():
             family.add_metric([ENGINE, reason, self._config.model_name], count)
         return family
+
+    def _lengths(self, snap: Snapshot) -> Iterator[HistogramMetricFamily]:
+        """vLLM's per-request length histograms, with their sums and counts (one +Inf bucket:
+        what a reader of the mean needs)."""
+        count = sum(snap.finished.values())
+        for name, documentation, total in (
+            ("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
+             snap.finished_prompt_tokens),
+            ("vllm:request_generation_tokens", "Number of generation tokens processed.",
+             snap.finished_generation_tokens),
+        ):  # fmt: skip
+            family = HistogramMetricFamily(name, documentation, labels=["engine", "model_name"])
+            family.add_metric([ENGINE, self._config.model_name], [("+Inf", count)], total)
+            yield family
 
     def _cache_config_info(self) -> GaugeMetricFamily:
         config = self._config

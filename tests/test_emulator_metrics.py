@@ -12,6 +12,7 @@ from prometheus_client.samples import Sample
 from emulator.config import EmulatorConfig
 from emulator.kv_pool import KVPool
 from emulator.metrics import build_registry
+from sidecar.live.probes.engine import parse_metrics
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm-0.32" / "metrics-after-traffic.txt"
 FAMILIES = [
@@ -97,3 +98,18 @@ def test_gauges_follow_the_pool() -> None:
     assert values["vllm:kv_cache_usage_perc"] == 0.5
     assert values["vllm:prompt_tokens_total"] == 20
     assert values["vllm:generation_tokens_total"] == 1
+
+
+def test_finished_lengths_read_back_as_the_engines_typical_request() -> None:
+    """Two requests of 20 + 5 and 1 + 5 tokens finished: the sidecar's probe reads a typical
+    request of 10.5 prompt and 5 generated tokens from the length histograms' sums and counts,
+    as it does from vLLM's."""
+    config = EmulatorConfig(max_model_len=64, kv_tokens=256, block_size=16)
+    pool = make_pool(config)
+    pool.submit("a", 20, 5)
+    pool.submit("b", 1, 5)
+    for _ in range(10):
+        pool.step()
+    text = generate_latest(build_registry(config, pool.snapshot)).decode()
+    reading = parse_metrics(text, 0.0)
+    assert (reading.typical_prompt_tokens, reading.typical_generation_tokens) == (10.5, 5.0)

@@ -185,3 +185,20 @@ async def test_every_scrape_reuses_one_kept_alive_connection() -> None:
     assert len(peers) == 4
     assert peers[0] == peers[1] == peers[2]
     assert peers[3] != peers[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "prompt", "generation"),
+    [
+        pytest.param("metrics-idle.txt", 17 / 3, 24.0, id="idle"),
+        pytest.param("metrics-after-traffic.txt", 4.0, 300.0, id="after-traffic"),
+    ],
+)
+def test_the_typical_request_is_read_from_vllms_length_histograms(
+    name: str, prompt: float, generation: float
+) -> None:
+    """vllm:request_prompt_tokens and vllm:request_generation_tokens, sum over count, in vLLM
+    0.32's real text: what primes the default admission's start."""
+    reading = parse_metrics((FIXTURES / name).read_text(), observed_at=0.0)
+    assert reading.typical_prompt_tokens == pytest.approx(prompt)
+    assert reading.typical_generation_tokens == pytest.approx(generation)
