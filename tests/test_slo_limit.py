@@ -25,6 +25,13 @@ def test_many_fast_tokens_do_not_hide_slow_starts() -> None:
     assert law.update(LimitEvidence((2.0, 2.0, 2.0), (0.1,) * 9, pressed=True)) == 20
 
 
+def test_without_an_engine_queue_slow_starts_do_not_cut() -> None:
+    """TTFTs at twice their target but nothing waiting at the engine: TPOT alone decides."""
+    law = SloLimit(40)
+    evidence = LimitEvidence((2.0,) * 3, (0.5,) * 3, pressed=True, engine_queued=False)
+    assert law.update(evidence) == 64
+
+
 def test_well_within_objectives_and_bound_the_limit_doubles() -> None:
     """Streams at a tenth of their target while requests wait: the largest step up (x2)."""
     law = SloLimit(10)

@@ -16,6 +16,10 @@ Gradient2, with the reference latency set by the objectives instead of a measure
   engine's size in a few ticks); after it, ``max_gradient``;
 - while it does not bind, only ``min(gradient, 1)``: a limit nobody presses against has no
   reason to grow;
+- slow first tokens cut only while requests wait at the engine: without a queue there, TTFT is
+  the engine's own compute (a slow prefill, a busy CPU), which fewer requests would not shorten;
+  then only TPOT speaks, and a limit that binds grows (the engine must not idle while the
+  sidecar holds requests);
 - fewer than ``min_samples`` samples: the decision waits for more (they are kept);
 - always within ``[floor, ceiling]``.
 
@@ -67,6 +71,7 @@ class LimitEvidence:
     ttft: tuple[float, ...]
     tpot: tuple[float, ...]
     pressed: bool
+    engine_queued: bool = True  # requests wait at the engine (True where it does not say)
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -101,8 +106,10 @@ class SloLimit:
             pending.extend(s for s in samples if s >= 0 and math.isfinite(s))
         if sum(map(len, self._pending)) < config.min_samples:
             return self.limit
-        observed = max(quantile(p, config.quantile) for p in self._pending if p)
+        ttft, tpot = self._pending
         self._pending = ([], [])
+        heard = [tpot, ttft] if evidence.engine_queued else [tpot]
+        observed = max((quantile(p, config.quantile) for p in heard if p), default=0.0)
         top = config.slow_start_gradient if self.slow_start else config.max_gradient
         gradient = top if observed <= 0 else config.aim / observed
         gradient = min(top, max(config.min_gradient, gradient))

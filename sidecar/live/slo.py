@@ -97,10 +97,11 @@ class SloControl:
         return objectives_of(claims, self.objectives)
 
     def max_wait_s(self, claims: Claims) -> float:
-        """How long a request may wait for a permit: its TTFT objective less the engine's
-        expected TTFT (past that it would miss anyway, so it is told at once), and no longer
-        than its queue TTL where it claims one."""
-        wait = max(0.0, self.objectives_for(claims).ttft_s - self.expected_ttft_s)
+        """How long a request may wait for a permit: ``aim`` x its TTFT objective less the
+        engine's expected TTFT (past that it would likely miss, so it is told at once), and no
+        longer than its queue TTL where it claims one."""
+        budget = self.config.aim * self.objectives_for(claims).ttft_s
+        wait = max(0.0, budget - self.expected_ttft_s)
         return wait if claims.ttl_s is None else min(wait, claims.ttl_s)
 
     def track(self, timing: StreamTiming, claims: Claims) -> None:
@@ -155,7 +156,9 @@ class SloControl:
             self.expected_ttft_s += TTFT_SMOOTHING * (p90 - self.expected_ttft_s)
         before = self.law.limit
         pressed = self.binding()
-        after = self.law.update(LimitEvidence(tuple(ttft), tuple(tpot), pressed))
+        waiting = engine.requests_waiting if engine is not None else None
+        queued = waiting is None or waiting > 0
+        after = self.law.update(LimitEvidence(tuple(ttft), tuple(tpot), pressed, queued))
         log.debug(
             "slo_step", limit=after, gradient=self.law.last_gradient, ttft_samples=len(ttft),
             tpot_samples=len(tpot), pressed=pressed, expected_ttft_s=self.expected_ttft_s,
