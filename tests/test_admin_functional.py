@@ -171,9 +171,17 @@ async def test_a_grant_is_logged_first_where_the_engine_cannot_be_reached(
 ) -> None:
     """The grant's line is written once the engine has the request (while it works); where the
     request never got there, the line still comes once, before the failure it led to."""
-    dead = socket.create_server(("127.0.0.1", 0))
-    port = dead.getsockname()[1]
-    dead.close()  # nothing listens here: every connect is refused
+    # Bound and never listening, and held for the whole test: every connect is refused, and no
+    # other server (this test's sidecar, another test worker) can be given the port meanwhile.
+    with socket.socket() as dead:
+        dead.bind(("127.0.0.1", 0))
+        written = await _log_of_one_refused_request(openai_client, dead.getsockname()[1])
+    names = [json.loads(line)["event"] for line in written.splitlines()]
+    assert names == ["admission_granted", "upstream_failed", "request_finished"]
+
+
+async def _log_of_one_refused_request(openai_client: OpenAIFactory, port: int) -> str:
+    """The sidecar's log lines while one request goes to ``port``, which answers 502."""
     written = io.StringIO()
     async with sidecars(f"http://127.0.0.1:{port}") as start:
         server = await start()
@@ -185,5 +193,4 @@ async def test_a_grant_is_logged_first_where_the_engine_cannot_be_reached(
         finally:
             structlog.reset_defaults()
     assert failed.value.status_code == 502
-    names = [json.loads(line)["event"] for line in written.getvalue().splitlines()]
-    assert names == ["admission_granted", "upstream_failed", "request_finished"]
+    return written.getvalue()
