@@ -116,18 +116,15 @@ class GenerationHandler:
             log.warning("emulator_kv_oom", request_id=job.stream.id)
             if not response.prepared:
                 return error_response(500, _OOM_MESSAGE, error_type="InternalServerError")
-            await response.write(sse.error_chunk(_OOM_MESSAGE, "InternalServerError", 500))
+            tail = [sse.error_chunk(_OOM_MESSAGE, "InternalServerError", 500)]
         except (ConnectionResetError, ClientGoneError):  # gone while streaming, or while queued
             # The generator was closed on the way out, so the blocks are already free.
             log.info("emulator_client_gone", request_id=job.stream.id)
             return response
         else:
-            if gen.include_usage:
-                usage = sse.usage_chunk(job.stream, gen.prompt_tokens, job.length)
-                await response.write(usage)
-        await response.write(sse.DONE)
-        await response.write_eof()
-        return response
+            usage = sse.usage_chunk(job.stream, gen.prompt_tokens, job.length)
+            tail = [usage] if gen.include_usage else []
+        return await _end(response, job, [*tail, sse.DONE])
 
     async def _open(
         self, request: web.Request, response: web.StreamResponse, stream: sse.Stream
@@ -176,6 +173,17 @@ def error_response(
     """An OpenAI-shaped error, as vLLM answers before a stream starts."""
     kind = error_type or _STATUS_TYPES.get(status, "ServiceUnavailableError")
     return web.json_response(sse.error_body(message, kind, status, param), status=status)
+
+
+async def _end(response: web.StreamResponse, job: Job, chunks: list[bytes]) -> web.StreamResponse:
+    """The stream's last chunks; a client gone by then is an outcome, not a handler error."""
+    try:
+        for chunk in chunks:
+            await response.write(chunk)
+        await response.write_eof()
+    except ConnectionResetError:
+        log.info("emulator_client_gone", request_id=job.stream.id)
+    return response
 
 
 def _token_chunk(job: Job, index: int) -> bytes:

@@ -105,6 +105,15 @@ def test_library_records_become_json_without_tracebacks() -> None:
     assert "Traceback" not in lines[0]
 
 
+def test_library_records_show_their_arguments() -> None:
+    """aiohttp's "Error handling request from %s" reads with the peer filled in, not a bare %s."""
+    out = io.StringIO()
+    configure_logging("info", stream=out)
+    logging.getLogger("aiohttp.server").error("Error handling request from %s", "127.0.0.1")
+    event = json.loads(out.getvalue().splitlines()[0])
+    assert event["message"] == "Error handling request from 127.0.0.1"
+
+
 async def test_accept_errors_are_logged_once_per_interval() -> None:
     """A flood of accept() failures at the descriptor limit is one JSON event, then a count."""
     out = io.StringIO()

@@ -110,10 +110,18 @@ class StdlibBridge(logging.Handler):
             record.levelno,
             "library_log",
             logger=record.name,
-            message=_scrub(str(record.msg))[:MAX_TEXT],
+            message=_scrub(_text_of(record))[:MAX_TEXT],
             error=type(error).__name__ if error is not None else None,
             repeated=held,
         )
+
+
+def _text_of(record: logging.LogRecord) -> str:
+    """The record's message with its arguments filled in; the bare template if they do not fit."""
+    try:
+        return record.getMessage()
+    except (TypeError, ValueError):
+        return str(record.msg)
 
 
 LoopHandler = Callable[[asyncio.AbstractEventLoop, dict[str, Any]], None]
