@@ -27,8 +27,9 @@ WARNING_CODES: Mapping[WarningCode, str] = {
     "model_mismatch": "the model config's KV bytes per token disagree with the engine's own; "
     "the engine's numbers are used",
     "no_capacity": "the KV pool cannot hold one request of the token budget: 0 permits",
-    "adaptive_unsupported": "SIDECAR_ADMISSION=adaptive needs an engine that preempts; it prices "
-    "every request at its worst case (tokens mode) instead",
+    "adaptive_unsupported": "over-commit needs an engine that preempts: without one, adaptive "
+    "admission prices every request at its worst case (tokens mode) and slo admission holds its "
+    "limit to the worst-case permits",
     "engine_process_unseen": "NVML lists no process that can be the engine while the engine "
     "answers; the NVML cross-check (or the measured overhead) is skipped, readiness is kept",
     "engine_headroom": "other processes hold more of a GPU than the engine's memory fraction "
@@ -68,11 +69,16 @@ def no_capacity(pool_tokens: int, request_tokens: int, alpha: float) -> ConfigWa
     )
 
 
-def adaptive_unsupported(reason: str) -> ConfigWarning:
-    """Adaptive admission fell back to worst-case pricing, and why."""
-    return ConfigWarning(
-        "adaptive_unsupported", f"adaptive admission falls back to tokens: {reason}"
-    )
+# What each closed-loop mode does instead of over-committing, as the warning's message says it.
+NO_OVERCOMMIT: Mapping[str, str] = {
+    "adaptive": "adaptive admission falls back to tokens",
+    "slo": "slo admission holds its limit to the worst-case permits",
+}
+
+
+def adaptive_unsupported(reason: str, mode: str = "adaptive") -> ConfigWarning:
+    """A closed-loop mode (adaptive, slo) fell back to worst-case pricing, and why."""
+    return ConfigWarning("adaptive_unsupported", f"{NO_OVERCOMMIT[mode]}: {reason}")
 
 
 def engine_process_unseen(

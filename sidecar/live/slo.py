@@ -147,7 +147,7 @@ class SloControl:
         if engine is not None:
             self._engine_seen(engine)
         if self.law is None:  # no plan yet: the samples wait for the first limit
-            return (adaptive_unsupported(self.unsupported),) if self.unsupported else ()
+            return (adaptive_unsupported(self.unsupported, "slo"),) if self.unsupported else ()
         self._harvest(self.clock())
         (ttft, tpot), self._samples = self._samples, ([], [])
         ttfts, self._ttfts = self._ttfts, []
@@ -166,7 +166,7 @@ class SloControl:
         if after < before:
             self._epoch = self.clock()
             log.info("slo_backoff", limit=after, gradient=self.law.last_gradient)
-        return (adaptive_unsupported(self.unsupported),) if self.unsupported else ()
+        return (adaptive_unsupported(self.unsupported, "slo"),) if self.unsupported else ()
 
     def _engine_seen(self, engine: EngineReading) -> None:
         self.slots = engine.slots
