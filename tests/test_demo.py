@@ -302,16 +302,16 @@ def test_comparison_has_a_column_per_run_and_p99() -> None:
 
 @pytest.mark.timeout(150)
 async def test_short_run_protects_both_engines_and_draws_both_runs(tmp_path: Path) -> None:
-    """Four 4 s runs, 100 clients: behind the sidecar the paged engine never preempts and the OOM
-    engine never fails a stream, while bare both fill their KV cache; busy answers come back;
-    the picture is a PNG; the PATH hint last; nothing left running."""
+    """Four 4 s runs, 100 clients: behind the sidecar the paged engine is held (busy answers come
+    back; a preemption is the engine's business, no longer a goal) and the OOM engine never fails
+    a stream, while bare both fill their KV cache; the picture is a PNG; the PATH hint last;
+    nothing left running."""
     lines: list[str] = []
     result = await run_demo(4.0, 100, write=lines.append, picture=tmp_path / "t.png")
     paged, paged_bare, oom, oom_bare = result.results
     assert [r.label for r in result.results] == [
         "paged + sidecar", "paged, bare", "OOM + sidecar", "OOM, bare"
     ]  # fmt: skip
-    assert paged.preemptions == 0
     assert paged.busy > 0
     assert oom.engine_failed == oom.outcomes.get("error", 0) == 0
     # Bare, the engines fill their KV cache at once (how soon the OOM engine then fails its
