@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 
 from sidecar.core.errors import UpstreamTimeoutError, UpstreamUnavailableError
 from sidecar.edge.engine.client import read_all, read_chunk, release, send
-from sidecar.edge.engine.connection import HIGH_WATER, EngineConnection, Phase
+from sidecar.edge.engine.connection import HIGH_WATER, EngineConnection
 from sidecar.edge.engine.errors import EngineProtocolError
 from sidecar.edge.engine.pool import EnginePool, EngineResponse
+from sidecar.edge.engine.states import Phase
 
 # One scripted answer: given the request's bytes (head and body), the bytes to send back, and
 # whether to close the connection after sending them.

@@ -10,6 +10,7 @@ SidecarError
 ├── AdmissionRejectedError         the bulkhead said no (queue full, wait timed out, draining...)
 ├── RequestError              the client's request is invalid (4xx, OpenAI-shaped body)
 ├── EdgeRefusedError          the bounded edge refused or ended it (busy, too slow, stalled)
+├── IllegalTransitionError    a connection's state table has no row for (state, event): a bug
 └── UpstreamError             the engine could not be reached or did not answer in time
     ├── UpstreamUnavailableError  502
     └── UpstreamTimeoutError      504
@@ -93,6 +94,16 @@ class EdgeRefusedError(SidecarError):
         self.refusal = EDGE_FAULTS[fault]
         super().__init__(self.refusal.message)
         self.fault: EdgeFault = fault
+
+
+class IllegalTransitionError(SidecarError):
+    """A connection was asked to move by an event its state table does not allow from where it
+    is: a bug in the connection's protocol code, never the peer's doing."""
+
+    def __init__(self, state: object, event: object) -> None:
+        super().__init__(f"no transition from {state} on {event}")
+        self.state = state
+        self.event = event
 
 
 class UpstreamError(SidecarError):

@@ -1,12 +1,13 @@
 """One kept-alive connection to the engine: an asyncio protocol over llhttp's response parser.
 
-llhttp (httptools' ``HttpResponseParser``) parses; this protocol owns the connection's life, as
-its :class:`Phase`. Body bytes are handed to the reader in the largest pieces a socket read gives;
-at most ``HIGH_WATER`` of them wait for a slow reader before reading is paused (FlowControl). A
-reader may instead attach a :data:`Sink`: each read's body bytes then go to it from
-``data_received``, with no task woken, until it declines some (they stay the next read's, and it
-is detached) or the body ends (its last bytes are the next read's). One read timer per
-connection (:mod:`read_deadline`), re-armed lazily: a relayed chunk costs no timer handle.
+llhttp (httptools' ``HttpResponseParser``) parses; this protocol owns the connection's life, a
+:class:`~sidecar.edge.engine.states.Phase` moved only by the rows of one table. Body bytes are
+handed to the reader in the largest pieces a socket read gives; at most ``HIGH_WATER`` of them wait
+for a slow reader before reading is paused (FlowControl). A reader may instead attach a
+:data:`Sink`: each read's body bytes then go to it from ``data_received``, with no task woken,
+until it declines some (they stay the next read's, and it is detached) or the body ends (its last
+bytes are the next read's). One read timer per connection (:mod:`read_deadline`), re-armed lazily:
+a relayed chunk costs no timer handle.
 
 Failures are raised as the errors ``client.translated`` maps: ``OSError`` (a reset, an
 answer cut short: ``ConnectionResetError``; ``StaleConnectionError`` when not one byte of it
@@ -17,15 +18,15 @@ that is not HTTP/1.1 as llhttp reads it, strictly, or bytes nobody asked for).
 from __future__ import annotations
 
 import asyncio
-import enum
 from collections.abc import Callable
 from typing import cast
 
 import httptools
 
-from sidecar.edge.engine.errors import EngineProtocolError, StaleConnectionError
+from sidecar.edge.engine.errors import EngineProtocolError, StaleConnectionError, broken_answer
 from sidecar.edge.engine.head import MAX_HEAD_BYTES, ResponseHead, ends_at_close, make_head
 from sidecar.edge.engine.read_deadline import ReadDeadline
+from sidecar.edge.engine.states import ANSWERING, Event, Phase, next_phase
 from sidecar.edge.flow import FlowControl
 
 # Body bytes held for a reader that is slower than the engine before the socket stops reading.
@@ -35,22 +36,10 @@ HIGH_WATER = 256 * 1024
 Sink = Callable[[bytes], bool]
 
 
-class Phase(enum.Enum):
-    """Where a connection is in its request and answer."""
-
-    IDLE = "idle"  # no request on it: new, or kept in the pool
-    SENT = "sent"  # a request written; not one byte of its answer yet
-    HEAD = "head"  # the answer's head arriving (interim 1xx heads skipped)
-    BODY = "body"  # the head read, the body arriving
-    COMPLETE = "complete"  # the answer parsed to its end; its last pieces may wait for a read
-    BROKEN = "broken"  # failed or closed mid-answer (``error`` says why): never used again
-
-
-ANSWERING = frozenset({Phase.SENT, Phase.HEAD, Phase.BODY})
-
-
 class EngineConnection(asyncio.Protocol):
     """One connection to the engine; carries one request at a time."""
+
+    _flow: FlowControl  # from connection_made on
 
     def __init__(
         self,
@@ -67,10 +56,9 @@ class EngineConnection(asyncio.Protocol):
             read_timeout_s, self._timed_out, clock=loop.time, call_later=loop.call_later
         )
         self.transport: asyncio.Transport | None = None
-        self._flow: FlowControl | None = None
         self.phase = Phase.IDLE
         self.error: BaseException | None = None
-        self.keep_alive = False  # the answer lets the connection carry another request
+        self.keep_alive = False  # its answer's head lets it carry another request
         self._pieces: list[bytes] = []  # body bytes parsed and not yet read
         self._held = 0  # their length
         self._sink: Sink | None = None
@@ -97,7 +85,7 @@ class EngineConnection(asyncio.Protocol):
         phase = self.phase
         if phase is not Phase.BODY:
             if phase is Phase.SENT:
-                self.phase = Phase.HEAD
+                self._move(Event.FIRST_BYTE)
             elif phase is not Phase.HEAD:
                 self._unasked()
                 return
@@ -112,7 +100,7 @@ class EngineConnection(asyncio.Protocol):
                     self._decline(piece)
                 return
             if self._held > HIGH_WATER:
-                self._flow_control().pause_reading()
+                self._flow.pause_reading()
         elif self.phase is Phase.HEAD and self._head_bytes > MAX_HEAD_BYTES:
             self._fail(EngineProtocolError("the engine's response head is too large"))
         self._wake()
@@ -127,9 +115,9 @@ class EngineConnection(asyncio.Protocol):
                 raise  # a bug of ours, not the engine's: the loop logs it and drops the socket
             self._fail(cause)
         except httptools.HttpParserError as exc:
-            self._fail(_broken(exc))
+            self._fail(broken_answer(exc))
         except httptools.HttpParserUpgrade as exc:
-            self._fail(_broken(exc, "the engine switched protocols"))
+            self._fail(broken_answer(exc, "the engine switched protocols"))
 
     def _unasked(self) -> None:
         """Bytes while no answer is due: the connection cannot be trusted with another request."""
@@ -143,9 +131,8 @@ class EngineConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._deadline.stop()
-        self.keep_alive = False
         if self.phase is Phase.BODY and exc is None and self._ends_at_close:
-            self.phase = Phase.COMPLETE  # a close-delimited body ends here; a reset is no end
+            self._move(Event.CLOSED_AT_END)  # a close-delimited body ends here; a reset is not
         elif self.phase is Phase.SENT:
             self._fail(StaleConnectionError("the engine closed the connection before answering"))
         elif self.phase in ANSWERING:
@@ -184,7 +171,7 @@ class EngineConnection(asyncio.Protocol):
         self._ends_at_close = not self.keep_alive and ends_at_close(head, head_request=head_request)
         self.head = head
         # llhttp cannot be told that a HEAD request's answer has no body: it ends here.
-        self.phase = Phase.COMPLETE if head_request else Phase.BODY
+        self._move(Event.HEAD_ONLY if head_request else Event.HEAD)
 
     def on_body(self, body: bytes) -> None:
         if self.phase is not Phase.BODY:
@@ -194,17 +181,16 @@ class EngineConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         if self.phase is Phase.BODY:
-            self.phase = Phase.COMPLETE
+            self._move(Event.BODY_END)
         # else an interim answer's end (its head was skipped), or a HEAD request's answer
 
     # The reader's side -----------------------------------------------------------------------
 
     def send(self, request: bytes, *, head_request: bool) -> None:
         """Write one request; its answer is read with ``read_head`` and ``read``."""
-        assert self.phase is Phase.IDLE, self.phase
         assert self.transport is not None, "connection_made first"
+        self._move(Event.SEND)
         self._new_answer(head_request=head_request)
-        self.phase = Phase.SENT
         # The read deadline counts from here: a timer left from the last answer re-arms by it.
         self._deadline.touch()
         self.transport.write(request)
@@ -233,7 +219,7 @@ class EngineConnection(asyncio.Protocol):
     def _take(self) -> bytes:
         """The pieces waiting, as one; the socket is read again if they had paused it."""
         pieces, self._pieces, self._held = self._pieces, [], 0
-        self._flow_control().resume_reading()
+        self._flow.resume_reading()
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def _decline(self, data: bytes) -> None:
@@ -242,7 +228,7 @@ class EngineConnection(asyncio.Protocol):
         self._pieces.append(data)
         self._held += len(data)
         if self._held > HIGH_WATER:
-            self._flow_control().pause_reading()
+            self._flow.pause_reading()
         self._wake()
 
     async def _wait(self) -> None:
@@ -266,13 +252,14 @@ class EngineConnection(asyncio.Protocol):
 
     def _fail(self, exc: BaseException) -> None:
         if self.phase is not Phase.BROKEN:
-            self.error, self.phase = exc, Phase.BROKEN
+            self.error = exc
+            self._move(Event.FAIL)
         self.close()
         self._wake()
 
-    def _flow_control(self) -> FlowControl:
-        assert self._flow is not None, "connection_made first"
-        return self._flow
+    def _move(self, event: Event) -> None:
+        """The one way the phase changes: a row of the table in :mod:`states`."""
+        self.phase = next_phase(self.phase, event)
 
     def _timed_out(self) -> None:
         if self._waiter is None:  # nobody reads: the next wait starts it again
@@ -299,28 +286,15 @@ class EngineConnection(asyncio.Protocol):
     @property
     def reusable(self) -> bool:
         """Its answer was read to the end and both sides allow another request on it."""
-        return (
-            self.phase is Phase.COMPLETE
-            and self.keep_alive
-            and not self._pieces
-            and not self.closing
-        )
+        allowed = self.keep_alive and not self._pieces and not self.closing
+        return allowed and self.phase is Phase.COMPLETE
 
     def park(self) -> None:
         """Kept in the pool for the next request (``reusable`` first)."""
-        self.phase = Phase.IDLE
+        self._move(Event.PARK)
 
     def close(self) -> None:
         """Drop the connection at once: vLLM aborts the request when its connection drops."""
         self._deadline.stop()
-        self.keep_alive = False
         if self.transport is not None and not self.closing:
             self.transport.abort()
-
-
-def _broken(exc: Exception, reason: str | None = None) -> EngineProtocolError:
-    """llhttp's refusal as the engine client's error: llhttp's reason is one of its own fixed
-    phrases, never the engine's bytes, so the message may reach the client."""
-    error = EngineProtocolError(f"the engine's answer is not valid HTTP/1.1: {reason or exc}")
-    error.__cause__ = exc
-    return error

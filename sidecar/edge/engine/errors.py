@@ -23,3 +23,11 @@ class UnsendableRequestError(EngineProtocolError):
 
 class StaleConnectionError(ConnectionResetError):
     """The engine closed a connection before one byte of an answer came back on it."""
+
+
+def broken_answer(exc: Exception, reason: str | None = None) -> EngineProtocolError:
+    """llhttp's refusal as the engine client's error: llhttp's reason is one of its own fixed
+    phrases, never the engine's bytes, so the message may reach the client."""
+    error = EngineProtocolError(f"the engine's answer is not valid HTTP/1.1: {reason or exc}")
+    error.__cause__ = exc
+    return error

@@ -20,9 +20,10 @@ import ssl
 from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
-from sidecar.edge.engine.connection import EngineConnection, Phase, Sink
+from sidecar.edge.engine.connection import EngineConnection, Sink
 from sidecar.edge.engine.errors import StaleConnectionError
 from sidecar.edge.engine.http1 import encode_request
+from sidecar.edge.engine.states import Phase
 
 # Idle kept-alive connections kept; more than the engine's concurrency gains nothing.
 MAX_IDLE = 256

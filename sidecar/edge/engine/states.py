@@ -1,0 +1,63 @@
+"""The engine connection's life as one table: (phase, event) -> next phase, as h11 keeps it.
+
+Pure: no I/O. :class:`~sidecar.edge.engine.connection.EngineConnection` moves only through
+:func:`next_phase`; a pair the table lacks is a bug, raised as ``IllegalTransitionError``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from sidecar.core.errors import IllegalTransitionError
+
+
+class Phase(enum.Enum):
+    """Where a connection is in its request and answer."""
+
+    IDLE = "idle"  # no request on it: new, or kept in the pool
+    SENT = "sent"  # a request written; not one byte of its answer yet
+    HEAD = "head"  # the answer's head arriving (interim 1xx heads skipped)
+    BODY = "body"  # the head read, the body arriving
+    COMPLETE = "complete"  # the answer parsed to its end; its last pieces may wait for a read
+    BROKEN = "broken"  # failed or closed mid-answer (``error`` says why): never used again
+
+
+class Event(enum.Enum):
+    """What moves a connection."""
+
+    SEND = "send"  # a request written on it
+    FIRST_BYTE = "first_byte"  # the first bytes of the answer arrived
+    HEAD = "head"  # the answer's final head parsed: a body follows
+    HEAD_ONLY = "head_only"  # the final head of a HEAD request's answer: nothing follows
+    BODY_END = "body_end"  # llhttp parsed the body to its framed end
+    CLOSED_AT_END = "closed_at_end"  # the engine closed where a close-delimited body ends
+    FAIL = "fail"  # broken: bad bytes, a reset, a timeout, a close mid-answer
+    PARK = "park"  # read to the end and kept in the pool for another request
+
+
+ANSWERING = frozenset({Phase.SENT, Phase.HEAD, Phase.BODY})
+
+TRANSITIONS: Mapping[tuple[Phase, Event], Phase] = MappingProxyType({
+    (Phase.IDLE, Event.SEND): Phase.SENT,
+    (Phase.IDLE, Event.FAIL): Phase.BROKEN,
+    (Phase.SENT, Event.FIRST_BYTE): Phase.HEAD,
+    (Phase.SENT, Event.FAIL): Phase.BROKEN,
+    (Phase.HEAD, Event.HEAD): Phase.BODY,
+    (Phase.HEAD, Event.HEAD_ONLY): Phase.COMPLETE,
+    (Phase.HEAD, Event.FAIL): Phase.BROKEN,
+    (Phase.BODY, Event.BODY_END): Phase.COMPLETE,
+    (Phase.BODY, Event.CLOSED_AT_END): Phase.COMPLETE,
+    (Phase.BODY, Event.FAIL): Phase.BROKEN,
+    (Phase.COMPLETE, Event.PARK): Phase.IDLE,
+    (Phase.COMPLETE, Event.FAIL): Phase.BROKEN,
+})  # fmt: skip
+
+
+def next_phase(phase: Phase, event: Event) -> Phase:
+    """Where ``event`` takes a connection in ``phase``; raises on a pair the table lacks."""
+    try:
+        return TRANSITIONS[phase, event]
+    except KeyError:
+        raise IllegalTransitionError(phase, event) from None
