@@ -119,8 +119,9 @@ class BulkheadCollector(Collector):
         limit = snap.limit if snap.mode == "count" else self._plan_permits()
         yield gauge(
             "sidecar_permits_limit",
-            "Worst-case requests the plan fits (enforced only in count admission; see "
-            "sidecar_admission_limit for the limit in force, in its unit).",
+            "Worst-case requests the plan fits (the limit in count admission, the ceiling of "
+            "slo's where the engine cannot preempt; see sidecar_admission_limit for the limit in "
+            "force, in its unit).",
             limit,
         )
         yield gauge("sidecar_permits_in_use", "Requests in flight now.", snap.in_use)
