@@ -199,7 +199,8 @@ async def main_async() -> dict[str, Any]:
         calibrated = any(
             (s.name, c.name) == ("closed-long", ALONE) for rep, s, c in plan if rep == 0
         )
-        if any(not s.closed for s in loads) and not calibrated:
+        fixed_rate = bool(os.environ.get("OVERLOAD_OPEN_RATE"))
+        if any(not s.closed for s in loads) and not calibrated and not fixed_rate:
             # The open load's rate comes from vLLM alone under closed-long: measure it first
             # (kept in the JSON as repetition -1, left out of the tables).
             closed_long = next(s for s in LOADS if s.name == "closed-long")
