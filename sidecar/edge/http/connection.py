@@ -1,7 +1,8 @@
 """One client connection: an asyncio protocol over llhttp (httptools) that parses each request,
 hands it to the port's handler, writes its answer, and bounds the connection's life.
 
-A connection is always in one :class:`State`; reading and writing are paused and resumed by its
+A connection is always in one :class:`~sidecar.edge.http.states.State`, moved only by the rows
+of one table; reading and writing are paused and resumed by its
 :class:`~sidecar.edge.flow.FlowControl`; its one deadline at a time is a
 :class:`~sidecar.edge.http.deadline.Deadline`.
 """
@@ -9,7 +10,6 @@ A connection is always in one :class:`State`; reading and writing are paused and
 from __future__ import annotations
 
 import asyncio
-import enum
 import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -30,6 +30,7 @@ from sidecar.edge.http.head import Head
 from sidecar.edge.http.limits import BodyBudget, EdgeLimits, raw_answer
 from sidecar.edge.http.request import Request
 from sidecar.edge.http.response import Answer, Response, StreamResponse, UnsendableHeadError
+from sidecar.edge.http.states import READING, Event, State, next_state
 
 log = structlog.get_logger(__name__)
 
@@ -48,14 +49,6 @@ UNSENT_LIMIT = 16 * 1024
 MAX_LINGERING = 64
 # A handler that failed, or an answer that cannot be sent: the same 500 as any unknown error.
 INTERNAL_ERROR = error_response(SidecarError())
-
-
-class State(enum.Enum):
-    IDLE = "idle"  # no request is being handled; the next one's head may be arriving
-    ACTIVE = "active"  # a request is being handled; one pipelined behind it may be read
-    LAST = "last"  # a request is being handled and its answer is the last: no more is parsed
-    CLOSING = "closing"  # no request will be handled: what arrives is dropped until the close
-    CLOSED = "closed"  # the transport is gone, or the connection was refused at the door
 
 
 @dataclass
@@ -125,12 +118,12 @@ class Connection(asyncio.Protocol):
         self._deadline.set("head", self._limits.header_timeout_s)
 
     def data_received(self, data: bytes) -> None:
-        if self.state not in (State.IDLE, State.ACTIVE):
+        if self.state not in READING:
             return  # read off and dropped
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self.state = State.LAST  # what follows is not HTTP/1.1
+            self._move(Event.FINAL)  # what follows is not HTTP/1.1
         except httptools.HttpParserError as exc:
             self._parse_failed(exc)
             return
@@ -140,7 +133,7 @@ class Connection(asyncio.Protocol):
                 self._parse_failed(HeadRefusedError("the request head is too large"))
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.state = State.CLOSED
+        self._move(Event.LOST)
         if self._lingers:
             self._lingers = False
             self._port.lingering -= 1
@@ -224,13 +217,9 @@ class Connection(asyncio.Protocol):
             raise ConnectionResetError("the client's connection is closed")
 
     def keeps(self, request: Request) -> bool:
-        return (
-            request.keep_alive
-            and request.complete
-            and request.fault is None
-            and self.state is State.ACTIVE
-            and not self._port.closing
-        )
+        """The connection's state says its answer is not the last, the port is not shutting
+        down, and the request itself allows another after it."""
+        return self.state is State.ACTIVE and not self._port.closing and request.allows_another
 
     def evict(self, fault: EdgeFault | None) -> None:
         """Closed to make room for a new connection: an idle one at once (RFC 9112 §9.5 lets a
@@ -238,7 +227,7 @@ class Connection(asyncio.Protocol):
         head with ``fault``'s 503 (what it sent so far read off first)."""
         self._deadline.clear()
         if fault is None:
-            self.state = State.CLOSING
+            self._move(Event.CLOSE)
             self.transport.close()
             return
         self._refuse(fault)
@@ -256,7 +245,7 @@ class Connection(asyncio.Protocol):
             self._lingers = True
             self._end(unread=True)
         else:
-            self.state = State.CLOSING
+            self._move(Event.CLOSE)
             self.transport.close()
 
     def close_if_idle(self) -> None:
@@ -270,8 +259,7 @@ class Connection(asyncio.Protocol):
     # Running requests.
 
     def _start(self, request: Request) -> None:
-        if self.state is State.IDLE:
-            self.state = State.ACTIVE
+        self._move(Event.START)
         self.task = request.task = self._loop.create_task(self._serve(request))
 
     async def _serve(self, request: Request) -> None:
@@ -283,7 +271,7 @@ class Connection(asyncio.Protocol):
             # into an answer: no answer will come, so the connection ends (a stream unfinished).
             self.task = None
             if not self.lost:
-                self.state = State.CLOSING
+                self._move(Event.CLOSE)
                 self.transport.close()
             return
         except Exception:
@@ -297,14 +285,14 @@ class Connection(asyncio.Protocol):
     def _answered(self, request: Request, response: Answer | None) -> None:
         keep = self._write_answer(request, response)
         if keep is None:  # the handler failed with its answer under way: cut it off
-            self.state = State.CLOSING
+            self._move(Event.CLOSE)
             self.transport.abort()
         elif not keep:
             # Bytes may still be coming (a body, a pipelined request): read them off first.
             unread = not request.complete or self.state is State.LAST
             self._end(unread=unread or bool(self._queue) or self._head is not None)
         else:
-            self.state = State.IDLE
+            self._move(Event.KEEP)
             if self._flow.writing_paused:  # not reading: its next request waits until it does
                 self._deadline.set("idle", self._limits.keepalive_timeout_s)
             self._flow.when_writable(self._next)
@@ -339,7 +327,7 @@ class Connection(asyncio.Protocol):
 
     def _end(self, *, unread: bool) -> None:
         """Close once the answer is out; with bytes unread, half-close and read them off first."""
-        self.state = State.CLOSING
+        self._move(Event.CLOSE)
         transport = self.transport
         if unread and transport.can_write_eof() and not transport.is_closing():
             transport.write_eof()
@@ -348,13 +336,17 @@ class Connection(asyncio.Protocol):
         else:
             transport.close()
 
+    def _move(self, event: Event) -> None:
+        """The one way the state changes: a row of the table in :mod:`states`."""
+        self.state = next_state(self.state, event)
+
     def _parse_failed(self, exc: Exception) -> None:
         reason = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else exc
         log.info("bad_request", status=400, error=type(reason or exc).__name__)
         if self._body_of is not None:  # its handler answers (a 400 for its body), then we close
             self._body_of.fail("bad_framing")
             self._body_of = None
-            self.state = State.LAST
+            self._move(Event.FINAL)
         elif self.task is None and not self._queue:
             # A rule of ours says which one it was, in our words; llhttp's errors quote bytes.
             message = str(reason) if isinstance(reason, HeadRefusedError) else None
@@ -362,7 +354,7 @@ class Connection(asyncio.Protocol):
             self.transport.write(raw_answer("bad_request", message))
             self._end(unread=True)
         else:  # the answer under way is the last
-            self.state = State.LAST
+            self._move(Event.FINAL)
 
     def _expired(self, due: Due) -> None:
         if self.state is State.CLOSED:
@@ -371,7 +363,7 @@ class Connection(asyncio.Protocol):
         if due == "head":
             self._port.connections.count.head_timeouts += 1
             self._port.refused("header_timeout")
-            self.state = State.CLOSING
+            self._move(Event.CLOSE)
             transport.write(raw_answer("header_timeout"))
             transport.close()
         elif transport.get_write_buffer_size() > 0:

@@ -123,6 +123,11 @@ class Request:
     def fault(self) -> BodyFault | None:
         return self._fault
 
+    @property
+    def allows_another(self) -> bool:
+        """The client asked to keep the connection, and the body was read off it whole."""
+        return self.keep_alive and self.complete and self._fault is None
+
     # The connection's side: body bytes as they are parsed, then the end, or what broke it.
 
     def feed(self, data: bytes) -> None:
