@@ -84,10 +84,12 @@ def test_probe_exits_2_with_one_line_when_nothing_can_be_read(tmp_path: Path) ->
 
 
 def test_probe_with_bad_settings_fails_fast() -> None:
-    """A configuration error is one line and exit status 2, before any probe runs."""
+    """A configuration error is one line naming the setting, exit status 2, before any probe."""
     done = probe({"SIDECAR_MODEL": "no-such-model"})
     assert done.returncode == 2
-    assert "no-such-model" in done.stderr
+    assert done.stderr.startswith("sidecar probe: error: SIDECAR_MODEL: no config.json at ")
+    assert "'no-such-model'" in done.stderr
+    assert len(done.stderr.splitlines()) == 1
 
 
 def test_probe_text_shows_each_standing_warning() -> None:

@@ -38,6 +38,12 @@ from sidecar.entry.settings import load_settings
             "invalid setting SIDECAR_DRAIN_GRACE_S (got 'inf'): Input should be a finite number",
             id="infinite-grace",
         ),
+        pytest.param(
+            {"SIDECAR_COMPARTMENTS": "gold=70%,silver=40%"},
+            "invalid setting SIDECAR_COMPARTMENTS (got 'gold=70%,silver=40%'): compartment "
+            "shares add up to 110%, more than 100%: 'gold=70%,silver=40%'",
+            id="compartments-over-100",
+        ),
     ],
 )
 def test_each_error_is_worded_for_what_failed(environ: dict[str, str], expected: str) -> None:

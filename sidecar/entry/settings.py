@@ -16,6 +16,7 @@ from pydantic import BeforeValidator, Field, ValidationError, field_validator, m
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from sidecar.core.claims import parse_claim_trust
+from sidecar.core.compartments import parse_compartments
 from sidecar.core.errors import ConfigError
 from sidecar.core.sizes import parse_size
 from sidecar.core.tenancy import parse_priorities
@@ -378,6 +379,15 @@ class Settings(BaseSettings):
     @classmethod
     def _claims_from(cls, value: str) -> str:
         parse_claim_trust(value)  # ValueError names the bad entry
+        return value
+
+    @field_validator("compartments")
+    @classmethod
+    def _compartments(cls, value: str | None) -> str | None:
+        try:
+            parse_compartments(value)
+        except ConfigError as exc:  # named for the setting, like every other bad value
+            raise ValueError(str(exc)) from exc
         return value
 
     @field_validator("objective_priorities")

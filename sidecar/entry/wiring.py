@@ -136,8 +136,12 @@ def model_cost(settings: Settings) -> KvCost | None:
             )
             raise ConfigError(msg)
         return None
+    try:
+        spec = load_model_spec(settings.model)
+    except ConfigError as exc:  # the startup line names the setting
+        raise ConfigError(f"SIDECAR_MODEL: {exc}") from exc
     return KvCost(
-        load_model_spec(settings.model),
+        spec,
         settings.kv_dtype,
         settings.tensor_parallel_size,
         settings.block_size,
