@@ -355,11 +355,11 @@ def referenced_metrics() -> dict[str, set[str]]:
 
 
 async def test_every_referenced_metric_is_exported(start_sidecar: StartSidecar) -> None:
-    """Each name is on a live sidecar's /metrics (token admission's, or the default adaptive
-    one's), or a vLLM metric in the captured output, or listed as pending with the work that adds
-    it."""
+    """Each name is on a live sidecar's /metrics (token admission's, adaptive's or the default
+    slo one's), or a vLLM metric in the captured output, or listed as pending with the work that
+    adds it."""
     text = ""
-    for admission in ("tokens", "adaptive"):
+    for admission in ("tokens", "adaptive", "slo"):
         server = await start_sidecar(SIDECAR_ADMISSION=admission)
         async with (
             aiohttp.ClientSession() as session,
