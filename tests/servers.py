@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -93,6 +94,17 @@ async def connected(
             yield reader, writer
     finally:
         writer.close()
+
+
+@contextlib.contextmanager
+def refused_port() -> Iterator[int]:
+    """A loopback port where every connect is refused until a server listens there, held for the
+    block: bound, never listening, so no ``bind(0)`` (a sidecar's own ports, another test worker's
+    server) is given it meanwhile; a server binding it with SO_REUSEADDR (aiohttp's default) may."""
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.bind(("127.0.0.1", 0))
+        yield int(held.getsockname()[1])
 
 
 @pytest.fixture

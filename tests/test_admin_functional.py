@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 
 import aiohttp
 import openai
@@ -19,6 +18,7 @@ from tests.servers import (
     error_of,
     get_json,
     proxy_url,
+    refused_port,
     scrape,
     sidecars,
 )
@@ -171,11 +171,8 @@ async def test_a_grant_is_logged_first_where_the_engine_cannot_be_reached(
 ) -> None:
     """The grant's line is written once the engine has the request (while it works); where the
     request never got there, the line still comes once, before the failure it led to."""
-    # Bound and never listening, and held for the whole test: every connect is refused, and no
-    # other server (this test's sidecar, another test worker) can be given the port meanwhile.
-    with socket.socket() as dead:
-        dead.bind(("127.0.0.1", 0))
-        written = await _log_of_one_refused_request(openai_client, dead.getsockname()[1])
+    with refused_port() as port:
+        written = await _log_of_one_refused_request(openai_client, port)
     names = [json.loads(line)["event"] for line in written.splitlines()]
     assert names == ["admission_granted", "upstream_failed", "request_finished"]
 

@@ -5,7 +5,6 @@ real sockets against the emulated engine (which states max_model_len on /v1/mode
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,7 +15,16 @@ from aiohttp import web
 from emulator.app import build_app
 from emulator.config import EmulatorConfig
 from sidecar.entry.app import SidecarServer
-from tests.servers import StartSidecar, admin_url, error_of, get_json, proxy_url, sidecars, until
+from tests.servers import (
+    StartSidecar,
+    admin_url,
+    error_of,
+    get_json,
+    proxy_url,
+    refused_port,
+    sidecars,
+    until,
+)
 
 # The engine decides: the settings of tests/servers.py's BASE_ENV are unset ("" counts as unset).
 ENGINE_DECIDES = {
@@ -124,12 +132,6 @@ async def test_clamp_lowers_max_tokens_and_says_so(start_sidecar: StartSidecar) 
     assert (status, "X-Sidecar-Max-Tokens-Clamped" in headers) == (200, False)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def _readyz(server: SidecarServer) -> tuple[int, dict[str, Any]]:
     async with (
         aiohttp.ClientSession() as session,
@@ -141,21 +143,21 @@ async def _readyz(server: SidecarServer) -> tuple[int, dict[str, Any]]:
 async def test_ready_only_while_the_engine_answers() -> None:
     """Not ready (503, with why) before the engine has answered; ready once it has; not ready
     again once it stops answering (judged from the age of its last good reading)."""
-    port = _free_port()
     runner = web.AppRunner(build_app(EmulatorConfig(model_name="tiny-llama")))
     fast = {"SIDECAR_REFRESH_MS": "50", "SIDECAR_PROBE_TIMEOUT_MS": "200"}
-    async with sidecars(f"http://127.0.0.1:{port}") as start:
-        server = await start(**ENGINE_DECIDES, **fast)
-        status, body = await _readyz(server)
-        assert (status, body["ready"]) == (503, False)
-        assert body["reason"].startswith("the engine has not answered yet: engine at http")
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        assert await until(lambda: _ready_is(server, 200))
-        await runner.cleanup()
-        assert await until(lambda: _ready_is(server, 503))
-        _status, body = await _readyz(server)
-        assert "the engine has not answered for" in body["reason"]
+    with refused_port() as port:
+        async with sidecars(f"http://127.0.0.1:{port}") as start:
+            server = await start(**ENGINE_DECIDES, **fast)
+            status, body = await _readyz(server)
+            assert (status, body["ready"]) == (503, False)
+            assert body["reason"].startswith("the engine has not answered yet: engine at http")
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            assert await until(lambda: _ready_is(server, 200))
+            await runner.cleanup()
+            assert await until(lambda: _ready_is(server, 503))
+            _status, body = await _readyz(server)
+            assert "the engine has not answered for" in body["reason"]
 
 
 async def _ready_is(server: SidecarServer, wanted: int) -> bool:
@@ -165,8 +167,9 @@ async def _ready_is(server: SidecarServer, wanted: int) -> bool:
 async def test_requests_before_the_engine_answers_are_told_so() -> None:
     """With no engine the proxy still answers in the OpenAI shape (a 502 the SDK retries), never a
     hang or a traceback."""
-    async with sidecars(f"http://127.0.0.1:{_free_port()}") as start:
-        server = await start(**ENGINE_DECIDES)
-        status, _headers, body = await chat(server, max_tokens=5)
+    with refused_port() as port:
+        async with sidecars(f"http://127.0.0.1:{port}") as start:
+            server = await start(**ENGINE_DECIDES)
+            status, _headers, body = await chat(server, max_tokens=5)
     assert status in (502, 503)
     assert error_of(json.dumps(body).encode())["type"] in ("upstream_error", "service_unavailable")
