@@ -9,6 +9,7 @@ in those files, its values checked against the sidecar's own /capacity.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -29,6 +30,7 @@ import pytest
 import yaml
 
 from tests import deploy_files as d
+from tests.servers import refused_port
 from tests.test_deploy_manifests import PENDING_METRICS
 
 TINY_MODEL = d.ROOT / "tests" / "configs" / "tiny-llama.json"
@@ -66,13 +68,6 @@ PROMETHEUS_KEY = {  # metric an autoscaler reads -> the /capacity field it must 
 }
 
 Get = Callable[[str], Any]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def get_json(url: str) -> Any:
@@ -229,7 +224,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     prometheus = d.require_tool("prometheus")
     tmp = tmp_path_factory.mktemp("prometheus-stack")
     double = build_double(tmp)
-    engine, proxy, admin, web = free_port(), free_port(), free_port(), free_port()
+    # Held until the stack stops: four distinct ports that no other bind(0) is handed meanwhile.
+    held = contextlib.ExitStack()
+    engine, proxy, admin, web = (held.enter_context(refused_port()) for _ in range(4))
     processes, streams = Processes(), []
     try:
         processes.start(
@@ -265,6 +262,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         for sock in streams:
             sock.close()
         processes.stop()
+        held.close()
 
 
 def value(result: list[dict[str, Any]]) -> float:
