@@ -108,6 +108,14 @@ def refused_port() -> Iterator[int]:
 
 
 @pytest.fixture
+def held_port() -> Iterator[Callable[[], int]]:
+    """Hands out refused_port()s held until the test ends: for servers started in a subprocess,
+    which bind them with SO_REUSEADDR (socket.create_server, aiohttp and Go all set it)."""
+    with contextlib.ExitStack() as held:
+        yield lambda: held.enter_context(refused_port())
+
+
+@pytest.fixture
 async def engine() -> AsyncIterator[str]:
     """The emulated engine, generating as fast as it can, on a free port."""
     runner, url = await serve_app(build_app(EmulatorConfig(model_name="tiny-llama")))

@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable
 
 import pytest
 
 from emulator.__main__ import build_parser, config_from_args, main
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def test_flags_build_the_config() -> None:
@@ -72,9 +65,11 @@ def test_impossible_pool_is_refused_with_exit_2(capsys: pytest.CaptureFixture[st
     assert "cannot hold one request" in capsys.readouterr().err
 
 
-def test_process_prints_ready_line_serves_and_stops_on_sigterm() -> None:
+def test_process_prints_ready_line_serves_and_stops_on_sigterm(
+    held_port: Callable[[], int],
+) -> None:
     """The process logs one JSON ready event, answers /health, and exits 0 on SIGTERM."""
-    port = free_port()
+    port = held_port()
     command = [sys.executable, "-m", "emulator", "--port", str(port), "--kv-tokens", "8192"]
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as process:
         try:

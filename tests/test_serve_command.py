@@ -11,7 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import pytest
@@ -20,12 +20,6 @@ from emulator.app import build_app
 from emulator.config import EmulatorConfig
 from sidecar.entry.serve_command import YOUNG_THRESHOLD, tune_collector
 from tests.servers import BASE_ENV, serve_app, until
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def serve(env: dict[str, str]) -> subprocess.Popen[str]:
@@ -72,11 +66,11 @@ async def slow_engine() -> AsyncIterator[str]:
 
 @pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
 async def test_sigterm_drains_in_flight_streams_then_exits_zero(
-    slow_engine: str, loop: str
+    slow_engine: str, loop: str, held_port: Callable[[], int]
 ) -> None:
     """On SIGTERM readiness fails at once, new requests get 503, the running stream finishes;
     on either event loop, which the start-up line names."""
-    proxy, admin = free_port(), free_port()
+    proxy, admin = held_port(), held_port()
     env = {
         **BASE_ENV,
         "SIDECAR_UPSTREAM_URL": slow_engine,
@@ -169,10 +163,10 @@ def test_a_port_in_use_is_one_line_naming_it() -> None:
 
 
 async def test_drain_ends_within_grace_whatever_a_never_reading_client_does(
-    slow_engine: str,
+    slow_engine: str, held_port: Callable[[], int]
 ) -> None:
     """SIGTERM with 1 s grace and a stalled stream to a client that never reads: exit 0 in 3 s."""
-    proxy, admin = free_port(), free_port()
+    proxy, admin = held_port(), held_port()
     env = {**BASE_ENV, "SIDECAR_UPSTREAM_URL": slow_engine, "SIDECAR_PORT": str(proxy),
            "SIDECAR_ADMIN_PORT": str(admin), "SIDECAR_DRAIN_GRACE_S": "1"}  # fmt: skip
     process = serve(env)
