@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, cast
+
 import pytest
+from prometheus_client import CollectorRegistry, Counter
 
 from sidecar.core.outcomes import EDGE_FAULTS, REJECTIONS
 from sidecar.core.saturation import (
@@ -15,6 +19,12 @@ from sidecar.core.saturation import (
     engine_ratios,
     saturation,
 )
+from sidecar.live.probes.static import Declared
+from sidecar.live.sources import Readings
+from sidecar.telemetry.saturation_metrics import SaturationSignal
+
+if TYPE_CHECKING:
+    from sidecar.limiter.events import BulkheadSnapshot
 
 CONFIG = SaturationConfig(kv_threshold=0.8, queue_threshold=5)
 
@@ -113,3 +123,19 @@ def test_capacity_refusals_are_known_outcomes() -> None:
     assert set(REJECTIONS) | set(EDGE_FAULTS) >= CAPACITY_REFUSALS
     assert {"too_large", "draining", "header_timeout", "bad_request"}.isdisjoint(CAPACITY_REFUSALS)
     assert {"queue_full", "shed", "no_capacity", "too_many_client_connections"} <= CAPACITY_REFUSALS
+
+
+def test_refusals_leave_the_signal_a_window_after_they_ended_however_rarely_it_is_read() -> None:
+    """Ticks sample the outcomes, so refusals read long after they ended no longer count."""
+    registry = CollectorRegistry()
+    requests = Counter("sidecar_requests", "r", ["outcome"], registry=registry)
+    clock = SimpleNamespace(now=0.0)
+    idle = cast("BulkheadSnapshot", SimpleNamespace(in_use=0, queued=0))
+    signal = SaturationSignal(lambda: idle, requests, lambda: clock.now)
+    readings = Readings(declared=Declared(None, None, False, 0, None, 0.0))
+    assert signal.read().refusals == 0.0  # read once at start-up, then not for 10 minutes
+    requests.labels(outcome="queue_full").inc(10)
+    for second in range(1, 601):
+        clock.now = float(second)
+        signal.observe(readings)
+    assert signal.read().utilisation == 0.0

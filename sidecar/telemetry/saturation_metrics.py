@@ -54,14 +54,18 @@ class SaturationSignal:
         self._window = OutcomeWindow()
 
     def observe(self, readings: Readings) -> None:
-        """One capacity tick: the engine's reading, if it answered, joins the held peaks."""
+        """One capacity tick: the outcomes so far are sampled (so the refusals' window keeps
+        its length however rarely the signal is read), and the engine's reading, if it
+        answered, joins the held peaks."""
+        now = self._clock()
+        self._window.recent(now, outcome_counts(self._requests))
         engine = readings.engine
         if engine is None:
             return
         evidence = EngineEvidence(
             engine.kv_usage_ratio, engine.requests_running, engine.requests_waiting
         )
-        self._engine.add(self._clock(), evidence)
+        self._engine.add(now, evidence)
 
     def evidence(self) -> SaturationEvidence:
         now, snap = self._clock(), self._snapshot()
