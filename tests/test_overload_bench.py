@@ -9,6 +9,7 @@ import pytest
 
 from benchmarks.overload.engine_watch import Timeline, parse
 from benchmarks.overload.load import backoff_s
+from benchmarks.overload.plan import Config, sidecar_settings
 from demo.slo import Record
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm-0.32" / "metrics-after-traffic.txt"
@@ -58,3 +59,15 @@ def test_preemptions_and_means_are_taken_inside_the_window() -> None:
 def test_a_busy_client_waits_the_hint_capped(retry_after_s: float | None, wait_s: float) -> None:
     """After a busy answer a closed-loop client waits what the server said, at most 1 s."""
     assert backoff_s(Record("busy", 0.0, 0.01, retry_after_s=retry_after_s)) == wait_s
+
+
+def test_a_second_sidecar_runs_with_settings_of_its_own() -> None:
+    """OVERLOAD_SIDECAR_B's pairs become sidecar-b's settings and its label; bad text stops."""
+    pairs = sidecar_settings("SLO_LAW=queue, max_wait_ms=1000")
+    assert pairs == (("slo_law", "queue"), ("max_wait_ms", "1000"))
+    assert Config("sidecar-b", behind_sidecar=True, settings=pairs).label("vllm") == (
+        "sidecar, slo_law=queue, max_wait_ms=1000"
+    )
+    assert Config("sidecar", behind_sidecar=True).label("vllm") == "sidecar, defaults"
+    with pytest.raises(SystemExit, match="OVERLOAD_SIDECAR_B"):
+        sidecar_settings("slo_law")

@@ -123,16 +123,19 @@ def test_targets_are_judged_on_the_median_of_paired_ratios() -> None:
 
 def test_every_configuration_meets_every_load_in_each_repetition_in_turn() -> None:
     """Repetition by repetition, load by load; the configurations' order turns each time;
-    the emulator has no token cap."""
+    the emulator has no token cap; sidecar-b (a second sidecar) comes last."""
     runs = schedule(2, LOADS[2:], CONFIGS)
     names = [(rep, spec.name, config.name) for rep, spec, config in runs]
     assert names == [
         (0, "open-long", "alone"), (0, "open-long", "queued-reqs"),
         (0, "open-long", "queued-tokens"), (0, "open-long", "sidecar"),
+        (0, "open-long", "sidecar-b"),
         (0, "gpu-long", "alone"), (0, "gpu-long", "queued-reqs"), (0, "gpu-long", "sidecar"),
+        (0, "gpu-long", "sidecar-b"),
         (1, "open-long", "queued-reqs"), (1, "open-long", "queued-tokens"),
-        (1, "open-long", "sidecar"), (1, "open-long", "alone"),
-        (1, "gpu-long", "queued-reqs"), (1, "gpu-long", "sidecar"), (1, "gpu-long", "alone"),
+        (1, "open-long", "sidecar"), (1, "open-long", "sidecar-b"), (1, "open-long", "alone"),
+        (1, "gpu-long", "queued-reqs"), (1, "gpu-long", "sidecar"),
+        (1, "gpu-long", "sidecar-b"), (1, "gpu-long", "alone"),
     ]  # fmt: skip
 
 

@@ -10,8 +10,10 @@ load and the targets, yes or NO; written: .bench/overload.json (every request's 
     OVERLOAD_MEASURE_S      seconds measured per run (default 40, after OVERLOAD_WARMUP_S=10)
     OVERLOAD_REPETITIONS    default 3
     OVERLOAD_LOADS          closed-short,closed-long,open-long,gpu-long (default: all)
-    OVERLOAD_CONFIGS        alone,queued-reqs,queued-tokens,sidecar (default: all but
-                            queued-tokens)
+    OVERLOAD_CONFIGS        alone,queued-reqs,queued-tokens,sidecar,sidecar-b (default: all
+                            but queued-tokens and sidecar-b)
+    OVERLOAD_SIDECAR_B      sidecar-b's own SIDECAR_* settings, key=value,... (e.g.
+                            slo_law=queue): two sidecars compared in the same run
     OVERLOAD_OPEN_RATE      open-long's arrivals per second (default: 1.5x vLLM alone's
                             completions per second under closed-long, first repetition)
     OVERLOAD_SLO_TTFT_MS, OVERLOAD_SLO_TPOT_MS   the objectives, passed to the sidecar too
@@ -141,7 +143,8 @@ async def measure(
     load = spec.load(rate)
     if config.behind_sidecar:
         log = OUT / f"overload-sidecar-{spec.engine}.log"
-        settings = SIDECAR_SETTINGS[spec.engine] | SLO_SETTINGS
+        settings = SIDECAR_SETTINGS[spec.engine] | SLO_SETTINGS | dict(config.settings)
+        log = log.with_name(f"overload-{config.name}-{spec.engine}.log")
         with servers.sidecar(engine_url, None, log, **settings) as url:
             run = await run_load(url, engine_url, load, spec.model)
     else:

@@ -50,6 +50,7 @@ class Config:
     name: str
     cap_flag: str | None = None  # the engine's own cap, by vLLM's flag name
     behind_sidecar: bool = False
+    settings: tuple[tuple[str, str], ...] = ()  # SIDECAR_* settings of its own (lower case)
 
     def engine_flags(self, engine: str) -> tuple[str, ...]:
         if self.cap_flag is None:
@@ -63,17 +64,35 @@ class Config:
 
     def label(self, engine: str) -> str:
         if self.behind_sidecar:
-            return "sidecar, defaults"
+            own = ", ".join(f"{key}={value}" for key, value in self.settings)
+            return f"sidecar, {own or 'defaults'}"
         return " ".join((engine + (" alone" if self.cap_flag is None else ""),
                          *self.engine_flags(engine)))  # fmt: skip
 
 
-ALONE, CAP, TOKENS_CAP, OURS = "alone", "queued-reqs", "queued-tokens", "sidecar"
+def sidecar_settings(text: str) -> tuple[tuple[str, str], ...]:
+    """``OVERLOAD_SIDECAR_B``'s settings: ``key=value`` pairs, comma-separated (keys as in
+    SIDECAR_KEY, any case), e.g. ``slo_law=queue,max_wait_ms=1000``."""
+    pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
+    if any(len(pair) != 2 or not pair[0].strip() for pair in pairs):
+        raise SystemExit(f"OVERLOAD_SIDECAR_B: need key=value,...; got {text!r}")
+    return tuple((key.strip().lower(), value.strip()) for key, value in pairs)
+
+
+ALONE, CAP, TOKENS_CAP, OURS, OURS_B = (
+    "alone", "queued-reqs", "queued-tokens", "sidecar", "sidecar-b"
+)  # fmt: skip
 CONFIGS = (
     Config(ALONE),
     Config(CAP, "--max-num-queued-reqs"),
     Config(TOKENS_CAP, "--max-num-queued-tokens"),
     Config(OURS, behind_sidecar=True),
+    # A second sidecar with settings of its own, to compare two settings in one run.
+    Config(
+        OURS_B,
+        behind_sidecar=True,
+        settings=sidecar_settings(os.environ.get("OVERLOAD_SIDECAR_B", "")),
+    ),
 )
 DEFAULT_CONFIGS = (ALONE, CAP, OURS)
 
