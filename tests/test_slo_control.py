@@ -84,6 +84,24 @@ def test_fast_first_tokens_grow_the_limit_while_streams_still_run() -> None:
     assert slo.limit_of(PLAN) == 20
 
 
+def test_a_burst_on_a_fresh_pod_is_let_in_on_the_first_healthy_tick() -> None:
+    """Ten streams in flight, 25 more waiting for a permit: their fast first tokens take the
+    limit to the 35 asking at once (within 4x), not to 20 while the rest time out."""
+    clock = FakeClock()
+    slo = SloControl(
+        objectives=Objectives(2.0, 0.1), binding=lambda: True, demand=lambda: 35, clock=clock
+    )
+    slo.observe(reading())
+    assert slo.limit_of(PLAN) == 10
+    for _ in range(3):
+        timing = StreamTiming(sent=clock())
+        slo.track(timing, NO_CLAIMS)
+        timing.saw(1, clock() + 0.1)
+    clock.advance(1.0)
+    slo.observe(reading())
+    assert slo.limit_of(PLAN) == 35
+
+
 def test_streams_still_waiting_past_their_target_shrink_it() -> None:
     """Three streams with no first token 2 s after they went out (twice the target): the limit
     is cut, by half at most, without waiting for them to start."""

@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 from sidecar.core.slo_limit import LimitEvidence, SloLimit, SloLimitConfig, quantile
 
 samples = st.lists(st.floats(0, 50, allow_nan=False), max_size=20).map(tuple)
-evidence = st.builds(LimitEvidence, samples, samples, st.booleans())
+evidence = st.builds(
+    LimitEvidence, samples, samples, st.booleans(), st.booleans(), st.integers(0, 5000)
+)
 configs = st.builds(
     SloLimitConfig,
     floor=st.integers(1, 8),
@@ -50,6 +52,22 @@ def test_after_the_first_cut_growth_is_gentler() -> None:
     assert law.update(LimitEvidence((0.1,) * 3, (), pressed=True)) == 20
     assert law.update(LimitEvidence((1.6,) * 3, (), pressed=True)) == 10
     assert law.update(LimitEvidence((0.1,) * 3, (), pressed=True)) == 12
+
+
+def test_slow_start_reaches_for_the_demand_within_its_reach() -> None:
+    """A burst on a fresh pod: healthy streams and 70 requests in flight or waiting on a limit
+    of 21 let the limit reach the demand at once (past x2), but never past x4."""
+    law = SloLimit(21)
+    assert law.update(LimitEvidence((0.1,) * 3, (), pressed=True, demand=70)) == 70
+    flood = SloLimit(21)
+    assert flood.update(LimitEvidence((0.1,) * 3, (), pressed=True, demand=5000)) == 84
+
+
+def test_after_the_first_cut_demand_no_longer_pulls() -> None:
+    """Once a cut came, the demand does not lift the limit past the gentler gradient."""
+    law = SloLimit(40)
+    assert law.update(LimitEvidence((1.6,) * 3, (), pressed=True, demand=200)) == 20
+    assert law.update(LimitEvidence((0.1,) * 3, (), pressed=True, demand=200)) == 25
 
 
 def test_a_limit_nobody_presses_against_does_not_grow() -> None:
@@ -93,14 +111,16 @@ def test_the_limit_stays_within_its_bounds(
 def test_one_step_moves_at_most_by_the_gradient_bounds(
     config: SloLimitConfig, start: int, steps: list[LimitEvidence]
 ) -> None:
-    """One update never cuts below min_gradient x the limit, nor grows past max_gradient x it
-    (or by one, for a limit too small to grow by a fraction)."""
+    """One update never cuts below min_gradient x the limit, nor grows past the slow start's
+    reach x it (max_gradient x it after the first cut), whatever the demand."""
     law = SloLimit(start, config)
     for step in steps:
         before = law.limit
+        reach = config.slow_start_reach if law.slow_start else config.max_gradient
         after = law.update(step)
         assert after >= min(before, max(config.floor, int(before * config.min_gradient) - 1))
-        assert after <= max(before * config.slow_start_gradient, before + 1)
+        # The limit is kept as a fraction and read whole: it is under before + 1.
+        assert after <= max((before + 1) * reach, before + 1)
 
 
 @given(config=configs, start=st.integers(1, 500), steps=st.lists(evidence, max_size=40))

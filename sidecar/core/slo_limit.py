@@ -13,7 +13,10 @@ Gradient2, with the reference latency set by the objectives instead of a measure
 - while the limit binds (requests waited or were refused for room), ``limit x gradient``,
   and at least one more where the gradient is above 1: the engine has room to do better. Until
   the first cut the gradient may reach ``slow_start_gradient`` (x2: a fresh pod finds the
-  engine's size in a few ticks); after it, ``max_gradient``;
+  engine's size in a few ticks), and where more requests are in flight and waiting than that
+  reaches, up to that demand, within ``slow_start_reach`` x the limit (a burst on a fresh pod is
+  let in on the first tick whose streams are healthy, not refused while the limit doubles);
+  after it, ``max_gradient``;
 - while it does not bind, only ``min(gradient, 1)``: a limit nobody presses against has no
   reason to grow;
 - slow first tokens cut only while requests wait at the engine: without a queue there, TTFT is
@@ -50,6 +53,7 @@ class SloLimitConfig:
     min_gradient: float = 0.5
     max_gradient: float = 1.25
     slow_start_gradient: float = 2.0
+    slow_start_reach: float = 4.0
     min_samples: int = 3
 
     def __post_init__(self) -> None:
@@ -59,6 +63,8 @@ class SloLimitConfig:
             raise ValueError("need engine_share, aim and quantile in (0, 1]")
         if not 0 < self.min_gradient <= 1 <= self.max_gradient <= self.slow_start_gradient:
             raise ValueError("need 0 < min_gradient <= 1 <= max_gradient <= slow_start_gradient")
+        if self.slow_start_reach < self.slow_start_gradient:
+            raise ValueError("need slow_start_reach >= slow_start_gradient")
         if self.min_samples < 1:
             raise ValueError("need min_samples >= 1")
 
@@ -66,12 +72,14 @@ class SloLimitConfig:
 @dataclass(frozen=True, slots=True)
 class LimitEvidence:
     """Since the last update: each stream's TTFT and TPOT over their targets (1.0 = on target),
-    and whether the limit bound (a request waited or was refused for room)."""
+    whether the limit bound (a request waited or was refused for room), and the demand now
+    (requests in flight and waiting for a permit)."""
 
     ttft: tuple[float, ...]
     tpot: tuple[float, ...]
     pressed: bool
     engine_queued: bool = True  # requests wait at the engine (True where it does not say)
+    demand: int = 0
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -121,6 +129,8 @@ class SloLimit:
         grown = self._limit * gradient
         if gradient > 1:
             grown = max(grown, self._limit + 1)
+            if self.slow_start:
+                grown = max(grown, min(evidence.demand, self._limit * config.slow_start_reach))
         self._limit = float(self._bounded(grown))
         return self.limit
 

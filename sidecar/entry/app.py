@@ -78,7 +78,7 @@ class SidecarServer:
         self.bulkhead = build_bulkhead(settings, limit=0, clock=clock, on_event=self._on_event)
         self.adaptive = build_adaptive(settings, self.bulkhead.pressed)
         self.signal = SaturationSignal(self.bulkhead.snapshot, self.metrics.requests, clock)
-        self.slo = build_slo(settings, self.bulkhead.pressed, clock)
+        self.slo = build_slo(settings, self.bulkhead.pressed, clock, self._demand)
         compartments = parse_compartments(settings.compartments)
         self.pricing = build_pricing(
             settings, self.adaptive, compartments.resolve, lambda: self.controller.cost, self.slo
@@ -116,6 +116,11 @@ class SidecarServer:
         self.registry.register(SaturationCollector(self.signal))
         if self.slo is not None:
             self.registry.register(SloCollector(self.slo))
+
+    def _demand(self) -> int:
+        """Requests in flight and waiting for a permit now."""
+        snapshot = self.bulkhead.snapshot()
+        return snapshot.in_use + snapshot.queued
 
     def _refused_at_door(self, fault: EdgeFault) -> None:
         """A refusal or deadline at the proxy port's door: counted every time, logged once per

@@ -59,13 +59,16 @@ class SloControl:
         objectives: Objectives | None = None,
         law: SloLimitConfig | None = None,
         binding: Callable[[], bool] = lambda: True,
+        demand: Callable[[], int] = lambda: 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``binding`` says whether the limit bound since it was last asked (the bulkhead's
-        ``pressed``): only then may the limit grow."""
+        ``pressed``): only then may the limit grow; ``demand`` how many requests are in flight
+        and waiting for a permit now (slow start grows towards it)."""
         self.objectives = objectives or Objectives()
         self.config = law or SloLimitConfig()
         self.binding = binding
+        self.demand = demand
         self.clock = clock  # the proxy's: the streams' timings are read on it
         self.law: SloLimit | None = None  # made at the first plan, from what the engine can run
         self.unsupported: str | None = NO_ENGINE
@@ -158,7 +161,8 @@ class SloControl:
         pressed = self.binding()
         waiting = engine.requests_waiting if engine is not None else None
         queued = waiting is None or waiting > 0
-        after = self.law.update(LimitEvidence(tuple(ttft), tuple(tpot), pressed, queued))
+        evidence = LimitEvidence(tuple(ttft), tuple(tpot), pressed, queued, self.demand())
+        after = self.law.update(evidence)
         log.debug(
             "slo_step", limit=after, gradient=self.law.last_gradient, ttft_samples=len(ttft),
             tpot_samples=len(tpot), pressed=pressed, expected_ttft_s=self.expected_ttft_s,
