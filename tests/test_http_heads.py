@@ -3,12 +3,17 @@ that a CR, LF or NUL in a field would split into two."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from multidict import CIMultiDict
 
+from sidecar.core.outcomes import EdgeFault
 from sidecar.edge.engine.errors import UnsendableRequestError
 from sidecar.edge.engine.http1 import encode_request
-from sidecar.edge.http.response import UnsendableHeadError, encode_head
+from sidecar.edge.http.limits import raw_answer
+from sidecar.edge.http.response import response_head
+from sidecar.edge.message import UnsendableHeadError
 
 BAD_FIELDS = [
     pytest.param("X-A", "1\r\nX-Smuggled: 2", id="crlf-in-a-value"),
@@ -51,7 +56,7 @@ def test_a_response_head_is_its_status_fields_and_extras_then_a_blank_line() -> 
     """Framing fields are left to ``extra`` (the engine's own dropped); a Date given is kept."""
     fields = CIMultiDict([("Content-Type", "text/event-stream"), ("Connection", "keep-alive")])
     fields["Date"] = "Tue, 01 Dec 2026 00:00:00 GMT"
-    head = encode_head(200, "OK", fields, ["Transfer-Encoding: chunked"], close=True)
+    head = response_head(200, "OK", fields, ["Transfer-Encoding: chunked"], close=True)
     assert head == (
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
         b"Date: Tue, 01 Dec 2026 00:00:00 GMT\r\nTransfer-Encoding: chunked\r\n"
@@ -62,9 +67,33 @@ def test_a_response_head_is_its_status_fields_and_extras_then_a_blank_line() -> 
 @pytest.mark.parametrize(("name", "value"), BAD_FIELDS)
 def test_a_response_field_with_a_line_break_is_refused(name: str, value: str) -> None:
     with pytest.raises(UnsendableHeadError):
-        encode_head(200, "OK", CIMultiDict([(name, value)]), [], close=False)
+        response_head(200, "OK", CIMultiDict([(name, value)]), [], close=False)
 
 
 def test_a_reason_with_a_line_break_is_refused() -> None:
+    """The status line is checked as the fields are."""
     with pytest.raises(UnsendableHeadError):
-        encode_head(200, "OK\r\nX-Smuggled: 1", CIMultiDict(), [], close=False)
+        response_head(200, "OK\r\nX-Smuggled: 1", CIMultiDict(), [], close=False)
+
+
+@pytest.mark.parametrize(
+    ("fault", "status_line", "retry"),
+    [
+        pytest.param("too_many_connections", b"503 Service Unavailable", True, id="503-retry"),
+        pytest.param("header_timeout", b"408 Request Timeout", False, id="408-no-retry"),
+    ],
+)
+def test_a_door_answer_is_whole_and_closes(
+    fault: EdgeFault, status_line: bytes, retry: bool
+) -> None:
+    """Refused before any handler runs: status, JSON length, close, Retry-After on a 503 only."""
+    answer = raw_answer(fault)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n") == [
+        b"HTTP/1.1 " + status_line,
+        b"Content-Type: application/json",
+        b"Content-Length: %d" % len(body),
+        b"Connection: close",
+        *([b"Retry-After: 1"] if retry else []),
+    ]
+    assert json.loads(body)["error"]["code"] == fault

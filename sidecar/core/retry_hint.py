@@ -18,6 +18,11 @@ MIN_RETRY_S = 0.5
 MAX_RETRY_S = 60.0
 
 
+def clamped_retry_s(retry_after_s: float) -> float:
+    """The wait a client is told: ``retry_after_s``, never beyond :data:`MAX_RETRY_S`."""
+    return min(retry_after_s, MAX_RETRY_S)
+
+
 @dataclass(frozen=True, slots=True)
 class HintBounds:
     """Clamp of every hint; ``unknown_s`` is answered while there are too few releases to tell."""

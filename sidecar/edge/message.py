@@ -1,13 +1,33 @@
 """What HTTP/1.1 says of any message, for both sides of the edge: which answers carry no body,
-and which field values cannot be written at all."""
+which lines cannot be written at all, and the one writer of a head (a request's or an answer's)."""
 
 from __future__ import annotations
 
+from http import HTTPStatus
+
 # RFC 9110 §15.3.5 and §15.4.5 (1xx answers, also bodiless, are told apart by their class).
 NO_BODY_STATUSES = frozenset({204, 304})
+REASONS = {status.value: status.phrase for status in HTTPStatus}
+
+
+class UnsendableHeadError(ValueError):
+    """A line of a head that HTTP/1.1 cannot carry (a line break): never written."""
 
 
 def holds_line_break(text: str) -> bool:
     """Whether ``text`` (a line of a head, less its separators) holds a CR or LF: written out, it
     would end the line there and start one of the sender's choosing (RFC 9110 §5.5)."""
     return "\n" in text or "\r" in text
+
+
+def status_line(status: int, reason: str | None = None) -> str:
+    """An answer's first line; always HTTP/1.1 (RFC 9110 §6.2: a server sends its own version)."""
+    return f"HTTP/1.1 {status} {reason or REASONS.get(status, 'Unknown')}"
+
+
+def encode_head(lines: list[str]) -> bytes:
+    """A head's bytes: its start line and field lines, each ended by CRLF, then the blank line;
+    UnsendableHeadError if any of them holds a line break."""
+    if holds_line_break("".join(lines)):  # the head less its separators: no CR or LF left in it
+        raise UnsendableHeadError("a line of the head holds a line break")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from multidict import CIMultiDict
 
 from sidecar.edge.engine.errors import UnsendableRequestError
-from sidecar.edge.message import holds_line_break
+from sidecar.edge.message import UnsendableHeadError, encode_head
 
 # Sent by the sidecar itself, whatever the client sent: the framing of the request it writes.
 # Expect too: the body goes out with the head, so there is nothing for a 100 Continue to unblock.
@@ -56,12 +56,12 @@ def encode_request(
     lines += [f"{k}: {v}" for k, v in headers.items() if k.lower() not in OWN_FIELDS]
     if body is not None or method in ("POST", "PUT", "PATCH"):
         lines.append(f"Content-Length: {len(body or b'')}")
-    fields = "".join(lines)  # the head less its separators: no CR, LF or NUL may be left in it
-    if holds_line_break(fields):
+    try:
+        encoded = encode_head(lines)
+    except UnsendableHeadError as exc:
         msg = "a request line or header field holds a line break"
-        raise UnsendableRequestError(msg)
-    if "\x00" in fields or " " in target:
+        raise UnsendableRequestError(msg) from exc
+    if b"\x00" in encoded or " " in target:
         msg = "a request line or header field holds a forbidden character"
         raise UnsendableRequestError(msg)
-    encoded = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
     return encoded + body if body else encoded

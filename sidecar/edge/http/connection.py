@@ -29,8 +29,9 @@ from sidecar.edge.http.errors import error_response
 from sidecar.edge.http.head import Head
 from sidecar.edge.http.limits import BodyBudget, EdgeLimits, raw_answer
 from sidecar.edge.http.request import Request
-from sidecar.edge.http.response import Answer, Response, StreamResponse, UnsendableHeadError
+from sidecar.edge.http.response import Answer, Response, StreamResponse
 from sidecar.edge.http.states import READING, Event, State, next_state
+from sidecar.edge.message import UnsendableHeadError
 
 log = structlog.get_logger(__name__)
 

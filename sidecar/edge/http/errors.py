@@ -18,13 +18,13 @@ from sidecar.core.errors import (
     UpstreamError,
 )
 from sidecar.core.outcomes import DROPPED_REASON_HEADER, Refusal, error_body, refusal_body
-from sidecar.core.retry_hint import MAX_RETRY_S
+from sidecar.core.retry_hint import clamped_retry_s
 from sidecar.edge.http.response import Response
 
 
 def retry_after_header(retry_after_s: float) -> str:
     """``Retry-After`` takes whole seconds; round up so a client never comes back too early."""
-    return str(max(1, math.ceil(min(retry_after_s, MAX_RETRY_S))))
+    return str(max(1, math.ceil(clamped_retry_s(retry_after_s))))
 
 
 def retry_headers(retry_after_s: float, *, should_retry: bool) -> dict[str, str]:
@@ -35,7 +35,7 @@ def retry_headers(retry_after_s: float, *, should_retry: bool) -> dict[str, str]
     """
     if not should_retry:
         return {"x-should-retry": "false"}
-    wait_ms = max(1, math.ceil(min(retry_after_s, MAX_RETRY_S) * 1000))
+    wait_ms = max(1, math.ceil(clamped_retry_s(retry_after_s) * 1000))
     return {
         "Retry-After": retry_after_header(retry_after_s),
         "retry-after-ms": str(wait_ms),

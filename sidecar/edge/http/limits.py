@@ -8,10 +8,10 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from http import HTTPStatus
 from typing import Literal, Protocol
 
 from sidecar.core.outcomes import EDGE_FAULTS, EdgeFault, refusal_body
+from sidecar.edge.message import encode_head, status_line
 
 # The body budget's refusals (rows of EDGE_FAULTS): the port's, or one address's share.
 BudgetFault = Literal["body_budget_full", "client_body_budget_full"]
@@ -129,10 +129,12 @@ def raw_answer(fault: EdgeFault, message: str | None = None) -> bytes:
     ``message`` (our own words, never the client's bytes) says more than the fault's own."""
     refusal = EDGE_FAULTS[fault]
     body = json.dumps(refusal_body(refusal, message)).encode()
-    retry = b"Retry-After: 1\r\n" if refusal.status == 503 else b""
-    head = (
-        f"HTTP/1.1 {refusal.status} {HTTPStatus(refusal.status).phrase}\r\n"
-        "Content-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n"
-    ).encode()
-    return head + retry + b"\r\n" + body
+    lines = [
+        status_line(refusal.status),
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+    ]
+    if refusal.status == 503:
+        lines.append("Retry-After: 1")
+    return encode_head(lines) + body

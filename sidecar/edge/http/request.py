@@ -15,9 +15,11 @@ from multidict import CIMultiDict
 
 from sidecar.core.errors import EdgeRefusedError, RequestError
 from sidecar.edge.http.limits import BodyBudget, BudgetFault
+from sidecar.edge.message import encode_head, status_line
 
 BodyFault = Literal["too_large", "bad_framing", "cut_off", "stalled"] | BudgetFault
 NO_ROOM: frozenset[BodyFault] = frozenset(get_args(BudgetFault))
+CONTINUE = encode_head([status_line(100)])
 
 
 class Wire(Protocol):
@@ -197,7 +199,7 @@ class Request:
         """Tell a client that waits (curl does, for bodies over 1 KiB) to send its body."""
         if not self._continued and not self.transport.is_closing():
             self._continued = True
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.transport.write(CONTINUE)
 
 
 def _body_error(fault: BodyFault, limit: int) -> RequestError:

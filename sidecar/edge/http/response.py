@@ -3,7 +3,7 @@ goes, each framed on the wire per RFC 9112 §6 for the request it answers.
 
 A streamed body is chunked for HTTP/1.1, delimited by the connection's close for HTTP/1.0, and
 sent as it is where the engine gave a Content-Length. HEAD, 1xx, 204 and 304 answers carry no
-body. The status line is always HTTP/1.1 (RFC 9110 §6.2: a server sends its own version).
+body. The head itself is written by :func:`sidecar.edge.message.encode_head`.
 """
 
 from __future__ import annotations
@@ -11,22 +11,21 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from email.utils import formatdate
-from http import HTTPStatus
 
 from multidict import CIMultiDict
 
 from sidecar.edge.http.request import Request
-from sidecar.edge.message import NO_BODY_STATUSES, holds_line_break
+from sidecar.edge.message import (
+    NO_BODY_STATUSES,
+    REASONS,
+    encode_head,
+    status_line,
+)
 
-REASONS = {status.value: status.phrase for status in HTTPStatus}
 # Set by the framing below, whatever a handler or the engine put in the fields.
 FRAMING_FIELDS = frozenset({"transfer-encoding", "connection", "keep-alive"})
 SIZED_FIELDS = FRAMING_FIELDS | {"content-length"}  # a whole answer's length is its body's
 LAST_CHUNK = b"0\r\n\r\n"
-
-
-class UnsendableHeadError(ValueError):
-    """A status reason or field that HTTP/1.1 cannot carry (a line break)."""
 
 
 class _Date:
@@ -53,7 +52,7 @@ def has_body(request: Request, status: int) -> bool:
     return request.method != "HEAD" and status >= 200 and status not in NO_BODY_STATUSES
 
 
-def encode_head(
+def response_head(
     status: int,
     reason: str,
     fields: CIMultiDict[str],
@@ -64,7 +63,7 @@ def encode_head(
 ) -> bytes:
     """The status line and fields (those in ``skip``, which frame the body, left to ``extra``),
     then the blank line; UnsendableHeadError if any of them holds a line break."""
-    lines = [f"HTTP/1.1 {status} {reason}"]
+    lines = [status_line(status, reason)]
     for k, v in fields.items():  # istr keys; a loop, as in http1.encode_request
         if k.lower() not in skip:
             lines.append(k + ": " + v)
@@ -73,10 +72,7 @@ def encode_head(
         lines.append("Date: " + http_date())
     if close:
         lines.append("Connection: close")
-    joined = "".join(lines)  # the head less its separators: no CR or LF may be left in it
-    if holds_line_break(joined):
-        raise UnsendableHeadError("a response field holds a line break")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
+    return encode_head(lines)
 
 
 class Response:
@@ -103,7 +99,7 @@ class Response:
         extra = [f"Content-Length: {len(self.body)}"] if body or request.method == "HEAD" else []
         if not close and request.version < (1, 1):
             extra.append("Connection: keep-alive")  # an HTTP/1.0 client that asked for it
-        head = encode_head(
+        head = response_head(
             self.status, self.reason, self.headers, extra, close=close, skip=SIZED_FIELDS
         )
         return head + self.body if body else head
@@ -164,7 +160,7 @@ class StreamResponse:
         elif not close and request.version < (1, 1):
             extra.append("Connection: keep-alive")  # an HTTP/1.0 client that asked for it
         self.closes = close
-        head = encode_head(self.status, self.reason, self.headers, extra, close=close)
+        head = response_head(self.status, self.reason, self.headers, extra, close=close)
         if self.head_with_body and self._body:
             self._pending = head
             return

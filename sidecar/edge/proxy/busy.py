@@ -13,7 +13,7 @@ from typing import Literal
 
 from sidecar.core.errors import AdmissionRejectedError
 from sidecar.core.outcomes import refusal_body
-from sidecar.core.retry_hint import MAX_RETRY_S
+from sidecar.core.retry_hint import clamped_retry_s
 from sidecar.edge.http.errors import error_response, refusal_headers, retry_headers
 from sidecar.edge.http.response import Response
 
@@ -33,7 +33,7 @@ def fallback_event(exc: AdmissionRejectedError) -> bytes:
     payload["error"]["should_retry"] = should
     if should:
         payload["error"]["retry_after_ms"] = int(advice["retry-after-ms"])
-    data = {**payload, "retry_after_s": round(min(exc.retry_after_s, MAX_RETRY_S), 1)}
+    data = {**payload, "retry_after_s": round(clamped_retry_s(exc.retry_after_s), 1)}
     return f"event: fallback\ndata: {json.dumps(data)}\n\ndata: [DONE]\n\n".encode()
 
 
