@@ -19,6 +19,16 @@ from sidecar.core.compartments import DEFAULT, Compartments, parse_compartments
 from sidecar.core.decisions import Granted, Queued, Rejected, UnknownTicketError
 
 
+class Pool:
+    """A mode whose limit grows back (adaptive): only what is bigger than the pool is too large."""
+
+    def __init__(self, tokens: int) -> None:
+        self.tokens = tokens
+
+    def ceiling(self) -> int | None:
+        return self.tokens
+
+
 def _ticket(decision: object) -> int:
     assert isinstance(decision, Granted | Queued), decision
     return decision.ticket
@@ -89,7 +99,7 @@ def test_limit_zero(max_queue: int, expected: str) -> None:
 
 def test_token_mode_rejects_a_request_larger_than_the_pool_at_once() -> None:
     """In token mode a request bigger than every byte reachable is too_large, not queued."""
-    core = Admission(limit=1000, max_queue=10, reject_oversize=True)
+    core = Admission(limit=1000, max_queue=10)
     decision = core.request(1001, "default")
     assert isinstance(decision, Rejected)
     assert decision.reason == "too_large"
@@ -97,14 +107,14 @@ def test_token_mode_rejects_a_request_larger_than_the_pool_at_once() -> None:
 
 def test_token_mode_small_requests_share_the_pool() -> None:
     """Short requests each pay their own cost: four of 250 fit in 1000, a fifth waits."""
-    core = Admission(limit=1000, max_queue=10, reject_oversize=True)
+    core = Admission(limit=1000, max_queue=10)
     kinds = [type(core.request(250, "default")).__name__ for _ in range(5)]
     assert kinds == ["Granted"] * 4 + ["Queued"]
 
 
 def test_large_head_is_not_overtaken_by_small_ones() -> None:
     """A big waiter at the head blocks later small ones in its compartment until it fits."""
-    core = Admission(limit=1000, max_queue=10, reject_oversize=True)
+    core = Admission(limit=1000, max_queue=10)
     small = _ticket(core.request(600, "default"))
     big = _ticket(core.request(800, "default"))
     later = core.request(100, "default")
@@ -116,7 +126,7 @@ def test_large_head_is_not_overtaken_by_small_ones() -> None:
 def test_borrowing_stops_behind_an_older_waiting_head() -> None:
     """A later borrower may not pass an older waiting head, so room drains back to it."""
     comps = parse_compartments("a=50%,b=50%")  # default: 0%, everything it uses is borrowed
-    core = Admission(limit=10, max_queue=10, compartments=comps, reject_oversize=True)
+    core = Admission(limit=10, max_queue=10, compartments=comps)
     a_running = _ticket(core.request(3, "a"))
     b_big = core.request(8, "b")  # 5 of its own + 3 borrowed: waits for a
     small = core.request(1, "default")  # would fit now, but b's request is older
@@ -196,14 +206,14 @@ def test_drain_rejects_waiters_and_new_requests() -> None:
 
 def test_max_in_flight_caps_the_count_in_token_mode() -> None:
     """A hard cap of 2 requests holds even when the byte pool has room for more."""
-    core = Admission(limit=1000, max_queue=5, max_in_flight=2, reject_oversize=True)
+    core = Admission(limit=1000, max_queue=5, max_in_flight=2)
     kinds = [type(core.request(10, "default")).__name__ for _ in range(3)]
     assert kinds == ["Granted", "Granted", "Queued"]
 
 
 def test_a_release_under_max_in_flight_lets_one_waiter_in_not_all_that_fit() -> None:
     """Bytes for every waiter, but one request slot freed: one grant, the rest keep waiting."""
-    core = Admission(limit=1000, max_queue=5, max_in_flight=2, reject_oversize=True)
+    core = Admission(limit=1000, max_queue=5, max_in_flight=2)
     first, _, *waiting = [_ticket(core.request(10, "default")) for _ in range(4)]
     grants = core.release(first, "completed")
     assert [grant.ticket for grant in grants] == waiting[:1]
@@ -233,7 +243,6 @@ class AdmissionMachine(RuleBasedStateMachine):
             limit=6,
             max_queue=4,
             compartments=self.spec,
-            reject_oversize=True,
             max_in_flight=MAX_IN_FLIGHT,
         )
         self.live: set[int] = set()
@@ -412,7 +421,7 @@ TestPlainAdmissionMachine = PlainAdmissionMachine.TestCase
 
 def test_grow_blocks_new_grants_but_revokes_nothing() -> None:
     """A running stream that outgrows its charge keeps running; the next request must wait."""
-    core = Admission(limit=100, max_queue=4, reject_oversize=True)
+    core = Admission(limit=100, max_queue=4)
     first = core.request(40, DEFAULT)
     assert isinstance(first, Granted)
     core.grow(first.ticket, 90)
@@ -425,8 +434,8 @@ def test_grow_blocks_new_grants_but_revokes_nothing() -> None:
 
 def test_ceiling_decides_too_large_on_the_worst_case() -> None:
     """Adaptive: a cheap expected price is refused too_large if its worst case beats the pool."""
-    core = Admission(limit=100, max_queue=4, reject_oversize=True)
-    core.resize(100, ceiling=500)
+    core = Admission(limit=100, max_queue=4, reach=Pool(500))
+    core.resize(100)
     assert isinstance(core.request(10, DEFAULT, worst=400), Granted)
     refused = core.request(10, DEFAULT, worst=501)
     assert isinstance(refused, Rejected)

@@ -7,8 +7,10 @@ import asyncio
 import pytest
 from structlog.testing import capture_logs
 
+from sidecar.core.capacity import engine_cost
 from sidecar.core.compartments import parse_compartments
 from sidecar.core.errors import AdmissionRejectedError
+from sidecar.core.modes import TokenMode
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.limiter.events import AdmissionEvent
 from sidecar.limiter.permit import Permit
@@ -312,7 +314,7 @@ async def test_shadow_mode_does_not_delay_and_records_a_would_be_timeout() -> No
 
 async def test_token_mode_rejects_too_large_at_once_and_charges_bytes() -> None:
     """Token mode: 600 + 400 bytes fit in 1000; a 1001-byte request is too_large at once."""
-    bulkhead = make(FakeTime(), limit=1000, mode="tokens")
+    bulkhead = make(FakeTime(), limit=1000, mode=TokenMode(lambda: engine_cost(1, None)))
     async with bulkhead.admit(600) as big, bulkhead.admit(400) as small:
         assert (big.cost, small.cost) == (600, 400)
         assert bulkhead.snapshot().in_use_cost == 1000
@@ -397,7 +399,7 @@ async def test_default_timer_uses_the_running_loop() -> None:
 async def test_shrink_refuses_a_queued_request_that_can_never_fit_and_lets_the_next_run() -> None:
     """Token mode: after a shrink, a queued 800-byte head is refused too_large at once and the
     200-byte request behind it is granted as soon as it fits, not blocked behind the head."""
-    bulkhead = make(FakeTime(), limit=1000, mode="tokens")
+    bulkhead = make(FakeTime(), limit=1000, mode=TokenMode(lambda: engine_cost(1, None)))
     gate = asyncio.Event()
 
     async def run(cost: int) -> int:

@@ -12,6 +12,7 @@ from structlog.testing import capture_logs
 from sidecar.core.capacity import Budget, KvCost
 from sidecar.core.errors import ProbeError, ProbeTemporaryError
 from sidecar.core.model_spec import load_model_spec
+from sidecar.core.modes import CountMode
 from sidecar.entry.settings import load_settings
 from sidecar.entry.wiring import build_controller
 from sidecar.live.control_loop import TASK_NAME, CapacityController, Floor
@@ -66,7 +67,7 @@ def controller(gpu: ScriptedGpu, clock: Clock, resized: list[int]) -> CapacityCo
         alpha=0.8,
         declared=declared,
         resize=resized.append,
-        limit_of=lambda plan: plan.permits,
+        mode=CountMode(),
         floor=Floor(None, 1),
         gpu_probe=gpu,
         stale_after_s=10.0,
@@ -280,7 +281,7 @@ async def test_requests_are_rounded_to_the_engines_blocks(
         alpha=1.0,
         declared=Declared(None, None, False, 0, None, observed_at=0.0),
         resize=lambda _: None,
-        limit_of=lambda plan: plan.permits,
+        mode=CountMode(),
         floor=Floor(None, 1),
         engine_probe=ScriptedEngine(engine_block),
         clock=Clock(),
@@ -308,7 +309,7 @@ async def test_engine_process_unseen_warns_and_keeps_the_pod_ready() -> None:
         alpha=1.0,
         declared=Declared(None, 4 * GIB, False, 0, None, observed_at=0.0),
         resize=lambda _: None,
-        limit_of=lambda plan: plan.permits,
+        mode=CountMode(),
         floor=Floor(None, 1),
         gpu_probe=Unlisted(),
         engine_probe=ScriptedEngine(None),

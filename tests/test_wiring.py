@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from sidecar.core.capacity import engine_cost
 from sidecar.core.errors import ConfigError
+from sidecar.core.modes import TokenMode
 from sidecar.entry.settings import load_settings
-from sidecar.entry.wiring import build_bulkhead, model_cost
+from sidecar.entry.wiring import build_bulkhead, build_mode, model_cost
 
 
 def test_build_bulkhead_reads_the_admission_settings() -> None:
@@ -19,7 +21,9 @@ def test_build_bulkhead_reads_the_admission_settings() -> None:
             "SIDECAR_COMPARTMENTS": "gold=60%",
         }
     )
-    snap = build_bulkhead(settings, limit=1000).snapshot()
+    mode = build_mode(settings, None, str, lambda: engine_cost(1, None))
+    assert isinstance(mode, TokenMode)
+    snap = build_bulkhead(settings, mode, limit=1000).snapshot()
     assert (snap.mode, snap.shadow, snap.max_in_flight) == ("tokens", True, 7)
     assert [(c.name, c.guaranteed) for c in snap.compartments] == [("gold", 600), ("default", 400)]
 

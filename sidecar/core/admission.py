@@ -1,14 +1,16 @@
 """The admission state machine: limit, in-flight work, bounded FIFO queues; no clock, no I/O.
 
 Every call returns what happened as frozen values; the asyncio layer (``bulkhead``) turns them into
-woken waiters and timers. Costs are permits (count mode: one per sequence) or bytes (token mode).
+woken waiters and timers. Costs are in the admission mode's unit (``sidecar.core.modes``): permits,
+KV bytes or tokens.
 
 Compartments borrow: capacity another compartment leaves idle, its reserve included, may be used
 up to the borrower's cap. Nothing is revoked, so borrowed capacity comes back as that work ends;
 meanwhile no new borrowing is granted while any other compartment has a request waiting within
 its own guarantee, so the owner is the next to be served.
 
-Head of line after a shrink: in token mode a queued request bigger than its compartment's new
+Head of line after a shrink: where the limit is all there is (no ceiling beyond it: count, slo
+and tokens modes), a queued request of more than one unit bigger than its compartment's new
 ceiling can never run, so a resize refuses it at once (``too_large``, collected through
 ``refused_oversize()``) and those behind it are considered in the same pass.
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass
-from typing import get_args
+from typing import Protocol, get_args
 
 from sidecar.core.compartments import DEFAULT, Compartments
 from sidecar.core.decisions import (
@@ -48,6 +50,21 @@ class _Waiter:
     cost: int
 
 
+class Reach(Protocol):
+    """What the admission mode says can ever run (``sidecar.core.modes``)."""
+
+    def ceiling(self) -> int | None:
+        """The largest worst case that can ever run; None: the limit's own reach."""
+        ...
+
+
+class _LimitReach:
+    """The limit is all there is: what cannot fit it is refused, one unit excepted."""
+
+    def ceiling(self) -> int | None:
+        return None
+
+
 class Admission:
     """Admission decisions for one bulkhead; all methods are synchronous and O(compartments)."""
 
@@ -58,7 +75,7 @@ class Admission:
         max_queue: int,
         compartments: Compartments | None = None,
         max_in_flight: int | None = None,
-        reject_oversize: bool = False,
+        reach: Reach | None = None,
     ) -> None:
         if limit < 0 or max_queue < 0:
             raise ValueError("limit and max_queue must be >= 0")
@@ -69,7 +86,8 @@ class Admission:
         self._max_in_flight = max_in_flight  # the setting, or the engine's slots where fewer
         # A request bigger than its compartment's whole reach can never run at this limit. One
         # unit is never refused so: in count mode it is one request, which waits as it always has.
-        self._reject_oversize = reject_oversize
+        # A mode whose limit grows back (adaptive) names a ceiling beyond it instead.
+        self._reach: Reach = reach or _LimitReach()
         names = self._compartments.names
         self._queues: dict[str, deque[_Waiter]] = {n: deque() for n in names}
         self._used: dict[str, int] = dict.fromkeys(names, 0)
@@ -151,16 +169,16 @@ class Admission:
             self._rejected[reason] += 1
         return Withdrawal(removed=True, granted=self._pump())
 
-    def resize(self, limit: int, ceiling: int | None = None) -> tuple[Granted, ...]:
+    def resize(self, limit: int) -> tuple[Granted, ...]:
         """Set a new limit; growing grants waiters now (FIFO), shrinking revokes nothing.
 
-        ``ceiling``: the largest worst case that can ever run (adaptive: the whole pool), when it
-        is not the limit itself.
+        The mode's ceiling (the largest worst case that can ever run, where it is not the limit
+        itself: adaptive's whole pool) is read again with each new limit.
         """
         if limit < 0:
             raise ValueError("limit must be >= 0")
         self._set_limit(limit)
-        self._ceiling = ceiling
+        self._ceiling = self._reach.ceiling()
         self._reguard()
         self._evict_oversize()
         return self._pump()
@@ -285,21 +303,21 @@ class Admission:
             return "draining"
         if not self._available:
             return "no_capacity"
-        if self._ceiling is not None and self._reject_oversize and worst > self._ceiling:
+        if self._ceiling is not None and worst > self._ceiling:
             return "too_large"
         if cost <= self._cap[name]:
             return None
-        if self._reject_oversize and self._limit > 0 and self._ceiling is None and cost > 1:
+        if self._limit > 0 and self._ceiling is None and cost > 1:
             return "too_large"
         # Cannot run at the present limit; waiting only makes sense if a queue is allowed.
         return "no_capacity" if self._max_queue == 0 else None
 
     def _evict_oversize(self) -> None:
-        """Token mode: take out every waiter that can never fit under the new ceilings.
+        """Take out every waiter (of more than one unit) that can never fit under the new caps.
 
         Adaptive admission (a ``ceiling`` beyond the limit) keeps them: its limit grows back.
         """
-        if not self._reject_oversize or self._limit == 0 or self._ceiling is not None:
+        if self._limit == 0 or self._ceiling is not None:
             return
         for waiter in [
             w for w in self._queued_tickets.values() if w.cost > max(1, self._cap[w.compartment])

@@ -40,11 +40,10 @@ from sidecar.entry.listen import SHUTDOWN_TIMEOUT_S, bind, reserve_descriptors, 
 from sidecar.entry.logs import OncePer
 from sidecar.entry.settings import Settings
 from sidecar.entry.wiring import (
-    adaptive_resize,
     build_adaptive,
     build_bulkhead,
     build_controller,
-    build_pricing,
+    build_mode,
     build_slo,
 )
 from sidecar.limiter.events import AdmissionEvent
@@ -75,18 +74,21 @@ class SidecarServer:
         self.settings, self.clock = settings, clock
         self.registry = CollectorRegistry(auto_describe=True)
         self.metrics = RequestMetrics(self.registry)
-        self.bulkhead = build_bulkhead(settings, limit=0, clock=clock, on_event=self._on_event)
-        self.adaptive = build_adaptive(settings, self.bulkhead.pressed)
-        self.signal = SaturationSignal(self.bulkhead.snapshot, self.metrics.requests, clock)
-        self.slo = build_slo(settings, self.bulkhead.pressed, clock, self._demand)
+        # The mode's law hears whether the limit bound lately: the bulkhead, built for the mode.
+        self.adaptive = build_adaptive(settings, self._pressed)
+        self.slo = build_slo(settings, self._pressed, clock, self._demand)
         compartments = parse_compartments(settings.compartments)
-        self.pricing = build_pricing(
+        self.mode = build_mode(
             settings, self.adaptive, compartments.resolve, lambda: self.controller.cost, self.slo
         )
+        self.bulkhead = build_bulkhead(
+            settings, self.mode, limit=0, clock=clock, on_event=self._on_event
+        )
+        self.signal = SaturationSignal(self.bulkhead.snapshot, self.metrics.requests, clock)
         self.controller: CapacityController = build_controller(
             settings,
-            adaptive_resize(self.bulkhead, self.adaptive),
-            self.pricing,
+            self.bulkhead.resize,
+            self.mode,
             clock=clock,
             nvml=gpu_probe,
             adaptive=self.adaptive,
@@ -116,6 +118,10 @@ class SidecarServer:
         self.registry.register(SaturationCollector(self.signal))
         if self.slo is not None:
             self.registry.register(SloCollector(self.slo))
+
+    def _pressed(self) -> bool:
+        """Whether the limit bound since the law last asked (the bulkhead's ``pressed``)."""
+        return self.bulkhead.pressed()
 
     def _demand(self) -> int:
         """Requests in flight and waiting for a permit now."""
@@ -155,7 +161,7 @@ class SidecarServer:
         config = ProxyConfig(
             budget=self._token_policy,
             reject_mode=s.reject_mode,
-            price=self.pricing.price,
+            price=self.mode.price,
             flat_price=self._flat_price,
             free_paths=parse_free_paths(s.free_paths),
             body=BodyLimits(s.body_timeout_ms / 1000, s.body_min_rate, s.body_rate_grace_ms / 1000),
@@ -216,7 +222,7 @@ class SidecarServer:
     def _flat_price(self) -> int:
         """A POST with no token budget of its own costs one full-budget request at its worst."""
         tokens = self.controller.token_budget.total_tokens
-        return self.pricing.full_request(tokens, self.controller.cost)
+        return self.mode.full_request(tokens, self.controller.cost)
 
     def _edge_limits(
         self, max_connections: int, per_client: int, bodies: int, client_bodies: int
@@ -289,7 +295,7 @@ class SidecarServer:
             admin_port=self.admin_port,
             upstream=s.upstream_url,
             admission=s.admission,
-            mode=self.pricing.mode,
+            mode=self.mode.name,
             shadow=s.shadow,
             event_loop=running_loop_name(),
         )

@@ -18,6 +18,9 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from sidecar.core.claims import parse_claim_trust
 from sidecar.core.compartments import parse_compartments
 from sidecar.core.errors import ConfigError
+from sidecar.core.estimator import EstimatorConfig
+from sidecar.core.objectives import Objectives
+from sidecar.core.overcommit import AimdConfig
 from sidecar.core.sizes import parse_size
 from sidecar.core.tenancy import parse_priorities
 from sidecar.entry.event_loop import EventLoop
@@ -41,6 +44,9 @@ def _read_size(value: Any) -> Any:
 
 Size = Annotated[int, BeforeValidator(_read_size), Field(ge=0)]
 """Bytes, written as 24GiB, 24Gi, 24GB, 24G, 512MiB or 1073741824 (see sidecar.core.sizes)."""
+
+# The control laws' defaults are the core's: a setting's default is read from them, not repeated.
+_OBJECTIVES, _ESTIMATOR, _AIMD = Objectives(), EstimatorConfig(), AimdConfig()
 
 # Where each group of settings starts, in declaration order (`sidecar serve --help`, the docs).
 # A setting belongs to the group of the nearest start above it.
@@ -257,12 +263,12 @@ class Settings(BaseSettings):
         "KV over-commit ratio steered by the engine's preemptions and KV usage",
     )
     slo_ttft_ms: PositiveInt = Field(
-        2000,
+        round(_OBJECTIVES.ttft_s * 1000),
         description="time to first token a request is held to when its headers set none "
         "(x-llm-d-slo-ttft-ms, x-slo-ttft-ms)",
     )
     slo_tpot_ms: PositiveInt = Field(
-        100,
+        round(_OBJECTIVES.tpot_s * 1000),
         description="mean time per output token a request is held to when its headers set none "
         "(x-llm-d-slo-tpot-ms, x-slo-tpot-ms)",
     )
@@ -336,29 +342,32 @@ class Settings(BaseSettings):
 
     # --- adaptive admission (SIDECAR_ADMISSION=adaptive) ----------------------------------------
     adaptive_min_samples: PositiveInt = Field(
-        20,
+        _ESTIMATOR.min_samples,
         description="completions a band must have seen before its learned lengths replace "
         "max_tokens",
     )
     adaptive_window: PositiveInt = Field(
-        256, description="recent completion lengths kept per compartment and max_tokens band"
+        _ESTIMATOR.window,
+        description="recent completion lengths kept per compartment and max_tokens band",
     )
     adaptive_min_overcommit: Annotated[float, Field(gt=0, le=1)] = Field(
-        0.5, description="lowest over-commit ratio (x alpha x KV pool tokens) AIMD may cut to"
+        _AIMD.low, description="lowest over-commit ratio (x alpha x KV pool tokens) AIMD may cut to"
     )
     adaptive_max_overcommit: Annotated[float, Field(ge=1)] = Field(
-        3.0, description="highest over-commit ratio AIMD may grow to while the engine is healthy"
+        _AIMD.high,
+        description="highest over-commit ratio AIMD may grow to while the engine is healthy",
     )
     adaptive_increase: Annotated[float, Field(ge=0)] = Field(
-        0.05,
+        _AIMD.increase,
         description="added to the over-commit ratio on each calm tick the limit binds (requests "
         "wait at the sidecar, KV usage below the target, nothing waiting at the engine)",
     )
     adaptive_decrease: Annotated[float, Field(gt=0, lt=1)] = Field(
-        0.8, description="the over-commit ratio is multiplied by this when the engine preempts"
+        _AIMD.decrease,
+        description="the over-commit ratio is multiplied by this when the engine preempts",
     )
     adaptive_kv_target: Annotated[float, Field(gt=0, le=1)] = Field(
-        0.9,
+        _AIMD.target,
         description="engine KV usage (0..1) adaptive admission holds a busy engine at: below it "
         "the limit grows while requests wait, above it the limit shrinks",
     )

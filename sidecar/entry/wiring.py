@@ -20,6 +20,7 @@ from sidecar.core.decisions import Mode
 from sidecar.core.errors import ConfigError
 from sidecar.core.estimator import EstimatorConfig
 from sidecar.core.model_spec import load_model_spec, weights_bytes_in
+from sidecar.core.modes import AdaptiveMode, AdmissionMode, CountMode, SloMode, TokenMode
 from sidecar.core.objectives import Objectives
 from sidecar.core.overcommit import AimdConfig
 from sidecar.core.token_budget import resolve_budget
@@ -28,7 +29,6 @@ from sidecar.entry.settings import Settings
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.live.adaptive import AdaptiveCapacity
 from sidecar.live.control_loop import CapacityController, Floor
-from sidecar.live.pricing import AdaptivePricing, CountPricing, Pricing, SloPricing, TokenPricing
 from sidecar.live.probes import GpuProbe
 from sidecar.live.probes.engine_probe import ENGINES, EngineMetricsProbe
 from sidecar.live.probes.nvml import NvmlProbe, parse_gpu_selection
@@ -59,32 +59,21 @@ def build_slo(
     return SloControl(objectives=objectives, binding=binding, demand=demand, clock=clock)
 
 
-def build_bulkhead(settings: Settings, *, limit: int, **seams: Any) -> Bulkhead:
-    """A bulkhead configured by SIDECAR_* settings (ConfigError on a bad compartment spec)."""
+def build_bulkhead(
+    settings: Settings, mode: AdmissionMode, *, limit: int, **seams: Any
+) -> Bulkhead:
+    """A bulkhead configured by SIDECAR_* settings, enforcing ``mode`` (ConfigError on a bad
+    compartment spec)."""
     return Bulkhead(
         limit=limit,
         max_queue=settings.max_queue,
         max_wait_s=settings.max_wait_ms / 1000,
-        mode=admission_mode(settings),
+        mode=mode,
         shadow=settings.shadow,
         max_in_flight=settings.max_concurrent_calls,
         compartments=parse_compartments(settings.compartments),
         **seams,
     )
-
-
-def adaptive_resize(bulkhead: Bulkhead, adaptive: AdaptiveCapacity | None) -> Callable[[int], None]:
-    """The controller's resize: adaptive limits also carry the pool as the too_large ceiling,
-    and the engine's fixed slots (llama.cpp) as a cap on requests in flight (count mode has them
-    in its limit already)."""
-    if adaptive is None:
-        return bulkhead.resize
-
-    def resize(limit: int) -> None:
-        bulkhead.cap_in_flight(adaptive.slots)
-        bulkhead.resize(limit, adaptive.ceiling())
-
-    return resize
 
 
 def build_adaptive(
@@ -101,7 +90,6 @@ def build_adaptive(
         aimd=AimdConfig(
             low=settings.adaptive_min_overcommit,
             high=settings.adaptive_max_overcommit,
-            start=1.0,
             increase=settings.adaptive_increase,
             decrease=settings.adaptive_decrease,
             target=settings.adaptive_kv_target,
@@ -110,21 +98,22 @@ def build_adaptive(
     )
 
 
-def build_pricing(
+def build_mode(
     settings: Settings,
     adaptive: AdaptiveCapacity | None,
     resolve: Callable[[str], str],
     cost_of: Callable[[], KvCost],
     slo: SloControl | None = None,
-) -> Pricing:
-    """The admission mode's prices and limit (``adaptive`` and ``slo`` are built for theirs)."""
+) -> AdmissionMode:
+    """The admission mode's strategy, chosen once (``adaptive`` and ``slo`` are the laws built
+    for theirs); ``cost_of`` prices a token as the plan in force does (tokens mode)."""
     if slo is not None:
-        return SloPricing(slo, settings.max_concurrent_calls)
+        return SloMode(slo, settings.max_concurrent_calls)
     if adaptive is not None:
-        return AdaptivePricing(adaptive, resolve)
+        return AdaptiveMode(adaptive, resolve)
     if admission_mode(settings) == "tokens":
-        return TokenPricing(cost_of)
-    return CountPricing(settings.max_concurrent_calls)
+        return TokenMode(cost_of)
+    return CountMode(settings.max_concurrent_calls)
 
 
 def model_cost(settings: Settings) -> KvCost | None:
@@ -153,7 +142,7 @@ def model_cost(settings: Settings) -> KvCost | None:
 def build_controller(
     settings: Settings,
     resize: Callable[[int], None],
-    pricing: Pricing | None = None,
+    mode: AdmissionMode | None = None,
     *,
     clock: Callable[[], float] = time.monotonic,
     nvml: GpuProbe | None = None,
@@ -177,8 +166,8 @@ def build_controller(
     live = settings.capacity_source != "static"
     upstream = settings.upstream_url.rstrip("/")
     metrics_url = settings.engine_metrics_url or upstream + "/metrics"
-    if pricing is None:  # a controller on its own (sidecar probe): permits, or bytes in tokens mode
-        pricing = build_pricing(settings, adaptive, str, lambda: controller.cost, slo)
+    if mode is None:  # a controller on its own (sidecar probe): permits, or bytes in tokens mode
+        mode = build_mode(settings, adaptive, str, lambda: controller.cost, slo)
     controller = CapacityController(
         source=settings.capacity_source,
         cost=cost,
@@ -186,8 +175,8 @@ def build_controller(
         alpha=settings.safety_factor,
         declared=declared,
         resize=resize,
-        limit_of=pricing.limit_of,
-        floor=_floor(settings, cost or engine_cost(1, None), budget, declared, pricing),
+        mode=mode,
+        floor=_floor(settings, cost or engine_cost(1, None), budget, declared, mode),
         gpu_probe=(nvml or NvmlProbe(parse_gpu_selection(settings.gpus), clock=clock))
         if live
         else None,
@@ -209,7 +198,6 @@ def build_controller(
         feedback=_feedback(adaptive, slo, observe),
         available=available,
         probe_timeout_s=settings.probe_timeout_ms / 1000,
-        cap_at_engine_slots=pricing.mode in ("count", "slo"),
         budget_rule=budget_rule,
     )
     return controller
@@ -239,15 +227,15 @@ def _floor(
     cost: KvCost,
     budget: Budget,
     declared: Declared,
-    pricing: Pricing,
+    mode: AdmissionMode,
 ) -> Floor:
     """SIDECAR_FLOOR_PERMITS, else the static plan where one is declared, else one request."""
-    per_request = pricing.full_request(budget.total, cost)
+    per_request = mode.full_request(budget.total, cost)
     if settings.floor_permits is not None:
         return Floor(None, settings.floor_permits * per_request)
     if declared.plannable:
         plan = make_plan(cost, static_memory(declared), budget, settings.safety_factor)
-        return Floor(plan, pricing.limit_of(plan))
+        return Floor(plan, mode.limit_of(plan))
     return Floor(None, per_request)
 
 

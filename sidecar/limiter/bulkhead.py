@@ -16,9 +16,10 @@ import structlog
 
 from sidecar.core.admission import Admission
 from sidecar.core.compartments import DEFAULT, Compartments
-from sidecar.core.decisions import Granted, Mode, Outcome, Queued, Rejected
+from sidecar.core.decisions import Granted, Outcome, Queued, Rejected
 from sidecar.core.errors import AdmissionRejectedError
 from sidecar.core.ledger import Ledger, StreamUsage
+from sidecar.core.modes import AdmissionMode, CountMode
 from sidecar.core.outcomes import RejectReason
 from sidecar.core.retry_hint import ReleaseRate
 from sidecar.limiter.events import AdmissionEvent, BulkheadSnapshot, EventKind
@@ -37,7 +38,7 @@ class Bulkhead:
         limit: int,
         max_queue: int,
         max_wait_s: float,
-        mode: Mode = "count",
+        mode: AdmissionMode | None = None,
         shadow: bool = False,
         max_in_flight: int | None = None,
         compartments: Compartments | None = None,
@@ -46,15 +47,16 @@ class Bulkhead:
         on_event: Callable[[AdmissionEvent], None] | None = None,
         hint: ReleaseRate | None = None,
     ) -> None:
+        """``mode``: how requests are priced and what can ever run (count mode if None)."""
+        self._mode: AdmissionMode = mode or CountMode()
         self._core = Admission(
             limit=limit,
             max_queue=max_queue,
             compartments=compartments,
             max_in_flight=max_in_flight,
-            reject_oversize=True,
+            reach=self._mode,
         )
         self._ledger = Ledger()
-        self._mode: Mode = mode
         self._shadow = shadow
         self._max_wait_s = max_wait_s
         self._max_in_flight = max_in_flight
@@ -96,20 +98,18 @@ class Bulkhead:
             permit.max_wait_s = max_wait_s
         return permit
 
-    def resize(self, limit: int, ceiling: int | None = None) -> None:
-        """New limit (permits, bytes or tokens): growing wakes waiters now, shrinking revokes
-        nothing; a waiter that can never fit the new limit is refused at once (``too_large``).
-        ``ceiling``: the largest worst case that can ever run, where not the limit."""
+    def resize(self, limit: int) -> None:
+        """New limit (in the mode's unit): growing wakes waiters now, shrinking revokes nothing;
+        a waiter that can never fit (the mode's ceiling, else the new limit) is refused at once
+        (``too_large``). The mode's cap on requests in flight is applied first."""
+        # The engine's fixed slots where the mode caps requests by them (its limit counts tokens):
+        # a larger cap wakes waiters now, a smaller revokes nothing.
+        self._wake(self._core.cap_in_flight(self._mode.in_flight_cap()))
         self.sync()
-        grants = self._core.resize(limit, ceiling)
+        grants = self._core.resize(limit)
         for ticket in self._core.refused_oversize():
             self._refuse_waiter(self._waiters.pop(ticket), "too_large")
         self._wake(grants)
-
-    def cap_in_flight(self, slots: int | None) -> None:
-        """At most ``slots`` requests in flight (the engine's fixed slots; None: no such cap),
-        on top of ``max_in_flight``; a larger cap wakes waiters now, a smaller revokes nothing."""
-        self._wake(self._core.cap_in_flight(slots))
 
     def set_available(self, available: bool) -> None:
         """False while there is no capacity at all: refuse at once (no_capacity), queued too."""
@@ -135,7 +135,7 @@ class Bulkhead:
         core = self._core.snapshot()
         return BulkheadSnapshot(
             **{f.name: getattr(core, f.name) for f in fields(core)},
-            mode=self._mode,
+            mode=self._mode.name,
             shadow=self._shadow,
             max_in_flight=self._max_in_flight,
             ledger_tokens=self._ledger.occupancy(),
@@ -332,10 +332,7 @@ class Bulkhead:
     ) -> AdmissionRejectedError:
         if reason == "too_large":
             retry = self._hint.bounds.high_s  # retrying cannot help; say so with the longest hint
-        elif self._mode == "adaptive":
-            ahead = self._core.queued_cost_ahead(compartment) + self._core.in_use_cost
-            # Tokens that must drain before this caller fits: those ahead, beyond the limit.
-            need = max(1, ahead - self._core.limit + 1)
+        elif (need := self._mode.must_drain(self._core, compartment)) is not None:
             retry = self._hint.retry_after_s(0, self._clock(), tokens=need)
         else:
             retry = self._hint.retry_after_s(self._core.queued_ahead(compartment), self._clock())

@@ -23,6 +23,7 @@ import structlog
 
 from sidecar.core.capacity import Budget, KvCost, Plan, engine_cost, make_plan
 from sidecar.core.errors import PlanError, ProbeError, ProbeTemporaryError
+from sidecar.core.modes import AdmissionMode
 from sidecar.core.token_budget import TokenBudget
 from sidecar.core.warnings import CLEARED_EVENT, RAISED_EVENT, ConfigWarning, changes, no_capacity
 from sidecar.live.engine_health import EngineHealth
@@ -107,7 +108,7 @@ class CapacityController:
         alpha: float,
         declared: Declared,
         resize: Callable[[int], None],
-        limit_of: Callable[[Plan], int],
+        mode: AdmissionMode,
         floor: Floor,
         gpu_probe: GpuProbe | None = None,
         engine_probe: EngineProbe | None = None,
@@ -120,19 +121,12 @@ class CapacityController:
         probe_timeout_s: float = 2.0,
         feedback: Callable[[Readings], tuple[ConfigWarning, ...]] | None = None,
         available: Callable[[bool], None] | None = None,
-        cap_at_engine_slots: bool = False,
         budget_rule: Callable[[int | None], TokenBudget] | None = None,
     ) -> None:
-        """``budget_rule``: the token budget for the engine's max_model_len (None: not known);
-        without it, ``budget`` stands."""
+        """``mode``: the admission mode, whose limit each plan gives; ``budget_rule``: the token
+        budget for the engine's max_model_len (None: not known); without it, ``budget`` stands."""
         self._wanted, self._cost, self._budget, self._alpha = source, cost, budget, alpha
-        self._cap_at_slots = cap_at_engine_slots
-        self._declared, self._resize, self._limit_of, self._floor = (
-            declared,
-            resize,
-            limit_of,
-            floor,
-        )
+        self._declared, self._resize, self._mode, self._floor = declared, resize, mode, floor
         self._gpu_probe, self._engine_probe = gpu_probe, engine_probe
         self._refresh_s, self._stale_after_s = refresh_s, stale_after_s
         self._engine_pid, self._tolerance = engine_pid, tolerance
@@ -217,11 +211,11 @@ class CapacityController:
         return new
 
     def _limit(self, plan: Plan, readings: Readings) -> int:
-        """The limit rule's, and in count mode never more than the engine's fixed slots (llama.cpp's
-        -np): a request past them would only wait at the engine, outside the sidecar's queue."""
-        limit = self._limit_of(plan)
+        """The mode's limit for ``plan``, told the engine's fixed slots (llama.cpp's -np) where
+        this tick read them: a request past them would only wait at the engine, outside the
+        sidecar's queue."""
         slots = readings.engine.slots if readings.engine is not None else None
-        return min(limit, slots) if self._cap_at_slots and slots is not None else limit
+        return self._mode.limit_of(plan, slots)
 
     def engine_unready(self) -> str | None:
         """Why the engine cannot serve, judged now from the age of its last good reading (a loop

@@ -1,0 +1,198 @@
+"""The admission modes (SIDECAR_ADMISSION): one strategy object per mode, chosen once at start-up.
+
+A mode answers, in its one unit: what a request costs, what one request of the whole token budget
+costs (a request with no budget of its own, and the floor), what the limit is for a plan and its
+control law's output, the largest request that can ever run, the cap it puts on requests in
+flight, and what must drain before a refused caller fits (its Retry-After).
+
+- count: permits, one per sequence; the plan's worst-case permits (and the engine's slots).
+- slo: permits, one per sequence; the limit the streams' latencies steer (and the engine's slots).
+- tokens: KV bytes; a request costs its own worst case; alpha x the pool's bytes.
+- adaptive: tokens; a request costs what it holds plus its expected growth (its live
+  ``StreamUsage``); the pool's tokens x alpha x the over-commit ratio; what can never run is what
+  is bigger than the whole pool, since the limit grows back.
+
+The control laws themselves (the SLO gradient, the over-commit AIMD) keep their evidence and their
+log lines in ``sidecar.live``; a mode reads their output through the small protocols below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from sidecar.core.admission import Admission
+from sidecar.core.capacity import KvCost, Plan
+from sidecar.core.decisions import Mode
+from sidecar.core.ledger import StreamUsage, in_blocks
+from sidecar.core.request_checks import CheckedRequest
+
+Price = tuple[int, StreamUsage | None]  # (cost in the mode's unit, live usage if adaptive)
+
+
+class AdmissionMode(Protocol):
+    """One admission mode's prices, limit and refusals, in one unit."""
+
+    name: Mode
+
+    def price(self, request: CheckedRequest, compartment: str) -> Price:
+        """What ``request`` costs in ``compartment``, and its live usage where it has one."""
+        ...
+
+    def full_request(self, tokens: int, cost: KvCost) -> int:
+        """One request of ``tokens`` (the whole budget) at its worst case; ``cost`` prices a
+        token."""
+        ...
+
+    def limit_of(self, plan: Plan, slots: int | None = None) -> int:
+        """The bulkhead's limit for ``plan``; ``slots``: the engine's fixed slots, where it has
+        them (llama.cpp's ``-np``)."""
+        ...
+
+    def ceiling(self) -> int | None:
+        """The largest worst case that can ever run; None: the limit's own reach (what cannot fit
+        it is refused at once, one unit excepted: it waits)."""
+        ...
+
+    def in_flight_cap(self) -> int | None:
+        """A cap on requests in flight beside the limit (None: none)."""
+        ...
+
+    def must_drain(self, admission: Admission, compartment: str) -> int | None:
+        """What must be released before a new caller in ``compartment`` fits, in the mode's
+        unit; None: the hint counts the requests queued ahead instead."""
+        ...
+
+
+class SteeredLimit(Protocol):
+    """The SLO law's output: the requests in flight the streams' latencies allow."""
+
+    def limit_of(self, plan: Plan) -> int: ...
+
+
+class OvercommitLaw(Protocol):
+    """Adaptive admission's law, as its mode reads it: the over-committed limit in tokens, the
+    pool as the ceiling, each request's learned footprint, the engine's slots."""
+
+    block_size: int
+    slots: int | None
+
+    def limit_of(self, plan: Plan) -> int: ...
+
+    def ceiling(self) -> int | None: ...
+
+    def usage_for(
+        self, compartment: str, prompt_tokens: int, max_tokens: int, sequences: int
+    ) -> StreamUsage: ...
+
+
+class _Permits:
+    """Count and slo: a permit per sequence, each pinning a worst-case request's KV cache."""
+
+    def price(self, request: CheckedRequest, compartment: str) -> Price:
+        return request.sequences, None
+
+    def full_request(self, tokens: int, cost: KvCost) -> int:
+        return 1
+
+    def ceiling(self) -> int | None:
+        return None
+
+    def in_flight_cap(self) -> int | None:
+        return None  # the limit counts requests: the slots cap it already
+
+    def must_drain(self, admission: Admission, compartment: str) -> int | None:
+        return None
+
+
+def _capped(limit: int, *caps: int | None) -> int:
+    return min([limit, *(c for c in caps if c is not None)])
+
+
+class CountMode(_Permits):
+    """The plan's permits, capped by SIDECAR_MAX_CONCURRENT_CALLS and the engine's slots."""
+
+    name: Mode = "count"
+
+    def __init__(self, cap: int | None = None) -> None:
+        self.cap = cap
+
+    def limit_of(self, plan: Plan, slots: int | None = None) -> int:
+        return _capped(plan.permits, self.cap, slots)
+
+
+class SloMode(_Permits):
+    """The limit the streams' latencies steer, capped like count's."""
+
+    name: Mode = "slo"
+
+    def __init__(self, law: SteeredLimit, cap: int | None = None) -> None:
+        self.law = law
+        self.cap = cap
+
+    def limit_of(self, plan: Plan, slots: int | None = None) -> int:
+        return _capped(self.law.limit_of(plan), self.cap, slots)
+
+
+class TokenMode:
+    """Each sequence's own worst case in KV bytes, against alpha x the pool's bytes."""
+
+    name: Mode = "tokens"
+
+    def __init__(self, cost_of: Callable[[], KvCost]) -> None:
+        self.cost_of = cost_of  # the plan's: the engine's or the model's pricing of a token
+
+    def price(self, request: CheckedRequest, compartment: str) -> Price:
+        tokens = request.prompt_tokens + request.completion_tokens
+        return self.cost_of().request_bytes(tokens) * request.sequences, None
+
+    def full_request(self, tokens: int, cost: KvCost) -> int:
+        return cost.request_bytes(tokens)
+
+    def limit_of(self, plan: Plan, slots: int | None = None) -> int:
+        return plan.admissible_bytes
+
+    def ceiling(self) -> int | None:
+        return None
+
+    def in_flight_cap(self) -> int | None:
+        return None
+
+    def must_drain(self, admission: Admission, compartment: str) -> int | None:
+        return None
+
+
+class AdaptiveMode:
+    """What a stream holds plus its learned growth, in tokens, against the over-committed pool."""
+
+    name: Mode = "adaptive"
+
+    def __init__(self, law: OvercommitLaw, resolve: Callable[[str], str] = str) -> None:
+        self.law = law
+        self.resolve = resolve  # a compartment key to the compartment its lengths are kept in
+
+    def price(self, request: CheckedRequest, compartment: str) -> Price:
+        usage = self.law.usage_for(
+            self.resolve(compartment),
+            request.prompt_tokens,
+            request.completion_tokens,
+            request.sequences,
+        )
+        return usage.charge(), usage
+
+    def full_request(self, tokens: int, cost: KvCost) -> int:
+        return in_blocks(tokens, self.law.block_size)
+
+    def limit_of(self, plan: Plan, slots: int | None = None) -> int:
+        return self.law.limit_of(plan)  # the slots cap requests in flight instead
+
+    def ceiling(self) -> int | None:
+        return self.law.ceiling()
+
+    def in_flight_cap(self) -> int | None:
+        return self.law.slots
+
+    def must_drain(self, admission: Admission, compartment: str) -> int | None:
+        # Tokens that must drain before this caller fits: those ahead, beyond the limit.
+        ahead = admission.queued_cost_ahead(compartment) + admission.in_use_cost
+        return max(1, ahead - admission.limit + 1)

@@ -1,0 +1,122 @@
+"""Each admission mode's prices and limit, from one strategy object per mode."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from sidecar.core.capacity import Budget, Plan, Source, Term, engine_cost, make_plan
+from sidecar.core.errors import AdmissionRejectedError
+from sidecar.core.estimator import EstimatorConfig
+from sidecar.core.ledger import StreamUsage
+from sidecar.core.modes import AdaptiveMode, AdmissionMode, CountMode, SloMode, TokenMode
+from sidecar.core.request_checks import CheckedRequest
+from sidecar.limiter.bulkhead import Bulkhead
+from sidecar.live.adaptive import AdaptiveCapacity
+
+COST = engine_cost(1024, 16)  # the tiny model: 1 KiB a token, 16-token blocks
+
+
+def request(prompt: int = 100, completion: int = 28, sequences: int = 1) -> CheckedRequest:
+    return CheckedRequest(b"{}", stream=True, completion_tokens=completion,
+                          prompt_tokens=prompt, sequences=sequences, model=None)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("sequences", "cost"),
+    [pytest.param(1, 1, id="one-sequence-one-permit"), pytest.param(4, 4, id="n4-four-permits")],
+)
+def test_count_prices_a_permit_per_sequence(sequences: int, cost: int) -> None:
+    """Each sequence pins a worst-case request's KV cache: a permit each; no live usage."""
+    assert CountMode().price(request(sequences=sequences), "default") == (cost, None)
+    assert CountMode().full_request(4096, COST) == 1
+
+
+def test_tokens_prices_each_sequences_worst_case_in_bytes() -> None:
+    """(100 + 28) tokens in whole 16-token blocks = 128 x 1 KiB; n=2 twice that."""
+    pricing = TokenMode(lambda: COST)
+    assert pricing.price(request(), "default") == (131_072, None)
+    assert pricing.price(request(sequences=2), "default") == (262_144, None)
+    assert pricing.full_request(128, COST) == 131_072
+
+
+def test_adaptive_prices_the_live_usage_it_hands_the_bulkhead() -> None:
+    """Unlearned, a request is charged its worst case in tokens, and the usage it returns is
+    the one the ledger will follow; its compartment is the resolved one."""
+    adaptive = AdaptiveCapacity(estimator=EstimatorConfig(min_samples=1, window=4))
+    pricing = AdaptiveMode(adaptive, resolve=lambda key: f"resolved-{key}")
+    cost, usage = pricing.price(request(), "gold")
+    assert usage is not None
+    assert (cost, usage.compartment, usage.worst()) == (128, "resolved-gold", 128)
+    assert pricing.full_request(100, COST) == 100  # one-token blocks until a plan says more
+
+
+# A pool of 100,000 one-byte tokens; a request of the budget holds 10,000 of them at worst.
+PLAN = make_plan(
+    engine_cost(1, None), Term("kv", 100_000, Source.ENGINE), Budget(2_000, 8_000), 1.0
+)
+
+
+class Steered:
+    """The SLO law's output, fixed: it allows ``limit`` requests in flight."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+
+    def limit_of(self, plan: Plan) -> int:
+        return self.limit
+
+
+@pytest.mark.parametrize(
+    ("mode", "slots", "limit"),
+    [
+        pytest.param(CountMode(), None, 10, id="count-the-plans-permits"),
+        pytest.param(CountMode(), 4, 4, id="count-capped-by-the-engines-slots"),
+        pytest.param(CountMode(cap=3), 8, 3, id="count-capped-by-max-concurrent-calls"),
+        pytest.param(SloMode(Steered(50)), None, 50, id="slo-the-laws-limit"),
+        pytest.param(SloMode(Steered(50), cap=20), 30, 20, id="slo-capped-by-the-setting"),
+        pytest.param(SloMode(Steered(50), cap=20), 8, 8, id="slo-capped-by-the-slots"),
+        pytest.param(TokenMode(lambda: COST), 4, 100_000, id="tokens-alpha-x-pool-bytes"),
+        pytest.param(AdaptiveMode(AdaptiveCapacity()), 4, 100_000, id="adaptive-pool-x-ratio"),
+    ],
+)
+def test_each_mode_derives_its_limit_from_the_plan(
+    mode: AdmissionMode, slots: int | None, limit: int
+) -> None:
+    """Limits counted in requests are capped by the engine's slots; bytes and tokens are not."""
+    assert mode.limit_of(PLAN, slots) == limit
+
+
+def test_only_adaptive_names_a_ceiling_and_caps_requests_by_the_slots() -> None:
+    """Adaptive's limit grows back, so only a request beyond the whole pool can never run, and
+    the engine's slots cap its requests in flight; the other modes' limit is their reach."""
+    adaptive = AdaptiveCapacity()
+    adaptive.slots = 4
+    mode = AdaptiveMode(adaptive)
+    mode.limit_of(PLAN)
+    assert (mode.ceiling(), mode.in_flight_cap()) == (100_000, 4)
+    for other in (CountMode(), SloMode(Steered(5)), TokenMode(lambda: COST)):
+        assert (other.ceiling(), other.in_flight_cap()) == (None, None)
+
+
+async def test_adaptive_bulkhead_queues_past_the_limit_and_refuses_past_the_pool() -> None:
+    """A worst case past the limit but within the pool waits for the limit to grow back; one
+    past the pool is refused too_large at once."""
+    adaptive = AdaptiveCapacity()
+    mode = AdaptiveMode(adaptive)
+    bulkhead = Bulkhead(limit=0, max_queue=4, max_wait_s=3.0, mode=mode)
+    # alpha 0.001: the limit is one request of the budget, 10,000 tokens, of a 100,000 pool.
+    bulkhead.resize(mode.limit_of(replace(PLAN, alpha=0.001)))
+    big = StreamUsage("default", prompt_tokens=15_000, max_tokens=5_000)
+    waiter = asyncio.ensure_future(bulkhead.admit(big.worst(), usage=big).__aenter__())
+    await asyncio.sleep(0)
+    assert bulkhead.snapshot().queued == 1
+    huge = StreamUsage("default", prompt_tokens=100_000, max_tokens=1)
+    with pytest.raises(AdmissionRejectedError) as caught:
+        await bulkhead.admit(huge.worst(), usage=huge).__aenter__()
+    assert caught.value.reason == "too_large"
+    bulkhead.drain()
+    with pytest.raises(AdmissionRejectedError):
+        await waiter
