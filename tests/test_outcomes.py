@@ -17,11 +17,15 @@ from sidecar.core.errors import (
 )
 from sidecar.core.outcomes import (
     REJECTIONS,
+    RELAY_OUTCOMES,
     REQUEST_OUTCOMES,
     UPSTREAM_FAILURES,
+    Outcome,
     Refusal,
     RejectReason,
+    RelayEnd,
     UpstreamFailure,
+    ending,
 )
 from sidecar.edge.http.errors import error_response
 from sidecar.edge.http.limits import EdgeLimits
@@ -194,3 +198,35 @@ def test_every_outcome_is_a_metric_label_from_the_start() -> None:
     text = generate_latest(registry).decode()
     for code in (*REJECTIONS, *UPSTREAM_FAILURES, *REQUEST_OUTCOMES):
         assert f'sidecar_requests_total{{outcome="{code}"}} 0.0' in text
+
+
+@pytest.mark.parametrize(
+    ("end", "status", "failure", "permit", "label"),
+    [
+        pytest.param("completed", 200, None, "completed", "completed", id="relayed-200"),
+        pytest.param("completed", 304, None, "completed", "completed", id="relayed-304"),
+        pytest.param("completed", 400, None, "completed", "upstream_rejected", id="relayed-400"),
+        pytest.param("completed", 503, None, "failed", "upstream_error", id="relayed-503"),
+        pytest.param("client_gone", 200, None, "cancelled", "client_gone", id="client-gone"),
+        pytest.param("client_gone", 500, None, "cancelled", "client_gone", id="gone-from-a-500"),
+        pytest.param(
+            "client_stalled", 200, None, "cancelled", "client_stalled", id="client-stalled"
+        ),
+        pytest.param("stopped", 200, None, "cancelled", "draining", id="drain-stopped-it"),
+        pytest.param(
+            "upstream_failed", 200, "upstream_timeout", "failed", "upstream_timeout",
+            id="engine-timed-out-mid-stream",
+        ),
+        pytest.param(
+            "upstream_failed", 200, "upstream_unavailable", "failed", "upstream_unavailable",
+            id="engine-reset-mid-stream",
+        ),
+    ],
+)  # fmt: skip
+def test_how_a_relay_ended_is_one_row(
+    end: RelayEnd, status: int, failure: UpstreamFailure | None, permit: Outcome, label: str
+) -> None:
+    """Each way a request past admission ends gives back its permit and counts as its own row."""
+    row = RELAY_OUTCOMES[ending(end, status, failure)]
+    assert (row.permit, row.label) == (permit, label)
+    assert row.label in REQUEST_OUTCOMES

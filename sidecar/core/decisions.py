@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from sidecar.core.outcomes import Outcome as PermitOutcome
 from sidecar.core.outcomes import RejectReason
 
-Outcome = Literal["completed", "cancelled", "failed"]
+Outcome = PermitOutcome  # how a permit is given back; declared with the tables of how requests end
 Mode = Literal["count", "tokens", "adaptive", "slo"]  # the unit costs and limits are counted in
 # What one unit of each mode's limit is: a permit per sequence (`n` counts each: count, slo), KV
 # bytes of worst-case reservations, or tokens held and expected (adaptive).

@@ -1,10 +1,13 @@
-"""How a request ends: the one table of refusals and failures, and every request outcome label.
+"""How a request ends: the one table of refusals and failures, the one table of how a request past
+admission ended, and every request outcome label.
 
 Each refusal (the bulkhead said no) and each upstream failure (the engine let us down) is declared
 once, here, with everything that hangs off it: the HTTP status and the OpenAI error type of its
 answer, its error code (also the ``outcome`` label of ``sidecar_requests`` and the
 ``X-Sidecar-Outcome`` header of a fallback), its message, the log event that reports it, and
-whether a client retrying the same request could ever succeed (``x-should-retry``).
+whether a client retrying the same request could ever succeed (``x-should-retry``). Each way a
+request past admission can end (:data:`RELAY_OUTCOMES`) is declared once with what its permit
+and its outcome label say.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+# How a permit is given back: what the limit's control law learns from.
+Outcome = Literal["completed", "cancelled", "failed"]
 RejectReason = Literal["queue_full", "shed", "timeout", "too_large", "draining", "no_capacity"]
 UpstreamFailure = Literal["upstream_unavailable", "upstream_timeout"]
 EdgeFault = Literal[
@@ -144,6 +149,50 @@ EDGE_FAULTS: Mapping[EdgeFault, Refusal] = {
         "the client stopped reading the response; the stream was ended",
     ),
 }  # fmt: skip
+
+# How the relay of the engine's answer to the client ended (sidecar.edge.proxy.relay).
+RelayEnd = Literal["completed", "client_gone", "client_stalled", "upstream_failed", "stopped"]
+# How a request past admission ended: its relay's end, the class of the engine's status where the
+# answer went out whole, and the engine's failure where it broke.
+Ending = Literal[
+    "completed", "upstream_rejected", "upstream_error", "client_gone", "client_stalled",
+    "stopped", "upstream_unavailable", "upstream_timeout",
+]  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class EndingOutcome:
+    """What an ending reports: its permit's outcome, and the request's ``outcome`` label."""
+
+    permit: Outcome
+    label: str
+
+
+RELAY_OUTCOMES: Mapping[Ending, EndingOutcome] = {
+    # The answer went out whole: the engine's status says how it went (< 400, 4xx, 5xx).
+    "completed": EndingOutcome("completed", "completed"),
+    "upstream_rejected": EndingOutcome("completed", "upstream_rejected"),
+    "upstream_error": EndingOutcome("failed", "upstream_error"),
+    # Cut short by the client, or by the drain once its grace ran out.
+    "client_gone": EndingOutcome("cancelled", "client_gone"),
+    "client_stalled": EndingOutcome("cancelled", "client_stalled"),
+    "stopped": EndingOutcome("cancelled", "draining"),
+    # The engine failed, before its answer or during it.
+    "upstream_unavailable": EndingOutcome("failed", "upstream_unavailable"),
+    "upstream_timeout": EndingOutcome("failed", "upstream_timeout"),
+}
+
+
+def ending(end: RelayEnd, status: int, failure: UpstreamFailure | None = None) -> Ending:
+    """Which row of :data:`RELAY_OUTCOMES` a relay's ``end`` is: refined by the engine's
+    ``status`` where it completed, by the engine's ``failure`` where it broke."""
+    if end == "upstream_failed":
+        assert failure is not None, "an engine failure says which"
+        return failure
+    if end != "completed" or status < 400:
+        return end
+    return "upstream_error" if status >= 500 else "upstream_rejected"
+
 
 # Every value of sidecar_requests{outcome=...}: how a completion request ended.
 REQUEST_OUTCOMES: tuple[str, ...] = (

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 import structlog
-from multidict import CIMultiDict
 
 from sidecar.core.claims import NO_CLAIMS, Claims
 from sidecar.core.errors import (
@@ -27,28 +25,31 @@ from sidecar.core.outcomes import EdgeFault
 from sidecar.core.request_checks import CheckedRequest, TokenPolicy
 from sidecar.core.request_id import accepted_request_id
 from sidecar.core.stream_timing import StreamTiming
-from sidecar.edge.engine.client import read_all, release, send
-from sidecar.edge.engine.http1 import end_to_end
-from sidecar.edge.engine.pool import EnginePool, EngineResponse
+from sidecar.edge.engine.client import release, send
+from sidecar.edge.engine.pool import EnginePool
 from sidecar.edge.http.errors import error_response
 from sidecar.edge.http.request import Request
 from sidecar.edge.http.response import Answer, Response
 from sidecar.edge.http.server import Handler
 from sidecar.edge.proxy.busy import busy_response
-from sidecar.edge.proxy.in_flight import InFlight, Stop
-from sidecar.edge.proxy.intake import BodyLimits, Gate, checked_request, read_body, require_json
+from sidecar.edge.proxy.forward import forward, upstream_headers
+from sidecar.edge.proxy.in_flight import InFlight
+from sidecar.edge.proxy.intake import (
+    BodyLimits,
+    Gate,
+    Job,
+    checked_request,
+    read_body,
+    require_json,
+)
 from sidecar.edge.proxy.prompt_count import EnginePromptCounter
-from sidecar.edge.proxy.relay import RelayResult, relay_stream
+from sidecar.edge.proxy.relay import relay_stream
 from sidecar.edge.proxy.routes import DEFAULT_FREE_PATHS, Target, route
 from sidecar.limiter.bulkhead import Bulkhead
-from sidecar.limiter.permit import Permit
 from sidecar.telemetry.log_context import bind_request, unbind_request
 from sidecar.telemetry.metrics import RequestMetrics
 
 log = structlog.get_logger(__name__)
-# On an answer whose max_tokens the sidecar lowered to its budget (SIDECAR_OVER_BUDGET=clamp):
-# the value the engine was given, so a client can tell a short answer from a clamped one.
-CLAMPED_HEADER = "X-Sidecar-Max-Tokens-Clamped"
 random_bits = random.getrandbits  # seeded from os.urandom at start, and again after a fork
 
 
@@ -91,20 +92,6 @@ class Proxy:
     counter: EnginePromptCounter | None = None
     gate: Gate = field(default_factory=lambda: Gate(32))
     in_flight: InFlight = field(default_factory=InFlight)
-
-
-class Job(NamedTuple):
-    """A request read and priced, ready for admission."""
-
-    target: Target
-    body: bytes | None
-    cost: int  # what a request without a token budget costs; a checked one is priced at admission
-    stream: bool  # streaming completion: busy answers are SSE
-    whole: bool  # a non-streaming completion: read the engine's answer whole
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    checked: CheckedRequest | None = None  # a completion's checks, for adaptive pricing
-    headers: CIMultiDict[str] | None = None  # what goes to the engine, where already built
 
 
 def proxy_handler(proxy: Proxy) -> Handler:
@@ -157,8 +144,8 @@ async def _intake(request: Request, proxy: Proxy, target: Target, request_id: st
         return Job(target, body, config.flat_price(), stream=False, whole=False)
     require_json(request)
     body = await read_body(request, config.body)
-    # Built here only where the engine counts the prompt; else once, in _forward.
-    headers = _upstream_headers(request, request_id) if proxy.counter is not None else None
+    # Built here only where the engine counts the prompt; else once, in forward.
+    headers = upstream_headers(request, request_id) if proxy.counter is not None else None
     with proxy.gate:
         checked = await checked_request(
             body, target.endpoint, config.budget(), counter=proxy.counter, headers=headers or {}
@@ -198,10 +185,10 @@ async def _admit_and_forward(
                 config.track(timing, who.claims)
             try:
                 with proxy.in_flight.track() as stop:
-                    forwarded = _forward(
-                        request, proxy, job, permit, request_id, stop=stop, timing=timing
-                    )
-                    response, outcome = await forwarded
+                    response, outcome = await forward(
+                        request, job, permit, request_id, engine=proxy.upstream, stop=stop,
+                        write_timeout_s=config.write_timeout_s, clock=proxy.clock, timing=timing,
+                    )  # fmt: skip
             finally:
                 if timing is not None:
                     config.timed(timing, started, outcome)
@@ -233,138 +220,6 @@ async def _admit_and_forward(
         )  # fmt: skip
 
 
-class _GrantLine:
-    """The grant's log line, written once: as soon as the engine has the request, so that writing
-    it runs while the engine works, not before it is asked; or, where the request never went
-    out, before what ends it is logged."""
-
-    __slots__ = ("_job", "_permit", "sent")
-
-    def __init__(self, permit: Permit, job: Job) -> None:
-        self._permit: Permit | None = permit
-        self._job = job
-        self.sent = False
-
-    def went_out(self) -> None:
-        """The engine client wrote the request: log the grant now."""
-        self.sent = True
-        self()
-
-    def __call__(self) -> None:
-        permit, self._permit = self._permit, None
-        if permit is not None:
-            log.info(
-                "admission_granted",
-                queue_wait_s=round(permit.wait_s, 4),
-                cost=permit.cost,
-                compartment=permit.compartment,
-                stream=self._job.stream,
-                shadow_would_reject=permit.shadow_rejected,
-            )
-
-
-async def _forward(
-    request: Request, proxy: Proxy, job: Job, permit: Permit, request_id: str, *, stop: Stop,
-    timing: StreamTiming | None = None,
-) -> tuple[Answer, str]:  # fmt: skip
-    headers = job.headers if job.headers is not None else _upstream_headers(request, request_id)
-    granted = _GrantLine(permit, job)
-    try:
-        try:
-            if timing is not None:
-                timing.sent = proxy.clock()
-            target = job.target.path_qs
-            upstream = await send(
-                proxy.upstream, request.method, target, headers, job.body, sent=granted.went_out
-            )
-        finally:
-            granted()  # where the request never went out, its grant is still logged, first
-    except UpstreamError as exc:
-        # Written: the engine had it and its answer did not come; else it never reached it.
-        return _upstream_failed(permit, exc, "answer" if granted.sent else "connect")
-    except asyncio.CancelledError:
-        if not stop.claim():
-            raise
-        return _stopped_response(permit)
-    if job.checked is not None and job.checked.clamped is not None:
-        upstream.forwarded = (*upstream.forwarded, (CLAMPED_HEADER, str(job.checked.clamped)))
-    try:
-        if job.whole:
-            return await _relay_whole(upstream, permit, request_id, stop)
-        result = await relay_stream(
-            request, upstream, request_id,
-            write_timeout_s=proxy.config.write_timeout_s, stop=stop, tally=permit.usage,
-            timing=timing, clock=proxy.clock,
-        )  # fmt: skip
-        return result_response(result, permit)
-    finally:
-        release(upstream)
-
-
-def _upstream_failed(permit: Permit, exc: UpstreamError, phase: str) -> tuple[Answer, str]:
-    """The engine failed before an answer started: the permit ends failed, the client gets a 5xx."""
-    permit.outcome = "failed"
-    log.warning(exc.refusal.log_event, error=str(exc), phase=phase)
-    return error_response(exc), exc.refusal.code
-
-
-def _stopped_response(permit: Permit) -> tuple[Answer, str]:
-    permit.outcome = "cancelled"
-    return error_response(AdmissionRejectedError("draining", 1.0)), "draining"
-
-
-def result_response(result: RelayResult, permit: Permit) -> tuple[Answer, str]:
-    """Turn a finished relay into the outcome the permit and the metrics report."""
-    if result.end in ("client_gone", "client_stalled", "stopped"):
-        permit.outcome = "cancelled"
-        if result.end == "client_stalled":
-            log.warning("client_stalled", phase="stream")
-        return result.response, "draining" if result.end == "stopped" else result.end
-    if result.error is not None:
-        permit.outcome = "failed"
-        log.warning(result.error.refusal.log_event, error=str(result.error), phase="stream")
-        return result.response, result.error.refusal.code
-    if result.response.status >= 500:
-        permit.outcome = "failed"
-        return result.response, "upstream_error"
-    return result.response, "completed" if result.response.status < 400 else "upstream_rejected"
-
-
-async def _relay_whole(
-    upstream: EngineResponse, permit: Permit, request_id: str, stop: Stop
-) -> tuple[Answer, str]:
-    try:
-        body = await read_all(upstream)
-    except UpstreamError as exc:
-        return _upstream_failed(permit, exc, "body")
-    except asyncio.CancelledError:
-        if not stop.claim():
-            raise
-        return _stopped_response(permit)
-    response = Response(upstream.status, body, upstream.forwarded)
-    response.headers["X-Request-Id"] = request_id
-    if upstream.status >= 500:
-        permit.outcome = "failed"
-        return response, "upstream_error"
-    completion = _log_usage(body)
-    if permit.usage is not None and completion is not None:
-        permit.usage.relayed = completion
-    return response, "completed" if upstream.status < 400 else "upstream_rejected"
-
-
-def _log_usage(body: bytes) -> int | None:
-    """Log the engine's usage object; returns its completion_tokens where it gives them."""
-    try:
-        usage: Any = json.loads(body).get("usage")
-    except (ValueError, AttributeError, RecursionError):
-        return None
-    if not isinstance(usage, dict):
-        return None
-    counts = {k: v for k, v in usage.items() if isinstance(v, int)}
-    log.info("usage", **counts)
-    return counts.get("completion_tokens")
-
-
 async def passthrough(request: Request, proxy: Proxy, target: Target, request_id: str) -> Answer:
     """A free path (GET, HEAD, OPTIONS, or a configured cheap POST): forwarded without a permit."""
     try:
@@ -373,7 +228,7 @@ async def passthrough(request: Request, proxy: Proxy, target: Target, request_id
             proxy.upstream,
             request.method,
             target.path_qs,
-            _upstream_headers(request, request_id),
+            upstream_headers(request, request_id),
             body,
         )
     except EdgeRefusedError as exc:  # a free path's body too slow, or no room for it: counted
@@ -389,10 +244,3 @@ async def passthrough(request: Request, proxy: Proxy, target: Target, request_id
     finally:
         release(upstream)
     return result.response
-
-
-def _upstream_headers(request: Request, request_id: str) -> CIMultiDict[str]:
-    # Built once per request; the engine client writes the fields as they are, in this order.
-    headers = end_to_end(request.headers)
-    headers["X-Request-Id"] = request_id
-    return headers

@@ -8,6 +8,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
+
+from multidict import CIMultiDict
 
 from sidecar.core.errors import EdgeRefusedError, RequestError
 from sidecar.core.request_checks import (
@@ -20,6 +23,21 @@ from sidecar.core.request_checks import (
 )
 from sidecar.edge.http.request import Request
 from sidecar.edge.proxy.prompt_count import EnginePromptCounter
+from sidecar.edge.proxy.routes import Target
+
+
+class Job(NamedTuple):
+    """A request read and priced, ready for admission."""
+
+    target: Target
+    body: bytes | None
+    cost: int  # what a request without a token budget costs; a checked one is priced at admission
+    stream: bool  # streaming completion: busy answers are SSE
+    whole: bool  # a non-streaming completion: read the engine's answer whole
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    checked: CheckedRequest | None = None  # a completion's checks, for adaptive pricing
+    headers: CIMultiDict[str] | None = None  # what goes to the engine, where already built
 
 
 async def read_body(request: Request, limits: BodyLimits) -> bytes:

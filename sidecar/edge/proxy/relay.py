@@ -17,11 +17,11 @@ import json
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from sidecar.core.errors import UpstreamError
 from sidecar.core.ledger import StreamUsage
-from sidecar.core.outcomes import REJECTIONS, Refusal, refusal_body
+from sidecar.core.outcomes import REJECTIONS, Refusal, RelayEnd, refusal_body
 from sidecar.core.stream_timing import StreamTiming
 from sidecar.edge.engine.client import read_chunk
 from sidecar.edge.engine.pool import EngineResponse
@@ -30,7 +30,6 @@ from sidecar.edge.http.response import StreamResponse
 from sidecar.edge.proxy.in_flight import Stop
 from sidecar.edge.proxy.sse_framing import EventFramer
 
-RelayEnd = Literal["completed", "client_gone", "client_stalled", "upstream_failed", "stopped"]
 # One per choice object of an OpenAI stream chunk: a token event (the usage chunk has none).
 TOKEN_MARK = b'"index":'
 # Writing our own last words (an in-band error) never waits longer than this.
