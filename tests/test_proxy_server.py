@@ -199,6 +199,29 @@ async def test_shutdown_ends_a_stuck_handler_in_time(serve: Serve) -> None:
         assert await to_close(reader) == b""
 
 
+async def test_shutdown_makes_a_running_answer_the_last(serve: Serve) -> None:
+    """A request answered while the server shuts down says Connection: close, and its
+    connection closes after it, though its client asked to keep it."""
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(request: Request) -> Answer:
+        started.set()
+        await release.wait()
+        return Response(200, b"done")
+
+    server, port = await serve(slow)
+    async with connected(port) as (reader, writer):
+        writer.write(GET)
+        await started.wait()
+        closing = asyncio.create_task(server.close(2.0))
+        await asyncio.sleep(0)  # the shutdown has begun
+        release.set()
+        head, body = await read_answer(reader)
+        assert (body, b"Connection: close" in head.split(b"\r\n")) == (b"done", True)
+        assert await to_close(reader) == b""
+        await closing
+
+
 async def streamed(request: Request) -> Answer:
     if request.raw_path == "/next":
         return Response(200, b"next")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 
 from sidecar.core.errors import (
     AdmissionRejectedError,
@@ -19,7 +20,9 @@ from sidecar.core.errors import (
 )
 from sidecar.core.outcomes import DROPPED_REASON_HEADER, Refusal, error_body, refusal_body
 from sidecar.core.retry_hint import clamped_retry_s
-from sidecar.edge.http.response import Response
+from sidecar.edge.http.request import Request
+from sidecar.edge.http.response import Answer, Response, StreamResponse
+from sidecar.edge.message import UnsendableHeadError
 
 
 def retry_after_header(retry_after_s: float) -> str:
@@ -85,3 +88,26 @@ def refusal_headers(exc: AdmissionRejectedError) -> dict[str, str]:
 def _refusal_response(refusal: Refusal, message: str, headers: dict[str, str]) -> Response:
     body = json.dumps(refusal_body(refusal, message)).encode()
     return Response(refusal.status, body, headers, content_type="application/json")
+
+
+def rest_of_answer(
+    request: Request, response: Answer | None, keeps: Callable[[Request], bool]
+) -> tuple[bytes, bool | None]:
+    """What is left to write of ``request``'s answer once its handler returned (``None``: it
+    failed), and whether the connection is kept (None: the answer must be cut off). An answer
+    that cannot be sent, or none at all, is a 500 in its place, where nothing of it went out."""
+    if isinstance(response, StreamResponse) and response.prepared:
+        return b"", response.finished and not response.closes and keeps(request)
+    if isinstance(response, Response):
+        keep = keeps(request)
+        try:
+            return response.encode(request, close=not keep), keep
+        except UnsendableHeadError:
+            return INTERNAL_ERROR.encode(request, close=True), False
+    if request.started:
+        return b"", None
+    return INTERNAL_ERROR.encode(request, close=True), False
+
+
+# A handler that failed, or an answer that cannot be sent: the same 500 as any unknown error.
+INTERNAL_ERROR = error_response(SidecarError())

@@ -35,9 +35,10 @@ import time
 from collections.abc import Callable
 
 from sidecar.core.outcomes import EdgeFault
-from sidecar.edge.http.connection import Connection, Handler, Port
+from sidecar.edge.http.connection import Connection
 from sidecar.edge.http.connections import ConnectionTable
 from sidecar.edge.http.limits import BodyBudget, EdgeLimits
+from sidecar.edge.http.port import Handler, Port
 
 __all__ = ["Handler", "HttpServer"]
 
@@ -65,7 +66,7 @@ class HttpServer:
         self.bodies = BodyBudget(
             limits.max_buffered_body_bytes, limits.max_buffered_body_bytes_per_client, clock=clock
         )
-        self._port = Port(
+        self._port: Port[Connection] = Port(
             handler, limits, max_body_bytes, self.connections, self.bodies, refused=refused
         )
         self._server: asyncio.Server | None = None
@@ -76,13 +77,13 @@ class HttpServer:
         self._server = await loop.create_server(lambda: Connection(port), sock=sock, backlog=1024)
 
     async def close(self, timeout_s: float) -> None:
-        """Stop listening, close idle connections, give running handlers ``timeout_s``, then end
-        the rest (their handlers cancelled)."""
-        self._port.closing = True
+        """Stop listening, close idle connections (a running request's answer is its
+        connection's last), give running handlers ``timeout_s``, then end the rest (their
+        handlers cancelled)."""
         if self._server is not None:
             self._server.close()
         for connection in self.connections:
-            connection.close_if_idle()
+            connection.shut_down()
         tasks = [c.task for c in self.connections if c.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=timeout_s)
