@@ -8,24 +8,13 @@ import contextlib
 import socket
 import time
 from collections.abc import Callable
-from functools import partial
 
 import structlog
 from prometheus_client import CollectorRegistry
 
-from sidecar.core.claims import ClaimNames, Claims, parse_claim_trust
+from sidecar.core.claims import parse_claim_trust
 from sidecar.core.compartments import parse_compartments
 from sidecar.core.outcomes import EDGE_FAULTS, EdgeFault
-from sidecar.core.request_checks import TokenPolicy
-from sidecar.core.stream_timing import StreamTiming
-from sidecar.core.tenancy import (
-    compartment_key,
-    is_sheddable,
-    parse_names,
-    parse_priorities,
-    tenant_id,
-)
-from sidecar.core.token_budget import TokenBudget
 from sidecar.edge.admin import Admin, admin_handler
 from sidecar.edge.engine.pool import EnginePool
 from sidecar.edge.http.limits import ConnectionCount, EdgeLimits
@@ -38,6 +27,7 @@ from sidecar.edge.proxy.routes import parse_free_paths
 from sidecar.entry.event_loop import running_loop_name
 from sidecar.entry.listen import SHUTDOWN_TIMEOUT_S, bind, reserve_descriptors, serve
 from sidecar.entry.logs import OncePer
+from sidecar.entry.policy import SidecarPolicy
 from sidecar.entry.settings import Settings
 from sidecar.entry.wiring import (
     build_adaptive,
@@ -103,7 +93,6 @@ class SidecarServer:
             engine_silence=self.controller.engine_silence_s,
         )
         self.draining = False
-        self._policy: tuple[TokenBudget, TokenPolicy] | None = None
         self.in_flight = InFlight()
         self.gate = Gate(settings.max_pre_admission)
         self.proxy_connections: ConnectionCount | None = None
@@ -159,70 +148,21 @@ class SidecarServer:
     def _proxy(self) -> Proxy:
         s = self.settings
         config = ProxyConfig(
-            budget=self._token_policy,
             reject_mode=s.reject_mode,
-            price=self.mode.price,
-            flat_price=self._flat_price,
             free_paths=parse_free_paths(s.free_paths),
             body=BodyLimits(s.body_timeout_ms / 1000, s.body_min_rate, s.body_rate_grace_ms / 1000),
             write_timeout_s=s.client_write_timeout_ms / 1000,
-            compartment_of=partial(compartment_key, by=s.compartment_by),
-            tenant_of=partial(tenant_id, from_api_key=s.tenant_from_api_key),
-            claims_of=partial(
-                parse_claim_trust(s.claims_from).claims,
-                names=ClaimNames(s.tenant_header, s.priority_header),
-            ),
-            sheddable=partial(
-                is_sheddable,
-                sheddable=parse_names(s.sheddable),
-                priorities=parse_priorities(s.objective_priorities),
-            ),
-            max_wait_of=self.slo.max_wait_s if self.slo is not None else _claimed_wait,
-            learn=self.adaptive.learn if self.adaptive is not None else lambda _u: None,
-            track=self.slo.track if self.slo is not None else lambda _t, _c: None,
-            timed=self._timed,
-            log_refusal=self._log_refusal,
         )
+        policy = SidecarPolicy(
+            s, self.mode, self.controller, self.metrics,
+            slo=self.slo, adaptive=self.adaptive, log_refusal=self._log_refusal,
+        )  # fmt: skip
         _warn_unclaimable(s)
         counter = EnginePromptCounter(self.upstream) if s.prompt_tokens == "engine" else None
         return Proxy(
-            config, self.bulkhead, self.upstream, self.metrics, self.clock, counter,
+            config, policy, self.bulkhead, self.upstream, self.metrics, self.clock, counter,
             self.gate, self.in_flight,
         )  # fmt: skip
-
-    def _timed(self, timing: StreamTiming, arrived: float, outcome: str) -> None:
-        """A relayed stream's timing -> the TTFT and TPOT histograms."""
-        completed = outcome == "completed"
-        self.metrics.streamed(timing, arrived, completed=completed)
-        if self.slo is not None:
-            self.slo.ended(timing, completed)
-
-    def _token_policy(self) -> TokenPolicy:
-        """The request checks' budget in force: the engine's limits, narrowed by the settings;
-        made again only when the budget changes (the engine said its max_model_len)."""
-        budget = self.controller.token_budget
-        cached = self._policy
-        if cached is not None and cached[0] is budget:
-            return cached[1]
-        s = self.settings
-        policy = TokenPolicy(
-            budget.prompt_tokens,
-            budget.completion_tokens,
-            s.over_budget,
-            s.prompt_bytes_per_token,
-            s.media_prompt_tokens,
-            count_from_engine=s.prompt_tokens == "engine",
-            context_tokens=budget.context_tokens,
-            fill_max_tokens=budget.fills_max_tokens,
-            prompt_budget_exact_only=budget.prompt_origin == "engine",
-        )
-        self._policy = (budget, policy)
-        return policy
-
-    def _flat_price(self) -> int:
-        """A POST with no token budget of its own costs one full-budget request at its worst."""
-        tokens = self.controller.token_budget.total_tokens
-        return self.mode.full_request(tokens, self.controller.cost)
 
     def _edge_limits(
         self, max_connections: int, per_client: int, bodies: int, client_bodies: int
@@ -329,11 +269,6 @@ class SidecarServer:
         self.proxy_server = self.admin_server = None
         await self.controller.stop()
         self.upstream.close()
-
-
-def _claimed_wait(claims: Claims) -> float | None:
-    """The longest a request may wait where the mode sets no bound of its own: its claims'."""
-    return claims.max_wait_s
 
 
 def _warn_unclaimable(s: Settings) -> None:

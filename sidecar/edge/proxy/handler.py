@@ -7,22 +7,19 @@ import asyncio
 import functools
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 import structlog
 
-from sidecar.core.claims import NO_CLAIMS, Claims
+from sidecar.core.claims import Claims
 from sidecar.core.errors import (
     AdmissionRejectedError,
     EdgeRefusedError,
     RequestError,
     UpstreamError,
 )
-from sidecar.core.ledger import StreamUsage
-from sidecar.core.outcomes import EdgeFault
-from sidecar.core.request_checks import CheckedRequest, TokenPolicy
 from sidecar.core.request_id import accepted_request_id
 from sidecar.core.stream_timing import StreamTiming
 from sidecar.edge.engine.client import release, send
@@ -42,6 +39,7 @@ from sidecar.edge.proxy.intake import (
     read_body,
     require_json,
 )
+from sidecar.edge.proxy.policy import ProxyPolicy
 from sidecar.edge.proxy.prompt_count import EnginePromptCounter
 from sidecar.edge.proxy.relay import relay_stream
 from sidecar.edge.proxy.routes import DEFAULT_FREE_PATHS, Target, route
@@ -55,36 +53,18 @@ random_bits = random.getrandbits  # seeded from os.urandom at start, and again a
 
 @dataclass(frozen=True)
 class ProxyConfig:
-    """What the proxy handlers need, built once from the settings."""
+    """The proxy's plain settings, read once."""
 
-    budget: Callable[[], TokenPolicy]  # the budget in force (it follows the engine's limits)
     reject_mode: Literal["sse", "http"]
-    # A checked request's cost in the admission mode's unit, and its live footprint (adaptive).
-    price: Callable[[CheckedRequest, str], tuple[int, StreamUsage | None]]
-    compartment_of: Callable[[Claims, str | None], str]  # claims, tenant
-    tenant_of: Callable[[Mapping[str, str], Claims], str | None]
-    # What a request claims in its headers, as far as its peer (an IP address) is trusted to.
-    claims_of: Callable[[Mapping[str, str], str | None], Claims] = lambda _h, _p: NO_CLAIMS
-    flat_price: Callable[[], int] = lambda: 1
     free_paths: frozenset[str] = frozenset(DEFAULT_FREE_PATHS)
     body: BodyLimits = field(default_factory=BodyLimits)
     write_timeout_s: float = 30.0
-    sheddable: Callable[[Claims], bool] = lambda _claims: False
-    # Adaptive admission: what a completed request teaches.
-    learn: Callable[[StreamUsage], None] = lambda _u: None
-    # The longest a request may wait for a permit (None: the bulkhead's own wait).
-    max_wait_of: Callable[[Claims], float | None] = lambda claims: claims.max_wait_s
-    # A stream about to be relayed: its timing, stamped as tokens come, and its claims.
-    track: Callable[[StreamTiming, Claims], None] = lambda _t, _c: None
-    # A tracked stream ended: its timing, when it arrived, and how it ended.
-    timed: Callable[[StreamTiming, float, str], None] = lambda _t, _a, _o: None
-    # Logs an edge refusal (a budget full, a body too slow) once per burst, not once a request.
-    log_refusal: Callable[[EdgeFault], None] = lambda _fault: None
 
 
 @dataclass(frozen=True)
 class Proxy:
     config: ProxyConfig
+    policy: ProxyPolicy  # admission, pricing and limits: who a request is, its price, its wait
     bulkhead: Bulkhead
     upstream: EnginePool
     metrics: RequestMetrics
@@ -106,8 +86,8 @@ async def handle(proxy: Proxy, request: Request) -> Answer:
     # without its getrandom syscall: an id must be unique, not unpredictable.
     given = accepted_request_id(request.headers.get("X-Request-Id"))
     request_id = given or f"{random_bits(128):032x}"
-    claims = proxy.config.claims_of(request.headers, request.peer)
-    tenant = proxy.config.tenant_of(request.headers, claims)
+    claims = proxy.policy.claims_of(request.headers, request.peer)
+    tenant = proxy.policy.tenant_of(request.headers, claims)
     bound = bind_request(request_id, tenant)
     try:
         started = proxy.clock()
@@ -129,7 +109,7 @@ def _refused(proxy: Proxy, exc: RequestError | EdgeRefusedError, started: float)
     outcome = exc.fault if isinstance(exc, EdgeRefusedError) else "invalid"
     proxy.metrics.finished(outcome, proxy.clock() - started)
     if isinstance(exc, EdgeRefusedError):
-        proxy.config.log_refusal(exc.fault)
+        proxy.policy.log_refusal(exc.fault)
     else:
         log.info("request_invalid", code=exc.code, status=exc.status)
     return error_response(exc)
@@ -138,17 +118,17 @@ def _refused(proxy: Proxy, exc: RequestError | EdgeRefusedError, started: float)
 async def _intake(request: Request, proxy: Proxy, target: Target, request_id: str) -> Job:
     """Everything before admission: the body (outside the gate: a client that is slow to send it
     holds only its own connection), then the checks and the engine's prompt count (inside it)."""
-    config = proxy.config
+    config, policy = proxy.config, proxy.policy
     if target.endpoint is None:
         body = await read_body(request, config.body) if request.body_exists else None
-        return Job(target, body, config.flat_price(), stream=False, whole=False)
+        return Job(target, body, policy.flat_price(), stream=False, whole=False)
     require_json(request)
     body = await read_body(request, config.body)
     # Built here only where the engine counts the prompt; else once, in forward.
     headers = upstream_headers(request, request_id) if proxy.counter is not None else None
     with proxy.gate:
         checked = await checked_request(
-            body, target.endpoint, config.budget(), counter=proxy.counter, headers=headers or {}
+            body, target.endpoint, policy.budget(), counter=proxy.counter, headers=headers or {}
         )
     return Job(
         target, checked.body, 0, checked.stream, not checked.stream,
@@ -166,34 +146,35 @@ class Admission(NamedTuple):
 async def _admit_and_forward(
     request: Request, proxy: Proxy, job: Job, request_id: str, who: Admission, *, started: float
 ) -> Answer:
-    config = proxy.config
-    compartment = config.compartment_of(who.claims, who.tenant)
+    policy = proxy.policy
+    compartment = policy.compartment_of(who.claims, who.tenant)
     if job.checked is not None:
-        cost, usage = config.price(job.checked, compartment)
+        cost, usage = policy.price(job.checked, compartment)
     else:
         cost, usage = job.cost, None
     outcome, queue_wait = "error", 0.0
     try:
-        may_wait = not config.sheddable(who.claims)
+        may_wait = not policy.sheddable(who.claims)
         admit = proxy.bulkhead.admit(
-            cost, compartment, usage, may_wait=may_wait, max_wait_s=config.max_wait_of(who.claims)
+            cost, compartment, usage, may_wait=may_wait, max_wait_s=policy.max_wait_of(who.claims)
         )
         async with admit as permit:
             queue_wait = permit.wait_s
             timing = StreamTiming(proxy.clock()) if job.stream else None
             if timing is not None:
-                config.track(timing, who.claims)
+                policy.track(timing, who.claims)
             try:
                 with proxy.in_flight.track() as stop:
                     response, outcome = await forward(
                         request, job, permit, request_id, engine=proxy.upstream, stop=stop,
-                        write_timeout_s=config.write_timeout_s, clock=proxy.clock, timing=timing,
+                        write_timeout_s=proxy.config.write_timeout_s, clock=proxy.clock,
+                        timing=timing,
                     )  # fmt: skip
             finally:
                 if timing is not None:
-                    config.timed(timing, started, outcome)
+                    policy.timed(timing, started, outcome)
             if outcome == "completed" and permit.usage is not None:
-                config.learn(permit.usage)
+                policy.learn(permit.usage)
             return response
     except AdmissionRejectedError as exc:
         outcome, queue_wait = exc.reason, exc.waited_s
@@ -233,7 +214,7 @@ async def passthrough(request: Request, proxy: Proxy, target: Target, request_id
         )
     except EdgeRefusedError as exc:  # a free path's body too slow, or no room for it: counted
         proxy.metrics.refused(exc.fault)
-        proxy.config.log_refusal(exc.fault)
+        proxy.policy.log_refusal(exc.fault)
         return error_response(exc)
     except (RequestError, UpstreamError) as exc:
         return error_response(exc)

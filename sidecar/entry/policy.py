@@ -1,0 +1,124 @@
+"""The proxy's policy as ``serve`` runs it: the SIDECAR_* settings on claims, tenants and
+compartments, the admission mode's prices, the control law's waits, and the metrics it feeds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from functools import partial
+
+from sidecar.core.claims import ClaimNames, Claims, parse_claim_trust
+from sidecar.core.ledger import StreamUsage
+from sidecar.core.modes import AdmissionMode
+from sidecar.core.outcomes import EdgeFault
+from sidecar.core.request_checks import CheckedRequest, TokenPolicy
+from sidecar.core.stream_timing import StreamTiming
+from sidecar.core.tenancy import (
+    compartment_key,
+    is_sheddable,
+    parse_names,
+    parse_priorities,
+    tenant_id,
+)
+from sidecar.core.token_budget import TokenBudget
+from sidecar.entry.settings import Settings
+from sidecar.live.adaptive import AdaptiveCapacity
+from sidecar.live.control_loop import CapacityController
+from sidecar.live.slo import SloControl
+from sidecar.telemetry.metrics import RequestMetrics
+
+
+class SidecarPolicy:
+    """Implements the proxy's ``ProxyPolicy`` over the parts ``serve`` built."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        mode: AdmissionMode,
+        controller: CapacityController,
+        metrics: RequestMetrics,
+        *,
+        slo: SloControl | None = None,
+        adaptive: AdaptiveCapacity | None = None,
+        log_refusal: Callable[[EdgeFault], None] = lambda _fault: None,
+    ) -> None:
+        s = self.settings = settings
+        self.mode, self.controller, self.metrics = mode, controller, metrics
+        self.slo, self.adaptive = slo, adaptive
+        self.log_refusal = log_refusal
+        self._claims = partial(
+            parse_claim_trust(s.claims_from).claims,
+            names=ClaimNames(s.tenant_header, s.priority_header),
+        )
+        self._sheddable = partial(
+            is_sheddable,
+            sheddable=parse_names(s.sheddable),
+            priorities=parse_priorities(s.objective_priorities),
+        )
+        self._budget: tuple[TokenBudget, TokenPolicy] | None = None
+
+    # --- who the request is ----------------------------------------------------------------------
+
+    def claims_of(self, headers: Mapping[str, str], peer: str | None) -> Claims:
+        return self._claims(headers, peer)
+
+    def tenant_of(self, headers: Mapping[str, str], claims: Claims) -> str | None:
+        return tenant_id(headers, claims, from_api_key=self.settings.tenant_from_api_key)
+
+    def compartment_of(self, claims: Claims, tenant: str | None) -> str:
+        return compartment_key(claims, tenant, by=self.settings.compartment_by)
+
+    def sheddable(self, claims: Claims) -> bool:
+        return self._sheddable(claims)
+
+    # --- what it may spend and what it costs -----------------------------------------------------
+
+    def budget(self) -> TokenPolicy:
+        """The request checks' budget in force: the engine's limits, narrowed by the settings;
+        made again only when the budget changes (the engine said its max_model_len)."""
+        budget = self.controller.token_budget
+        cached = self._budget
+        if cached is not None and cached[0] is budget:
+            return cached[1]
+        s = self.settings
+        policy = TokenPolicy(
+            budget.prompt_tokens,
+            budget.completion_tokens,
+            s.over_budget,
+            s.prompt_bytes_per_token,
+            s.media_prompt_tokens,
+            count_from_engine=s.prompt_tokens == "engine",
+            context_tokens=budget.context_tokens,
+            fill_max_tokens=budget.fills_max_tokens,
+            prompt_budget_exact_only=budget.prompt_origin == "engine",
+        )
+        self._budget = (budget, policy)
+        return policy
+
+    def price(self, request: CheckedRequest, compartment: str) -> tuple[int, StreamUsage | None]:
+        return self.mode.price(request, compartment)
+
+    def flat_price(self) -> int:
+        """A POST with no token budget of its own costs one full-budget request at its worst."""
+        tokens = self.controller.token_budget.total_tokens
+        return self.mode.full_request(tokens, self.controller.cost)
+
+    def max_wait_of(self, claims: Claims) -> float | None:
+        """The SLO law's bound where the mode is slo, else what the request's claims say."""
+        return self.slo.max_wait_s(claims) if self.slo is not None else claims.max_wait_s
+
+    # --- what the proxy tells back ---------------------------------------------------------------
+
+    def track(self, timing: StreamTiming, claims: Claims) -> None:
+        if self.slo is not None:
+            self.slo.track(timing, claims)
+
+    def timed(self, timing: StreamTiming, arrived: float, outcome: str) -> None:
+        """A relayed stream's timing -> the TTFT and TPOT histograms (and the SLO law)."""
+        completed = outcome == "completed"
+        self.metrics.streamed(timing, arrived, completed=completed)
+        if self.slo is not None:
+            self.slo.ended(timing, completed)
+
+    def learn(self, usage: StreamUsage) -> None:
+        if self.adaptive is not None:
+            self.adaptive.learn(usage)
