@@ -125,6 +125,29 @@ async def test_failed_read_keeps_the_plan_then_floors_then_recovers() -> None:
     assert resized == [5, 1, 5]
 
 
+async def test_a_held_limit_stands_on_the_floor() -> None:
+    """slo admission holds its law's limit (steered by the streams, not the plan) when the
+    engine's /metrics go silent: the floor never starves an engine that still streams."""
+    gpu, clock, resized = ScriptedGpu(), Clock(), list[int]()
+    held: list[int | None] = [12]
+    loop = CapacityController(
+        source="nvml", cost=KvCost(load_model_spec("qwen2.5-7b")), budget=Budget(3000, 1000),
+        alpha=0.8, declared=Declared(None, 5 * GIB, False, 3 * GIB // 2, None, 0.0,
+                                     memory_fraction=1.0),
+        resize=resized.append, mode=CountMode(), floor=Floor(None, 1),
+        gpu_probe=gpu, stale_after_s=10.0, clock=clock, hold=lambda: held[0],
+    )  # fmt: skip
+    await loop.refresh()
+    gpu.failure = ProbeTemporaryError("the engine's /metrics timed out")
+    clock.now += 11
+    floored = await loop.refresh()
+    held[0] = None  # the engine was not seen to preempt: the floor's own limit
+    clock.now += 1
+    bare = await loop.refresh()
+    assert [(s.mode, s.limit) for s in (floored, bare)] == [("floor", 12), ("floor", 1)]
+    assert resized == [5, 12, 1]
+
+
 async def test_each_transition_is_logged_once_not_every_tick() -> None:
     """Three failing ticks log one stale and one floor event, and recovery one fresh event."""
     gpu, clock = ScriptedGpu(), Clock()

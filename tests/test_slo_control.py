@@ -225,3 +225,15 @@ def test_ended_streams_are_forgotten() -> None:
     for timing in timings:
         slo.ended(timing, completed=False)
     assert slo.tracked == 0
+
+
+def test_the_law_holds_its_limit_only_for_an_engine_that_preempts() -> None:
+    """The limit the controller keeps when the plan goes stale: the law's for an engine seen to
+    preempt; none before the first plan, nor for one that fails on overflow."""
+    slo = control(FakeClock())
+    assert slo.hold_limit() is None  # no plan yet
+    slo.observe(reading())
+    assert slo.limit_of(PLAN) == 10
+    assert slo.hold_limit() == 10
+    slo.observe(reading(preemptions=None))
+    assert slo.hold_limit() is None

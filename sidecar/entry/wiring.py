@@ -199,6 +199,7 @@ def build_controller(
         available=available,
         probe_timeout_s=settings.probe_timeout_ms / 1000,
         budget_rule=budget_rule,
+        hold=slo.hold_limit if slo is not None else None,
     )
     return controller
 

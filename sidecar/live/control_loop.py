@@ -122,9 +122,12 @@ class CapacityController:
         feedback: Callable[[Readings], tuple[ConfigWarning, ...]] | None = None,
         available: Callable[[bool], None] | None = None,
         budget_rule: Callable[[int | None], TokenBudget] | None = None,
+        hold: Callable[[], int | None] | None = None,
     ) -> None:
         """``mode``: the admission mode, whose limit each plan gives; ``budget_rule``: the token
-        budget for the engine's max_model_len (None: not known); without it, ``budget`` stands."""
+        budget for the engine's max_model_len (None: not known); without it, ``budget`` stands.
+        ``hold``: a limit that stands on the floor too, where the mode has one that does not come
+        from the plan (None: the floor's own)."""
         self._wanted, self._cost, self._budget, self._alpha = source, cost, budget, alpha
         self._declared, self._resize, self._mode, self._floor = declared, resize, mode, floor
         self._gpu_probe, self._engine_probe = gpu_probe, engine_probe
@@ -135,6 +138,7 @@ class CapacityController:
         self._feedback, self._available = feedback, available
         self._state = CapacityState(plan=None, source="none", limit=floor.limit, on_floor=True)
         self._budget_rule = budget_rule
+        self._hold = hold
         self._engine = EngineHealth()
         self.token_budget: TokenBudget = (
             budget_rule(None)
@@ -151,7 +155,16 @@ class CapacityController:
     def state(self) -> CapacityState:
         """The state in force now, judged by the age of the last good plan at this moment."""
         now = self._clock()
-        return judged(self._state, now, self.fresh_for_s, self._stale_after_s, self._floor)
+        return judged(self._state, now, self.fresh_for_s, self._stale_after_s, self.floor)
+
+    @property
+    def floor(self) -> Floor:
+        """What applies when the sidecar cannot read the GPU or the engine: the floor, or the
+        limit the mode holds where that is higher (slo: the law's, steered by the streams)."""
+        held = self._hold() if self._hold is not None else None
+        if held is None or held <= self._floor.limit:
+            return self._floor
+        return replace(self._floor, limit=held)
 
     @property
     def fresh_for_s(self) -> float:
@@ -193,7 +206,7 @@ class CapacityController:
             )
             plan = make_plan(inputs.cost, inputs.memory, self._plan_budget(), self._alpha)
         except Exception as exc:  # a probe, a plan, or a bug: all of them degrade, none is fresh
-            failed = degrade(self._state, now, self._stale_after_s, self._floor)
+            failed = degrade(self._state, now, self._stale_after_s, self.floor)
             detail = str(exc) if isinstance(exc, ProbeError | PlanError) else repr(exc)
             new = replace(failed, readings=readings, error=detail)
         else:

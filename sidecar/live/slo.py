@@ -190,6 +190,14 @@ class SloControl:
         limit = self.law.limit
         return min(limit, max(1, plan.permits)) if self.unsupported else limit
 
+    def hold_limit(self) -> int | None:
+        """The law's limit, which stands when the plan goes stale (the engine's /metrics slow
+        or gone): it is steered by the streams the sidecar relays, not by the plan. None where
+        the engine was not seen to preempt (its worst case rules) or before the first plan."""
+        if self.law is None or self.unsupported is not None:
+            return None
+        return self.law.limit
+
     def _start(self, plan: Plan) -> int:
         """What the engine can run: the pool over its typical request where it says one, else
         over the worst case (the plan's permits)."""
