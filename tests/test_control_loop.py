@@ -15,7 +15,7 @@ from sidecar.core.model_spec import load_model_spec
 from sidecar.core.modes import CountMode
 from sidecar.entry.settings import load_settings
 from sidecar.entry.wiring import build_controller
-from sidecar.live.control_loop import TASK_NAME, CapacityController, Floor
+from sidecar.live.control_loop import HURRY_GAP_S, TASK_NAME, CapacityController, Floor
 from sidecar.live.probes import (
     EngineCacheConfig,
     EngineReading,
@@ -342,3 +342,56 @@ async def test_engine_process_unseen_warns_and_keeps_the_pod_ready() -> None:
     assert (state.mode, state.limit, state.disagreements) == ("fresh", 8128, ())
     assert [w.code for w in state.warnings] == ["engine_process_unseen"]
     assert loop.engine_unready() is None
+
+
+class CountedGpu(ScriptedGpu):
+    """Counts its reads: one a tick."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    async def read(self) -> GpuSnapshot:
+        self.reads += 1
+        return await super().read()
+
+
+async def periods_never_end(seconds: float) -> None:
+    """The loop's sleep: the least gap between ticks passes at once, the rest of a period never
+    does, so every tick after the first gap is one that ``hurry`` brought."""
+    if seconds > HURRY_GAP_S:
+        await asyncio.Event().wait()
+    await asyncio.sleep(0)
+
+
+async def settle() -> None:
+    """Let every task run until all of them wait (a tick takes a few dozen loop turns)."""
+    for _ in range(500):
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize(
+    ("keep_hurrying", "ticks"),
+    [
+        pytest.param(0, 1, id="one-hurry-one-tick"),
+        pytest.param(3, 4, id="queue-still-waiting-three-more-ticks"),
+    ],
+)
+async def test_a_hurry_ticks_now_instead_of_a_period_later(keep_hurrying: int, ticks: int) -> None:
+    """Without a hurry no tick comes before the period ends; ``hurry()`` brings one at once,
+    and as long as ``hurry_while`` says so after a tick, the next one comes at once too."""
+    gpu, asked = CountedGpu(), []
+
+    def hurry_while() -> bool:
+        asked.append(1)
+        return len(asked) <= keep_hurrying
+
+    loop = controller(gpu, Clock(), [])
+    loop._sleep, loop._hurry_while = periods_never_end, hurry_while
+    loop.start()
+    await settle()
+    assert gpu.reads == 0
+    loop.hurry()
+    await settle()
+    assert gpu.reads == ticks
+    await loop.stop()

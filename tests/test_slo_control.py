@@ -237,3 +237,30 @@ def test_the_law_holds_its_limit_only_for_an_engine_that_preempts() -> None:
     assert slo.hold_limit() == 10
     slo.observe(reading(preemptions=None))
     assert slo.hold_limit() is None
+
+
+@pytest.mark.parametrize(
+    ("preemptions", "slow_first_tokens", "in_force", "fast"),
+    [
+        pytest.param(0.0, False, 10, True, id="fresh-pod-in-slow-start"),
+        pytest.param(0.0, True, 5, False, id="after-its-first-cut"),
+        pytest.param(None, False, 10, False, id="engine-cannot-preempt"),
+        pytest.param(0.0, False, 8, False, id="another-cap-holds-it-lower"),
+    ],
+)
+def test_a_step_now_can_grow_the_limit_only_in_slow_start_and_uncapped(
+    preemptions: float | None, slow_first_tokens: bool, in_force: int, fast: bool
+) -> None:
+    """A step at once is worth it while slow start may double the limit in force; not after
+    its first cut, where the engine cannot preempt, or where another cap holds the limit."""
+    clock = FakeClock()
+    slo = control(clock)
+    assert not slo.grows_fast(10)  # no plan yet: no law to step
+    slo.observe(reading(preemptions=preemptions))
+    slo.limit_of(PLAN)
+    if slow_first_tokens:
+        for _ in range(3):
+            slo.track(StreamTiming(sent=clock()), NO_CLAIMS)
+        clock.advance(2.0)
+        slo.observe(reading())
+    assert slo.grows_fast(in_force) is fast

@@ -85,6 +85,7 @@ class SidecarServer:
             available=self.bulkhead.set_available,
             observe=self.signal.observe,
             slo=self.slo,
+            hurry_while=self._growing_on_a_queue,
         )
         self.upstream = EnginePool(
             settings.upstream_url,
@@ -144,6 +145,25 @@ class SidecarServer:
                 self.metrics.waited(event.wait_s)  # what it really waited, timer slack included
             if event.shadow and event.reason is not None:
                 self.metrics.shadow_rejected(event.reason)
+        if kind == "queued" or event.reason in ("queue_full", "shed"):
+            self._bound()
+
+    def _bound(self) -> None:
+        """The limit bound (a request queued or was refused for room): while the SLO law may
+        still grow it fast, its next step comes now, not at the next tick, so that a burst on a
+        fresh pod waits a fraction of a second for the limit instead of timing out or being
+        refused."""
+        if self._grows_fast():
+            self.controller.hurry()
+
+    def _grows_fast(self) -> bool:
+        slo = self.slo
+        return slo is not None and slo.grows_fast(self.controller.state.limit)
+
+    def _growing_on_a_queue(self) -> bool:
+        """After a tick: requests still wait while the law may grow fast, so the next step
+        comes at once too (until they are in, or the law's first cut ends its slow start)."""
+        return self.bulkhead.snapshot().queued > 0 and self._grows_fast()
 
     def _proxy(self) -> Proxy:
         s = self.settings

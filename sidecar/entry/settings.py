@@ -276,7 +276,11 @@ class Settings(BaseSettings):
         3000, description="longest wait in the admission queue before the busy answer"
     )
     max_queue: NonNegativeInt = Field(
-        64, description="most requests waiting for a permit; one more gets the busy answer at once"
+        256,
+        description="most requests waiting for a permit; one more gets the busy answer at once. "
+        "One engine's worth (vLLM's default max_num_seqs), so that a burst on a fresh pod waits "
+        "the fraction of a second the limit takes to find the engine's size instead of being "
+        "refused; each waits no longer than SIDECAR_MAX_WAIT_MS (slo: its TTFT objective)",
     )
     shadow: bool = Field(
         False, description="compute and export every decision, enforce none (for a safe roll-out)"

@@ -151,11 +151,13 @@ def build_controller(
     available: Callable[[bool], None] | None = None,
     observe: Callable[[Readings], None] | None = None,
     slo: SloControl | None = None,
+    hurry_while: Callable[[], bool] = lambda: False,
 ) -> CapacityController:
     """The controller ``settings`` describe; ``nvml`` replaces the NVML probe (tests, demo).
 
     ``available`` hears when a plan of 0 permits starts or stops (the bulkhead refuses at once);
-    ``observe`` hears each tick's readings (the scale-out signal).
+    ``observe`` hears each tick's readings (the scale-out signal); ``hurry_while``: whether the
+    next tick should come at once (``CapacityController.hurry``).
     """
     cost = model_cost(settings)
     budget_rule = partial(
@@ -200,6 +202,7 @@ def build_controller(
         probe_timeout_s=settings.probe_timeout_ms / 1000,
         budget_rule=budget_rule,
         hold=slo.hold_limit if slo is not None else None,
+        hurry_while=hurry_while,
     )
     return controller
 

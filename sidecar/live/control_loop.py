@@ -8,7 +8,8 @@ The loop does not vouch for itself: ``state`` is judged when it is read, from th
 good plan, so a loop that hangs (a probe read past its timeout, a stuck NVML call) or crashes
 shows stale, then the floor, without another tick; a watchdog task applies that floor to the
 bulkhead. Every probe read runs under SIDECAR_PROBE_TIMEOUT_MS, and any exception in a tick
-degrades the plan like a failed probe.
+degrades the plan like a failed probe. ``hurry()`` brings the next tick at once (but no sooner
+than HURRY_GAP_S after the last): the SLO law's slow start steps while a burst waits.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ log = structlog.get_logger("sidecar.live.control_loop")
 
 TASK_NAME = "capacity-control-loop"
 WATCHDOG_NAME = "capacity-watchdog"
+# The least time between two ticks, however often ``hurry()`` asks: a tick reads every probe.
+HURRY_GAP_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -123,11 +126,13 @@ class CapacityController:
         available: Callable[[bool], None] | None = None,
         budget_rule: Callable[[int | None], TokenBudget] | None = None,
         hold: Callable[[], int | None] | None = None,
+        hurry_while: Callable[[], bool] = lambda: False,
     ) -> None:
         """``mode``: the admission mode, whose limit each plan gives; ``budget_rule``: the token
         budget for the engine's max_model_len (None: not known); without it, ``budget`` stands.
         ``hold``: a limit that stands on the floor too, where the mode has one that does not come
-        from the plan (None: the floor's own)."""
+        from the plan (None: the floor's own). ``hurry_while``: asked after each tick; True makes
+        the next one come HURRY_GAP_S later instead of a period later (``hurry``)."""
         self._wanted, self._cost, self._budget, self._alpha = source, cost, budget, alpha
         self._declared, self._resize, self._mode, self._floor = declared, resize, mode, floor
         self._gpu_probe, self._engine_probe = gpu_probe, engine_probe
@@ -150,6 +155,8 @@ class CapacityController:
         self._published = False
         self._task: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
+        self._hurried = asyncio.Event()
+        self._hurry_while = hurry_while
 
     @property
     def state(self) -> CapacityState:
@@ -299,13 +306,34 @@ class CapacityController:
             await self._sleep(self._refresh_s)
             self.enforce()
 
+    def hurry(self) -> None:
+        """Tick now rather than at the end of the period (HURRY_GAP_S after the last tick at the
+        soonest): the limit refused or queued a burst while its law may still grow fast."""
+        self._hurried.set()
+
     async def _run(self) -> None:
         while True:
-            await self._sleep(self._refresh_s)
+            await self._next_tick()
+            self._hurried.clear()  # a hurry during the tick asks for the one after it
             try:
                 await self.refresh()
+                if self._hurry_while():
+                    self.hurry()
             except Exception:  # the loop must outlive any bug in one tick
                 log.exception("capacity_tick_crashed")
+
+    async def _next_tick(self) -> None:
+        """Until the period ends, or ``hurry()`` was called, whichever is first, but never less
+        than HURRY_GAP_S after the last tick."""
+        gap = min(HURRY_GAP_S, self._refresh_s)
+        await self._sleep(gap)
+        period = asyncio.ensure_future(self._sleep(self._refresh_s - gap))
+        hurried = asyncio.ensure_future(self._hurried.wait())
+        try:
+            await asyncio.wait((period, hurried), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            period.cancel()
+            hurried.cancel()
 
     async def _read(self) -> Readings:
         timeout = self._probe_timeout_s

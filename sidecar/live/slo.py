@@ -91,6 +91,14 @@ class SloControl:
     def pricing_reason(self) -> str:
         return self.unsupported or STEERED
 
+    def grows_fast(self, in_force: int) -> bool:
+        """Whether a step now could raise the limit in force (``in_force``) by more than one:
+        slow start is on (no cut yet), the engine lets the limit pass the worst case, and no
+        other cap holds it below the law's. Then a burst the limit binds on is worth a step at
+        once rather than at the next tick (``CapacityController.hurry``)."""
+        law = self.law
+        return law is not None and law.slow_start and not self.unsupported and in_force >= law.limit
+
     @property
     def tracked(self) -> int:
         """Streams being relayed now."""
