@@ -518,3 +518,22 @@ async def test_a_request_with_a_shorter_wait_is_refused_by_its_own() -> None:
     assert caught.value.reason == "queue_full"
     gate.set()
     await asyncio.gather(*tasks)
+
+
+async def test_retry_hint_after_an_idle_minute_is_the_rate_before_it() -> None:
+    """Two releases a second, then a minute with nothing held, then a burst: two queued ahead
+    means back in about (2 + 1) / 2 = 1.5 s, not the minute's quiet spread over the releases."""
+    fake = FakeTime()
+    bulkhead = make(fake, max_queue=2)
+    await release_twice_a_second(bulkhead, fake)
+    fake.advance(60.0)
+    gate, log = asyncio.Event(), new_log()
+    tasks = [asyncio.create_task(hold(bulkhead, gate, log, f"w{i}")) for i in range(3)]
+    await settle()
+    fake.advance(0.2)
+    with pytest.raises(AdmissionRejectedError) as caught:
+        await hold(bulkhead, gate, log, "late")
+    assert caught.value.reason == "queue_full"
+    assert caught.value.retry_after_s == pytest.approx(3 / (4 / 2.2))
+    gate.set()
+    await asyncio.gather(*tasks)

@@ -55,3 +55,32 @@ def test_window_must_hold_two() -> None:
     """A window of one release cannot measure a rate."""
     with pytest.raises(ValueError, match="at least 2"):
         ReleaseRate(window=1)
+
+
+def steady_then_quiet(quiet_s: float, held: bool) -> tuple[ReleaseRate, float]:
+    """Two releases a second for 32 s, then ``quiet_s`` without a release, with permits held
+    (a stall) or none (an idle pod); returns the rate and the moment a burst finds it."""
+    rate = ReleaseRate()
+    rate.busy(0.0)
+    for i in range(1, 65):
+        rate.observe(i * 0.5)
+    if held:
+        return rate, 32.0 + quiet_s
+    rate.idle(32.0)
+    rate.busy(32.0 + quiet_s)  # the burst's first request is held
+    return rate, 32.0 + quiet_s
+
+
+@pytest.mark.parametrize(
+    ("quiet_s", "held", "expected"),
+    [
+        pytest.param(60.0, False, 2.5, id="a-minute-idle-then-a-burst"),
+        pytest.param(3600.0, False, 2.5, id="an-hour-idle-then-a-burst"),
+        pytest.param(60.0, True, 5 / (63 / 91.5), id="a-minute-held-without-a-release"),
+    ],
+)
+def test_idle_time_does_not_dilute_the_rate(quiet_s: float, held: bool, expected: float) -> None:
+    """Four ahead at two releases a second: back in (4 + 1) / 2 = 2.5 s, however long the pod
+    sat idle before the burst; a stall (permits held, none released) still lengthens it."""
+    rate, now = steady_then_quiet(quiet_s, held)
+    assert rate.retry_after_s(4, now) == pytest.approx(expected)

@@ -4,6 +4,11 @@ Fed release times by the bulkhead (its injected clock); no clock of its own. Wit
 second lately and Q requests ahead, the wait is about (Q + 1) / R, clamped to sane bounds. Where
 costs are tokens (adaptive admission), releases carry their tokens and the hint is the tokens that
 must drain (those queued ahead, plus the caller's own) over the tokens released per second.
+
+R is measured on a busy clock: time while no permit is held does not count. An idle stretch
+releases nothing because nothing runs, not because capacity frees slowly; counted, a minute of
+quiet before a burst made the hint several times the true wait. Time while permits are held and
+none is released does count, so the rate still falls when the engine stalls.
 """
 
 from __future__ import annotations
@@ -38,9 +43,11 @@ class ReleaseRate:
     def __init__(self, *, window: int = 64, bounds: HintBounds | None = None) -> None:
         if window < 2:
             raise ValueError("window must hold at least 2 releases")
-        self._times: deque[float] = deque(maxlen=window)
+        self._times: deque[float] = deque(maxlen=window)  # on the busy clock
         self._amounts: deque[int] = deque(maxlen=window)
         self._bounds = bounds or HintBounds()
+        self._idle_since: float | None = None  # nothing held since then
+        self._idle_s = 0.0  # idle time before that: the busy clock is the time less it
 
     @property
     def bounds(self) -> HintBounds:
@@ -49,15 +56,34 @@ class ReleaseRate:
     def observe(self, at: float, amount: int = 1) -> None:
         """Record one release of ``amount`` (tokens; 1 for a permit) at time ``at`` (seconds)."""
         # Once per release: two appends; the latest time is found when a hint is asked for.
-        self._times.append(at)
+        self._times.append(self._busy(at))
         self._amounts.append(amount)
 
+    def idle(self, at: float) -> None:
+        """Nothing is held from ``at`` on: the time until ``busy`` is not counted."""
+        if self._idle_since is None:
+            self._idle_since = at
+
+    def busy(self, at: float) -> None:
+        """A permit is held again from ``at`` on."""
+        if self._idle_since is not None:
+            self._idle_s += max(0.0, at - self._idle_since)
+            self._idle_since = None
+
+    def _busy(self, at: float) -> float:
+        """``at`` on the busy clock: less the idle time before it."""
+        idle = self._idle_s
+        if self._idle_since is not None:
+            idle += max(0.0, at - self._idle_since)
+        return at - idle
+
     def rate_per_s(self, now: float | None = None) -> float | None:
-        """Releases per second over the window, up to ``now``; None before two releases."""
+        """Releases per second over the window, up to ``now``, busy time only; None before two
+        releases."""
         if len(self._times) < 2:
             return None
         latest = max(self._times)
-        end = latest if now is None else max(latest, now)
+        end = latest if now is None else max(latest, self._busy(now))
         # Measuring up to ``now`` lets the rate fall when releases stop, instead of freezing.
         span = end - self._times[0]
         if span <= 0:

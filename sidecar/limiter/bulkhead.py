@@ -249,6 +249,8 @@ class Bulkhead:
         self, permit: Permit, ticket: int | None, cost: int, compartment: str, wait_s: float
     ) -> None:
         """``permit`` holds its grant from now; adaptive: the ledger tracks what it uses."""
+        if self._open == 0:
+            self._hint.busy(self._clock())
         self._open += 1
         self._idle.clear()
         permit.hold(ticket, cost, compartment, wait_s)
@@ -306,6 +308,7 @@ class Bulkhead:
         self._open -= 1
         if self._open == 0:
             self._idle.set()
+            self._hint.idle(self._clock())
 
     def _return_grant(self, ticket: int, cost: int, outcome: Outcome) -> None:
         if self._core.is_granted(ticket):
