@@ -22,7 +22,7 @@ from emulator.app import build_app
 from emulator.config import EmulatorConfig
 from sidecar.core import saturation as saturation_module
 from sidecar.core.decisions import LIMIT_UNITS
-from sidecar.core.saturation import CAPACITY_REFUSALS, OutcomeWindow, SaturationConfig
+from sidecar.core.saturation import CAPACITY_REFUSALS, SaturationConfig
 from sidecar.entry.app import SidecarServer
 from sidecar.entry.logs import configure_logging
 from sidecar.entry.settings import load_settings
@@ -163,7 +163,7 @@ def metrics_page(families: Sequence[Family]) -> str:
 
 def signal_section() -> list[str]:
     """The definition of ``sidecar_utilisation``: the pure core's own docstring and defaults."""
-    config, window = SaturationConfig(), OutcomeWindow()
+    config = SaturationConfig()
     refusals = ", ".join(f"`{code}`" for code in sorted(CAPACITY_REFUSALS))
     body = (saturation_module.__doc__ or "").replace("``", "`")
     return [
@@ -180,7 +180,7 @@ def signal_section() -> list[str]:
         f"| `kv_threshold` | {config.kv_threshold} |",
         f"| `queue_threshold` | {config.queue_threshold} requests waiting at the engine |",
         f"| `hold_s` | {config.hold_s:g} s |",
-        f"| refusal window | {window.window_s:g} s |",
+        f"| `refusal_window_s` | {config.refusal_window_s:g} s |",
         f"| refusals | {refusals} |",
         "",
         "## The admission limit's unit",

@@ -139,3 +139,29 @@ def test_refusals_leave_the_signal_a_window_after_they_ended_however_rarely_it_i
         clock.now = float(second)
         signal.observe(readings)
     assert signal.read().utilisation == 0.0
+
+
+@pytest.mark.parametrize(
+    ("read_at", "refusals"),
+    [
+        pytest.param(29.0, 2.0, id="seen-by-a-scrape-29s-later"),
+        pytest.param(32.0, 0.0, id="gone-32s-later"),
+    ],
+)
+def test_a_refusal_counts_for_the_longest_scrape_interval_then_leaves(
+    read_at: float, refusals: float
+) -> None:
+    """Ten refusals half a second in, nothing else ended: a scrape up to 30 s later still reads
+    the pod as refusing; two seconds past that window it reads idle again."""
+    registry = CollectorRegistry()
+    requests = Counter("sidecar_requests", "r", ["outcome"], registry=registry)
+    clock = SimpleNamespace(now=0.0)
+    idle = cast("BulkheadSnapshot", SimpleNamespace(in_use=0, queued=0))
+    signal = SaturationSignal(lambda: idle, requests, lambda: clock.now)
+    readings = Readings(declared=Declared(None, None, False, 0, None, 0.0))
+    signal.observe(readings)
+    requests.labels(outcome="queue_full").inc(10)
+    for second in range(1, int(read_at) + 1):
+        clock.now = float(second)
+        signal.observe(readings)
+    assert signal.read().refusals == refusals

@@ -15,8 +15,16 @@ engine) or are refused. It is the largest of four ratios, each demand over a cap
   takes what is in use while its queue stands at its threshold (5) as the compute-bound capacity
   the same way; a request or two waiting for the next step is not saturation.
 - ``sidecar_queue``: requests waiting for admission: (in flight + queued) / in flight.
-- ``refusals``: 1 + the share of the requests that ended lately (``OutcomeWindow``) that were
-  refused for want of capacity, at any cap (``CAPACITY_REFUSALS``): 1 to 2.
+- ``refusals``: 1 + the share of the requests that ended in the last ``refusal_window_s``
+  (``OutcomeWindow``) that were refused for want of capacity, at any cap
+  (``CAPACITY_REFUSALS``): 1 to 2.
+
+The refusal window is what a scrape needs, no more. The gauge is read when scraped: a refusal
+shows in it for the window, so a scrape interval up to the window is sure to see it once, and
+an autoscaler that polls Prometheus as often as it scrapes reads that sample (deploy/: every 15 s;
+30 s is Prometheus's and KEDA's usual interval). Longer only keeps a pod reading as refusing
+after it stopped: the EPP steers around it meanwhile, and at a minute the shipped HPA's next
+scale-up step (its policy period is 60 s) could still count a burst that ended a minute before.
 
 The engine's two ratios are the largest of its readings over the last ``hold_s``
 (``EnginePeaks``), each reading's queue against the most requests the engine ran in that time:
@@ -49,11 +57,12 @@ CAPACITY_REFUSALS: frozenset[str] = frozenset(
 @dataclass(frozen=True, slots=True)
 class SaturationConfig:
     """The thresholds: KV share counted as full; engine queue length that shows it at its cap;
-    how long an engine reading's ratios are held."""
+    how long an engine reading's ratios are held; how long a refusal is counted."""
 
     kv_threshold: float = 0.8
     queue_threshold: int = 5
     hold_s: float = 30.0
+    refusal_window_s: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +177,7 @@ class OutcomeWindow:
     """Cumulative outcome counts sampled over time; says how many requests ended, and how many
     were refused for want of capacity, within the last ``window_s``. Times are given, not read."""
 
-    def __init__(self, window_s: float = 60.0, min_spacing_s: float = 1.0) -> None:
+    def __init__(self, window_s: float = 30.0, min_spacing_s: float = 1.0) -> None:
         self.window_s, self._spacing = window_s, min_spacing_s
         self._samples: deque[tuple[float, float, float]] = deque()
 

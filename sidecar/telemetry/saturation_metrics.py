@@ -51,7 +51,7 @@ class SaturationSignal:
         self._snapshot, self._requests, self._clock = snapshot, requests, clock
         self.config = config or SaturationConfig()
         self._engine = EnginePeaks(self.config.hold_s)
-        self._window = OutcomeWindow()
+        self._window = OutcomeWindow(self.config.refusal_window_s)
 
     def observe(self, readings: Readings) -> None:
         """One capacity tick: the outcomes so far are sampled (so the refusals' window keeps
