@@ -44,6 +44,7 @@ from sidecar.edge.proxy.prompt_count import EnginePromptCounter
 from sidecar.edge.proxy.relay import relay_stream
 from sidecar.edge.proxy.routes import DEFAULT_FREE_PATHS, Target, route
 from sidecar.limiter.bulkhead import Bulkhead
+from sidecar.limiter.permit import Permit
 from sidecar.telemetry.log_context import bind_request, unbind_request
 from sidecar.telemetry.metrics import RequestMetrics
 
@@ -146,6 +147,8 @@ class Admission(NamedTuple):
 async def _admit_and_forward(
     request: Request, proxy: Proxy, job: Job, request_id: str, who: Admission, *, started: float
 ) -> Answer:
+    """Price the job, admit it (or answer busy) and forward it; counted and logged once as it
+    finished, whatever ended it."""
     policy = proxy.policy
     compartment = policy.compartment_of(who.claims, who.tenant)
     if job.checked is not None:
@@ -160,45 +163,58 @@ async def _admit_and_forward(
         )
         async with admit as permit:
             queue_wait = permit.wait_s
-            timing = StreamTiming(proxy.clock()) if job.stream else None
-            if timing is not None:
-                policy.track(timing, who.claims)
-            try:
-                with proxy.in_flight.track() as stop:
-                    response, outcome = await forward(
-                        request, job, permit, request_id, engine=proxy.upstream, stop=stop,
-                        write_timeout_s=proxy.config.write_timeout_s, clock=proxy.clock,
-                        timing=timing,
-                    )  # fmt: skip
-            finally:
-                if timing is not None:
-                    policy.timed(timing, started, outcome)
-            if outcome == "completed" and permit.usage is not None:
-                policy.learn(permit.usage)
+            response, outcome = await _forward_admitted(
+                request, proxy, job, request_id, permit, claims=who.claims, started=started
+            )
             return response
     except AdmissionRejectedError as exc:
         outcome, queue_wait = exc.reason, exc.waited_s
         log.info(
-            exc.refusal.log_event,
-            reason=exc.reason,
-            queue_wait_s=round(queue_wait, 4),
-            retry_after_s=round(exc.retry_after_s, 2),
-            cost=cost,
-            compartment=compartment,
+            exc.refusal.log_event, reason=exc.reason, queue_wait_s=round(queue_wait, 4),
+            retry_after_s=round(exc.retry_after_s, 2), cost=cost, compartment=compartment,
             stream=job.stream,
-        )
+        )  # fmt: skip
         return busy_response(exc, stream=job.stream, mode=proxy.config.reject_mode)
     except asyncio.CancelledError:
         outcome = "client_gone"
         raise
     finally:
-        duration = proxy.clock() - started
-        proxy.metrics.finished(outcome, duration)
-        log.info(
-            "request_finished", outcome=outcome, duration_s=round(duration, 4),
-            queue_wait_s=round(queue_wait, 4), path=job.target.path,
-            prompt_tokens_est=job.prompt_tokens, max_tokens=job.completion_tokens,
-        )  # fmt: skip
+        _finished(proxy, job, outcome, proxy.clock() - started, queue_wait)
+
+
+async def _forward_admitted(
+    request: Request, proxy: Proxy, job: Job, request_id: str, permit: Permit, *,
+    claims: Claims, started: float,
+) -> tuple[Answer, str]:  # fmt: skip
+    """Forward a request that holds its permit: a stream's timing tracked, what a completed
+    request used learned from."""
+    policy = proxy.policy
+    timing = StreamTiming(proxy.clock()) if job.stream else None
+    if timing is not None:
+        policy.track(timing, claims)
+    outcome = "error"
+    try:
+        with proxy.in_flight.track() as stop:
+            response, outcome = await forward(
+                request, job, permit, request_id, engine=proxy.upstream, stop=stop,
+                write_timeout_s=proxy.config.write_timeout_s, clock=proxy.clock, timing=timing,
+            )  # fmt: skip
+    finally:
+        if timing is not None:
+            policy.timed(timing, started, outcome)
+    if outcome == "completed" and permit.usage is not None:
+        policy.learn(permit.usage)
+    return response, outcome
+
+
+def _finished(proxy: Proxy, job: Job, outcome: str, duration: float, queue_wait: float) -> None:
+    """A request past its checks ended: counted, and its one finished line."""
+    proxy.metrics.finished(outcome, duration)
+    log.info(
+        "request_finished", outcome=outcome, duration_s=round(duration, 4),
+        queue_wait_s=round(queue_wait, 4), path=job.target.path,
+        prompt_tokens_est=job.prompt_tokens, max_tokens=job.completion_tokens,
+    )  # fmt: skip
 
 
 async def passthrough(request: Request, proxy: Proxy, target: Target, request_id: str) -> Answer:
