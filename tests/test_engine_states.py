@@ -18,12 +18,15 @@ ROWS = [
     pytest.param(P.SENT, E.FAIL, P.BROKEN, id="sent-stale"),
     pytest.param(P.HEAD, E.HEAD, P.BODY, id="head-read"),
     pytest.param(P.HEAD, E.HEAD_ONLY, P.COMPLETE, id="head-request-answered"),
+    pytest.param(P.HEAD, E.LAST_END, P.SPENT, id="head-request-answered-with-close"),
     pytest.param(P.HEAD, E.FAIL, P.BROKEN, id="head-broken"),
     pytest.param(P.BODY, E.BODY_END, P.COMPLETE, id="body-framed-end"),
-    pytest.param(P.BODY, E.CLOSED_AT_END, P.COMPLETE, id="body-close-delimited-end"),
+    pytest.param(P.BODY, E.LAST_END, P.SPENT, id="body-framed-end-with-close"),
+    pytest.param(P.BODY, E.CLOSED_AT_END, P.SPENT, id="body-close-delimited-end"),
     pytest.param(P.BODY, E.FAIL, P.BROKEN, id="body-cut-off"),
     pytest.param(P.COMPLETE, E.PARK, P.IDLE, id="complete-parked"),
     pytest.param(P.COMPLETE, E.FAIL, P.BROKEN, id="complete-bytes-after"),
+    pytest.param(P.SPENT, E.FAIL, P.BROKEN, id="spent-bytes-after"),
 ]
 
 
@@ -57,7 +60,8 @@ def test_a_broken_connection_never_moves_again() -> None:
 
 
 def test_every_phase_is_reachable_and_every_live_one_can_return_to_the_pool() -> None:
-    """From IDLE every phase can be reached, and from every phase but BROKEN, IDLE again."""
+    """From IDLE every phase can be reached, and from every phase but BROKEN and SPENT (an
+    answer after which the engine closes), IDLE again."""
 
     def reach(start: Phase) -> set[Phase]:
         seen, todo = {start}, [start]
@@ -70,7 +74,7 @@ def test_every_phase_is_reachable_and_every_live_one_can_return_to_the_pool() ->
         return seen
 
     assert reach(P.IDLE) == set(Phase)
-    assert [p for p in Phase if p is not P.BROKEN and P.IDLE not in reach(p)] == []
+    assert [p for p in Phase if P.IDLE not in reach(p)] == [P.SPENT, P.BROKEN]
 
 
 @given(st.lists(st.sampled_from(Event), max_size=40))
@@ -90,3 +94,9 @@ def test_no_event_sequence_reuses_a_busy_or_broken_connection(events: list[Event
             assert before is P.IDLE
         broken = broken or phase is P.BROKEN
         assert phase is P.BROKEN or not broken
+
+
+def test_only_an_answer_the_engine_keeps_returns_to_the_pool() -> None:
+    """Reuse is read from the phase: the one way back to IDLE is parking a COMPLETE answer."""
+    into_idle = [pair for pair, there in TRANSITIONS.items() if there is P.IDLE]
+    assert into_idle == [(P.COMPLETE, E.PARK)]

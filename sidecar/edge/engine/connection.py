@@ -24,7 +24,7 @@ from typing import cast
 import httptools
 
 from sidecar.edge.engine.errors import EngineProtocolError, StaleConnectionError, broken_answer
-from sidecar.edge.engine.head import MAX_HEAD_BYTES, ResponseHead, ends_at_close, make_head
+from sidecar.edge.engine.head import MAX_HEAD_BYTES, ResponseHead, ends_at_close, final_head
 from sidecar.edge.engine.read_deadline import ReadDeadline
 from sidecar.edge.engine.states import ANSWERING, Event, Phase, next_phase
 from sidecar.edge.flow import FlowControl
@@ -58,7 +58,6 @@ class EngineConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.phase = Phase.IDLE
         self.error: BaseException | None = None
-        self.keep_alive = False  # its answer's head lets it carry another request
         self._pieces: list[bytes] = []  # body bytes parsed and not yet read
         self._held = 0  # their length
         self._sink: Sink | None = None
@@ -123,7 +122,7 @@ class EngineConnection(asyncio.Protocol):
         """Bytes while no answer is due: the connection cannot be trusted with another request."""
         if self.phase is Phase.IDLE:
             self._fail(EngineProtocolError("the engine sent bytes on an idle connection"))
-        elif self.phase is Phase.COMPLETE:
+        elif self.ended:
             self.close()  # the answer itself was whole, and stays readable
 
     def eof_received(self) -> bool:
@@ -157,21 +156,18 @@ class EngineConnection(asyncio.Protocol):
             self._fields.append((name, value))
 
     def on_headers_complete(self) -> None:
-        status = self._parser.get_status_code()
-        if 100 <= status < 200:
-            if status == 101:
-                raise EngineProtocolError("the engine switched protocols")
-            self._reason, self._fields = b"", []  # an interim answer: the real one follows
+        head = final_head(self._parser.get_status_code(), self._reason, self._fields)
+        if head is None:  # an interim answer: the real one follows
+            self._reason, self._fields = b"", []
             return
-        if sum(len(name) + len(value) for name, value in self._fields) > MAX_HEAD_BYTES:
-            raise EngineProtocolError("the engine's response head is too large")
-        head = make_head(status, self._reason, self._fields)
-        self.keep_alive = self._parser.should_keep_alive()
+        keep_alive = self._parser.should_keep_alive()
         head_request = self._head_request
-        self._ends_at_close = not self.keep_alive and ends_at_close(head, head_request=head_request)
+        self._ends_at_close = not keep_alive and ends_at_close(head, head_request=head_request)
         self.head = head
-        # llhttp cannot be told that a HEAD request's answer has no body: it ends here.
-        self._move(Event.HEAD_ONLY if head_request else Event.HEAD)
+        if not head_request:
+            self._move(Event.HEAD)
+        else:  # llhttp cannot be told that a HEAD request's answer has no body: it ends here
+            self._move(Event.HEAD_ONLY if keep_alive else Event.LAST_END)
 
     def on_body(self, body: bytes) -> None:
         if self.phase is not Phase.BODY:
@@ -181,7 +177,7 @@ class EngineConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         if self.phase is Phase.BODY:
-            self._move(Event.BODY_END)
+            self._move(Event.BODY_END if self._parser.should_keep_alive() else Event.LAST_END)
         # else an interim answer's end (its head was skipped), or a HEAD request's answer
 
     # The reader's side -----------------------------------------------------------------------
@@ -211,7 +207,7 @@ class EngineConnection(asyncio.Protocol):
     async def read(self) -> bytes:
         """The body bytes that arrived since the last read (waiting for some); b"" at the end."""
         while not self._pieces:
-            if self.phase is Phase.COMPLETE:
+            if self.ended:
                 return b""
             await self._wait()
         return self._take()
@@ -279,6 +275,11 @@ class EngineConnection(asyncio.Protocol):
         return bool(self._pieces)
 
     @property
+    def ended(self) -> bool:
+        """The answer was parsed to its end (its last pieces may wait for a read)."""
+        return self.phase is Phase.COMPLETE or self.phase is Phase.SPENT
+
+    @property
     def closing(self) -> bool:
         """The socket is closed or closing, by either side."""
         return self.transport is None or self.transport.is_closing()
@@ -286,8 +287,7 @@ class EngineConnection(asyncio.Protocol):
     @property
     def reusable(self) -> bool:
         """Its answer was read to the end and both sides allow another request on it."""
-        allowed = self.keep_alive and not self._pieces and not self.closing
-        return allowed and self.phase is Phase.COMPLETE
+        return self.phase is Phase.COMPLETE and not self._pieces and not self.closing
 
     def park(self) -> None:
         """Kept in the pool for the next request (``reusable`` first)."""

@@ -36,6 +36,20 @@ class ResponseHead:
     forwarded: tuple[tuple[str, str], ...]  # the end-to-end fields: what a proxy passes on
 
 
+def final_head(
+    status: int, reason: bytes, fields: list[tuple[bytes, bytes]]
+) -> ResponseHead | None:
+    """The answer's head, or None for an interim (1xx) one, which the real one follows;
+    EngineProtocolError for a switch of protocols or a head past ``MAX_HEAD_BYTES``."""
+    if 100 <= status < 200:
+        if status == 101:
+            raise EngineProtocolError("the engine switched protocols")
+        return None
+    if sum(len(name) + len(value) for name, value in fields) > MAX_HEAD_BYTES:
+        raise EngineProtocolError("the engine's response head is too large")
+    return make_head(status, reason, fields)
+
+
 def make_head(status: int, reason: bytes, fields: list[tuple[bytes, bytes]]) -> ResponseHead:
     """The head llhttp parsed, its values decoded as aiohttp's parser does (UTF-8, any other
     byte kept as it came, so it goes out to the client unchanged)."""

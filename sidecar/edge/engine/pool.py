@@ -69,9 +69,7 @@ class EngineResponse:
     def is_eof(self) -> bool:
         """The body was read to its end (after a read: the next read returns b"")."""
         connection = self._connection
-        return connection is None or (
-            connection.phase is Phase.COMPLETE and not connection.has_pieces
-        )
+        return connection is None or (connection.ended and not connection.has_pieces)
 
     def ready(self) -> bool:
         """The next read returns at once: body bytes, its end, or an error are here already."""
@@ -79,7 +77,7 @@ class EngineResponse:
         return (
             connection is None
             or connection.has_pieces
-            or connection.phase is Phase.COMPLETE
+            or connection.ended
             or connection.phase is Phase.BROKEN
         )
 

@@ -2,6 +2,7 @@
 
 Pure: no I/O. :class:`~sidecar.edge.engine.connection.EngineConnection` moves only through
 :func:`next_phase`; a pair the table lacks is a bug, raised as ``IllegalTransitionError``.
+Whether a connection may carry another request is read from its phase (COMPLETE, not SPENT).
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ class Phase(enum.Enum):
     SENT = "sent"  # a request written; not one byte of its answer yet
     HEAD = "head"  # the answer's head arriving (interim 1xx heads skipped)
     BODY = "body"  # the head read, the body arriving
-    COMPLETE = "complete"  # the answer parsed to its end; its last pieces may wait for a read
+    COMPLETE = "complete"  # the answer parsed to its end, the connection kept for another
+    # request; its last pieces may wait for a read
+    SPENT = "spent"  # the answer parsed to its end, and the engine closes the connection after
+    # it (its head said so, or its body ended with the connection): never parked
     BROKEN = "broken"  # failed or closed mid-answer (``error`` says why): never used again
 
 
@@ -32,6 +36,8 @@ class Event(enum.Enum):
     HEAD = "head"  # the answer's final head parsed: a body follows
     HEAD_ONLY = "head_only"  # the final head of a HEAD request's answer: nothing follows
     BODY_END = "body_end"  # llhttp parsed the body to its framed end
+    LAST_END = "last_end"  # the answer (a body, or a HEAD request's head) ended, and its head
+    # said the engine closes the connection after it
     CLOSED_AT_END = "closed_at_end"  # the engine closed where a close-delimited body ends
     FAIL = "fail"  # broken: bad bytes, a reset, a timeout, a close mid-answer
     PARK = "park"  # read to the end and kept in the pool for another request
@@ -46,12 +52,15 @@ TRANSITIONS: Mapping[tuple[Phase, Event], Phase] = MappingProxyType({
     (Phase.SENT, Event.FAIL): Phase.BROKEN,
     (Phase.HEAD, Event.HEAD): Phase.BODY,
     (Phase.HEAD, Event.HEAD_ONLY): Phase.COMPLETE,
+    (Phase.HEAD, Event.LAST_END): Phase.SPENT,
     (Phase.HEAD, Event.FAIL): Phase.BROKEN,
     (Phase.BODY, Event.BODY_END): Phase.COMPLETE,
-    (Phase.BODY, Event.CLOSED_AT_END): Phase.COMPLETE,
+    (Phase.BODY, Event.LAST_END): Phase.SPENT,
+    (Phase.BODY, Event.CLOSED_AT_END): Phase.SPENT,
     (Phase.BODY, Event.FAIL): Phase.BROKEN,
     (Phase.COMPLETE, Event.PARK): Phase.IDLE,
     (Phase.COMPLETE, Event.FAIL): Phase.BROKEN,
+    (Phase.SPENT, Event.FAIL): Phase.BROKEN,
 })  # fmt: skip
 
 
