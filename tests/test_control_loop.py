@@ -9,10 +9,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from structlog.testing import capture_logs
 
-from sidecar.core.capacity import Budget, KvCost
+from sidecar.core.capacity import Budget, KvCost, Plan
 from sidecar.core.errors import ProbeError, ProbeTemporaryError
 from sidecar.core.model_spec import load_model_spec
-from sidecar.core.modes import CountMode
+from sidecar.core.modes import CountMode, SloMode
 from sidecar.entry.settings import load_settings
 from sidecar.entry.wiring import build_controller
 from sidecar.live.control_loop import HURRY_GAP_S, TASK_NAME, CapacityController, Floor
@@ -125,6 +125,19 @@ async def test_failed_read_keeps_the_plan_then_floors_then_recovers() -> None:
     assert resized == [5, 1, 5]
 
 
+class HeldLaw:
+    """An SLO law at the plan's permits, holding ``held[0]`` when the plan goes stale."""
+
+    def __init__(self, held: list[int | None]) -> None:
+        self.held = held
+
+    def limit_of(self, plan: Plan) -> int:
+        return plan.permits
+
+    def hold_limit(self) -> int | None:
+        return self.held[0]
+
+
 async def test_a_held_limit_stands_on_the_floor() -> None:
     """slo admission holds its law's limit (steered by the streams, not the plan) when the
     engine's /metrics go silent: the floor never starves an engine that still streams."""
@@ -134,8 +147,8 @@ async def test_a_held_limit_stands_on_the_floor() -> None:
         source="nvml", cost=KvCost(load_model_spec("qwen2.5-7b")), budget=Budget(3000, 1000),
         alpha=0.8, declared=Declared(None, 5 * GIB, False, 3 * GIB // 2, None, 0.0,
                                      memory_fraction=1.0),
-        resize=resized.append, mode=CountMode(), floor=Floor(None, 1),
-        gpu_probe=gpu, stale_after_s=10.0, clock=clock, hold=lambda: held[0],
+        resize=resized.append, mode=SloMode(HeldLaw(held)), floor=Floor(None, 1),
+        gpu_probe=gpu, stale_after_s=10.0, clock=clock,
     )  # fmt: skip
     await loop.refresh()
     gpu.failure = ProbeTemporaryError("the engine's /metrics timed out")

@@ -68,6 +68,9 @@ class Steered:
     def limit_of(self, plan: Plan) -> int:
         return self.limit
 
+    def hold_limit(self) -> int | None:
+        return self.limit
+
 
 @pytest.mark.parametrize(
     ("mode", "slots", "limit"),
@@ -99,6 +102,14 @@ def test_only_adaptive_names_a_ceiling_and_caps_requests_by_the_slots() -> None:
     assert (mode.ceiling(), mode.in_flight_cap()) == (100_000, 4)
     for other in (CountMode(), SloMode(Steered(5)), TokenMode(lambda: COST)):
         assert (other.ceiling(), other.in_flight_cap()) == (None, None)
+
+
+def test_only_slo_holds_its_limit_without_a_plan() -> None:
+    """The SLO law's limit is steered by the streams, so it stands when the plan goes stale;
+    every other mode's limit comes from the plan, and the floor's own stands instead."""
+    assert SloMode(Steered(12)).held_limit() == 12
+    for other in (CountMode(), TokenMode(lambda: COST), AdaptiveMode(AdaptiveCapacity())):
+        assert other.held_limit() is None
 
 
 async def test_adaptive_bulkhead_queues_past_the_limit_and_refuses_past_the_pool() -> None:

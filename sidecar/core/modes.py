@@ -63,11 +63,19 @@ class AdmissionMode(Protocol):
         unit; None: the hint counts the requests queued ahead instead."""
         ...
 
+    def held_limit(self) -> int | None:
+        """A limit that stands on the floor too, when the plan goes stale, where the mode has one
+        that does not come from the plan (None: the floor's own)."""
+        ...
+
 
 class SteeredLimit(Protocol):
-    """The SLO law's output: the requests in flight the streams' latencies allow."""
+    """The SLO law's output: the requests in flight the streams' latencies allow, for a plan,
+    and the limit that stands without one (None: none)."""
 
     def limit_of(self, plan: Plan) -> int: ...
+
+    def hold_limit(self) -> int | None: ...
 
 
 class OvercommitLaw(Protocol):
@@ -104,6 +112,9 @@ class _Permits:
     def must_drain(self, admission: Admission, compartment: str) -> int | None:
         return None
 
+    def held_limit(self) -> int | None:
+        return None
+
 
 def _capped(limit: int, *caps: int | None) -> int:
     return min([limit, *(c for c in caps if c is not None)])
@@ -133,6 +144,9 @@ class SloMode(_Permits):
     def limit_of(self, plan: Plan, slots: int | None = None) -> int:
         return _capped(self.law.limit_of(plan), self.cap, slots)
 
+    def held_limit(self) -> int | None:
+        return self.law.hold_limit()  # steered by the streams the sidecar relays, not the plan
+
 
 class TokenMode:
     """Each sequence's own worst case in KV bytes, against alpha x the pool's bytes."""
@@ -159,6 +173,9 @@ class TokenMode:
         return None
 
     def must_drain(self, admission: Admission, compartment: str) -> int | None:
+        return None
+
+    def held_limit(self) -> int | None:
         return None
 
 
@@ -196,3 +213,6 @@ class AdaptiveMode:
         # Tokens that must drain before this caller fits: those ahead, beyond the limit.
         ahead = admission.queued_cost_ahead(compartment) + admission.in_use_cost
         return max(1, ahead - admission.limit + 1)
+
+    def held_limit(self) -> int | None:
+        return None

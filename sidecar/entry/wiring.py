@@ -201,7 +201,6 @@ def build_controller(
         available=available,
         probe_timeout_s=settings.probe_timeout_ms / 1000,
         budget_rule=budget_rule,
-        hold=slo.hold_limit if slo is not None else None,
         hurry_while=hurry_while,
     )
     return controller

@@ -125,14 +125,12 @@ class CapacityController:
         feedback: Callable[[Readings], tuple[ConfigWarning, ...]] | None = None,
         available: Callable[[bool], None] | None = None,
         budget_rule: Callable[[int | None], TokenBudget] | None = None,
-        hold: Callable[[], int | None] | None = None,
         hurry_while: Callable[[], bool] = lambda: False,
     ) -> None:
         """``mode``: the admission mode, whose limit each plan gives; ``budget_rule``: the token
         budget for the engine's max_model_len (None: not known); without it, ``budget`` stands.
-        ``hold``: a limit that stands on the floor too, where the mode has one that does not come
-        from the plan (None: the floor's own). ``hurry_while``: asked after each tick; True makes
-        the next one come HURRY_GAP_S later instead of a period later (``hurry``)."""
+        ``hurry_while``: asked after each tick; True makes the next one come HURRY_GAP_S later
+        instead of a period later (``hurry``)."""
         self._wanted, self._cost, self._budget, self._alpha = source, cost, budget, alpha
         self._declared, self._resize, self._mode, self._floor = declared, resize, mode, floor
         self._gpu_probe, self._engine_probe = gpu_probe, engine_probe
@@ -143,7 +141,6 @@ class CapacityController:
         self._feedback, self._available = feedback, available
         self._state = CapacityState(plan=None, source="none", limit=floor.limit, on_floor=True)
         self._budget_rule = budget_rule
-        self._hold = hold
         self._engine = EngineHealth()
         self.token_budget: TokenBudget = (
             budget_rule(None)
@@ -168,7 +165,7 @@ class CapacityController:
     def floor(self) -> Floor:
         """What applies when the sidecar cannot read the GPU or the engine: the floor, or the
         limit the mode holds where that is higher (slo: the law's, steered by the streams)."""
-        held = self._hold() if self._hold is not None else None
+        held = self._mode.held_limit()
         if held is None or held <= self._floor.limit:
             return self._floor
         return replace(self._floor, limit=held)
