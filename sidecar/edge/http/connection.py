@@ -146,7 +146,7 @@ class Connection(asyncio.Protocol):
         answer is the last."""
         if self.task is None:
             self.close_if_idle()
-        elif not self.lost:
+        elif self.state is State.ACTIVE:  # else its answer is the last already
             self._move(Event.NO_KEEP_ALIVE)
 
     def evict(self, fault: EdgeFault | None) -> None:

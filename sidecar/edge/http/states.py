@@ -54,8 +54,6 @@ TRANSITIONS: Mapping[tuple[State, Event], State] = MappingProxyType({
     # A request queued behind one whose framing broke starts, and its answer is the last.
     (State.LAST, Event.START): State.LAST,
     (State.ACTIVE, Event.NO_KEEP_ALIVE): State.CLOSE_AFTER,
-    (State.CLOSE_AFTER, Event.NO_KEEP_ALIVE): State.CLOSE_AFTER,
-    (State.LAST, Event.NO_KEEP_ALIVE): State.LAST,
     # Broken framing while a queued request waits for the client to read the answer before it.
     (State.IDLE, Event.FINAL): State.LAST,
     (State.ACTIVE, Event.FINAL): State.LAST,
