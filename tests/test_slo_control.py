@@ -39,11 +39,14 @@ def reading(
     preemptions: float | None = 0.0,
     typical: tuple[float, float] | None = None,
     waiting: float = 2,
+    running: float = 1,
+    kv: float = 0.01,
 ) -> Readings:
-    """One tick of the engine's metrics; by default two requests wait at it."""
+    """One tick of the engine's metrics; by default one request runs in a cache too empty to
+    tell how many fit, and two wait."""
     prompt, generation = typical if typical is not None else (None, None)
     engine = EngineReading(
-        cache=None, kv_usage_ratio=0.5, requests_running=1, requests_waiting=waiting,
+        cache=None, kv_usage_ratio=kv, requests_running=running, requests_waiting=waiting,
         preemptions_total=preemptions, observed_at=0.0,
         typical_prompt_tokens=prompt, typical_generation_tokens=generation,
     )  # fmt: skip
@@ -264,3 +267,50 @@ def test_a_step_now_can_grow_the_limit_only_in_slow_start_and_uncapped(
         clock.advance(2.0)
         slo.observe(reading())
     assert slo.grows_fast(in_force) is fast
+
+
+def test_slow_start_stops_where_the_cache_is_full() -> None:
+    """Ten run in 40 % of the KV cache, 80 more ask: fast first tokens would reach for 40 (4x),
+    but 10 / 0.4 = 25 is what fits; past that, the streams decide at 1.25x a tick."""
+    clock = FakeClock()
+    slo = SloControl(
+        objectives=Objectives(2.0, 0.1), binding=lambda: True, demand=lambda: 90, clock=clock
+    )
+    slo.observe(reading(running=10, kv=0.4))
+    assert slo.limit_of(PLAN) == 10
+    for _ in range(3):
+        timing = StreamTiming(sent=clock())
+        slo.track(timing, NO_CLAIMS)
+        timing.saw(1, clock() + 0.1)
+    clock.advance(1.0)
+    slo.observe(reading(running=10, kv=0.4))
+    assert slo.limit_of(PLAN) == 25
+
+
+def test_streams_sent_before_a_cut_still_say_the_engines_pace() -> None:
+    """Long streams admitted before a cut complete at a good pace: their TPOT is heard, though
+    their TTFT is not; the limit grows again once nothing waits at the engine."""
+    clock = FakeClock()
+    slo = control(clock)
+    slo.observe(reading())
+    assert slo.limit_of(PLAN) == 10
+    running = [StreamTiming(sent=clock()) for _ in range(6)]
+    for timing in running:
+        slo.track(timing, NO_CLAIMS)
+    clock.advance(2.0)
+    slo.observe(reading())  # six first tokens still missing at twice the target: a cut
+    assert slo.limit_of(PLAN) == 5
+    for timing in running[:3]:
+        timing.saw(1, clock())
+        timing.saw(40, clock() + 1.0)  # 40 tokens in a second: 25 ms a token, a quarter of 0.1 s
+        slo.ended(timing, completed=True)
+    clock.advance(1.0)
+    slo.observe(reading())
+    assert slo.limit_of(PLAN) == 5  # requests still wait at the engine: no growth on TPOT alone
+    for timing in running[3:]:
+        timing.saw(1, clock())
+        timing.saw(40, clock() + 1.0)
+        slo.ended(timing, completed=True)
+    clock.advance(1.0)
+    slo.observe(reading(waiting=0))
+    assert slo.limit_of(PLAN) == 6  # the queue drained: 5 x 1.25, the pace heard

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.core.slo_limit import LimitEvidence, SloLimit, SloLimitConfig, quantile
+from sidecar.core.slo_limit import (
+    LimitEvidence,
+    SloLimit,
+    SloLimitConfig,
+    fits_in_cache,
+    quantile,
+)
 
 samples = st.lists(st.floats(0, 50, allow_nan=False), max_size=20).map(tuple)
 evidence = st.builds(
@@ -154,3 +162,22 @@ def test_streams_within_their_aim_and_pressed_always_grow_it(
     """Every sample within the aim while requests wait: the limit grows by at least one."""
     law = SloLimit(start)
     assert law.update(LimitEvidence(met, met, pressed=True)) >= start + 1
+
+
+@pytest.mark.parametrize(
+    ("running", "kv_usage", "fits"),
+    [(10, 0.4, 25), (23, 1.0, 23), (10, 0.01, None), (None, 0.5, None), (0, 0.5, None),
+     (10, None, None), (10, 1.5, None)],
+)  # fmt: skip
+def test_what_the_cache_holds_at_the_present_mix(
+    running: float | None, kv_usage: float | None, fits: int | None
+) -> None:
+    assert fits_in_cache(running, kv_usage) == fits
+
+
+def test_slow_start_never_reaches_past_the_cache_but_never_shrinks_for_it() -> None:
+    law = SloLimit(30)
+    fast = LimitEvidence((0.1,) * 3, (), pressed=True, demand=200, fits=20)
+    assert law.update(fast) == 30  # the cache holds 20 at this mix: no growth, and no cut
+    law = SloLimit(10)
+    assert law.update(replace(fast, fits=25)) == 25

@@ -15,10 +15,12 @@ Gradient2, with the reference latency set by the objectives instead of a measure
   the first cut the gradient may reach ``slow_start_gradient`` (x2: a fresh pod finds the
   engine's size in a few ticks), and where more requests are in flight and waiting than that
   reaches, up to that demand, within ``slow_start_reach`` x the limit (a burst on a fresh pod is
-  let in on the first tick whose streams are healthy, not refused while the limit doubles);
-  after it, ``max_gradient``;
+  let in on the first tick whose streams are healthy, not refused while the limit doubles), but
+  never past what the engine's KV cache holds at the present mix (``fits``: running over KV
+  usage, where that usage says anything); after it, ``max_gradient``, the streams alone judging;
 - while it does not bind, only ``min(gradient, 1)``: a limit nobody presses against has no
-  reason to grow;
+  reason to grow; nor while requests wait at the engine and no first token came since the last
+  step (TPOT alone cannot say that a queue a cut left behind has drained);
 - slow first tokens cut only while requests wait at the engine: without a queue there, TTFT is
   the engine's own compute (a slow prefill, a busy CPU), which fewer requests would not shorten;
   then only TPOT speaks, and a limit that binds grows (the engine must not idle while the
@@ -80,6 +82,16 @@ class LimitEvidence:
     pressed: bool
     engine_queued: bool = True  # requests wait at the engine (True where it does not say)
     demand: int = 0
+    fits: int | None = None  # requests the engine's KV cache holds at the present mix
+
+
+def fits_in_cache(running: float | None, kv_usage: float | None, least: float = 0.05) -> int | None:
+    """How many requests like the ones running now the engine's KV cache holds: ``running`` over
+    the share of the cache they use; None where the engine does not say, or uses under ``least``
+    of it (too few tokens to tell: a cold cache holds anything)."""
+    if running is None or kv_usage is None or running < 1 or not least <= kv_usage <= 1:
+        return None
+    return math.floor(running / kv_usage)
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -123,7 +135,9 @@ class SloLimit:
         gradient = min(top, max(config.min_gradient, gradient))
         if gradient < 1:
             self.slow_start = False
-        if not evidence.pressed:
+        if not evidence.pressed or (evidence.engine_queued and not ttft):
+            # Nobody presses, or requests wait at the engine and no first token says how long:
+            # the limit holds (a queue a cut left behind must drain before it may grow again).
             gradient = min(gradient, 1.0)
         self.last_gradient = gradient
         grown = self._limit * gradient
@@ -131,6 +145,8 @@ class SloLimit:
             grown = max(grown, self._limit + 1)
             if self.slow_start:
                 grown = max(grown, min(evidence.demand, self._limit * config.slow_start_reach))
+                if evidence.fits is not None:  # slow start stops where the cache is full
+                    grown = max(self._limit, min(grown, evidence.fits))
         self._limit = float(self._bounded(grown))
         return self.limit
 

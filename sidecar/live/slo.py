@@ -21,7 +21,13 @@ from sidecar.core.capacity import Plan
 from sidecar.core.claims import Claims
 from sidecar.core.exact import exact
 from sidecar.core.objectives import Objectives, objectives_of
-from sidecar.core.slo_limit import LimitEvidence, SloLimit, SloLimitConfig, quantile
+from sidecar.core.slo_limit import (
+    LimitEvidence,
+    SloLimit,
+    SloLimitConfig,
+    fits_in_cache,
+    quantile,
+)
 from sidecar.core.stream_timing import StreamTiming
 from sidecar.core.warnings import ConfigWarning, adaptive_unsupported
 from sidecar.live.probes import EngineReading
@@ -120,14 +126,20 @@ class SloControl:
         self._open[timing] = _Tracked(self.objectives_for(claims))
 
     def ended(self, timing: StreamTiming, completed: bool) -> None:
-        """A tracked stream ended: its TTFT if not sampled yet, and its TPOT if it completed."""
+        """A tracked stream ended: its TTFT if not sampled yet, and its TPOT if it completed.
+
+        TPOT counts whenever the stream was sent: it is the engine's pace with the streams it
+        runs now, which a queue left by an older limit does not inflate (TTFT is what that
+        queue inflates, so only TTFT waits for streams sent since the last cut). Else a limit
+        cut while long streams run hears nothing until streams sent after the cut complete:
+        on the GPU-shaped emulated engine, 20 s at 15 where 23 fit."""
         tracked = self._open.pop(timing, None)
         if tracked is None:
             return
         if not tracked.sampled:
             self._sample_ttft(timing, tracked)
         tpot = timing.tpot_s() if completed else None
-        if tpot is not None and timing.sent >= self._epoch:
+        if tpot is not None:
             self._samples[1].append(tpot / tracked.objectives.tpot_s)
 
     def _sample_ttft(self, timing: StreamTiming, tracked: _Tracked) -> None:
@@ -169,7 +181,8 @@ class SloControl:
         pressed = self.binding()
         waiting = engine.requests_waiting if engine is not None else None
         queued = waiting is None or waiting > 0
-        evidence = LimitEvidence(tuple(ttft), tuple(tpot), pressed, queued, self.demand())
+        fits = fits_in_cache(engine.requests_running, engine.kv_usage_ratio) if engine else None
+        evidence = LimitEvidence(tuple(ttft), tuple(tpot), pressed, queued, self.demand(), fits)
         after = self.law.update(evidence)
         log.debug(
             "slo_step", limit=after, gradient=self.law.last_gradient, ttft_samples=len(ttft),
