@@ -1,4 +1,4 @@
-"""The head rules of sidecar.edge.http.conformance, one case each (the functional tests run them
+"""The head rules of sidecar.edge.conformance, one case each (the functional tests run them
 over sockets)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from multidict import CIMultiDict
 
-from sidecar.edge.http.conformance import HeadRefusedError, check_head, without_fragment
+from sidecar.edge.conformance import HeadRefusedError, check_head, without_fragment
 
 
 def fields(*pairs: tuple[str, str]) -> CIMultiDict[str]:

@@ -1,4 +1,4 @@
-"""RFC 9112's rules on the request head (sidecar.edge.http.conformance), over real sockets: what is
+"""RFC 9112's rules on the request head (sidecar.edge.conformance), over real sockets: what is
 refused reaches nothing, what is kept reaches the engine as the rule says."""
 
 from __future__ import annotations

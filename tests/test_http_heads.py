@@ -11,9 +11,8 @@ from multidict import CIMultiDict
 from sidecar.core.outcomes import EdgeFault
 from sidecar.edge.engine.errors import UnsendableRequestError
 from sidecar.edge.engine.http1 import encode_request
-from sidecar.edge.http.limits import raw_answer
 from sidecar.edge.http.response import response_head
-from sidecar.edge.message import UnsendableHeadError
+from sidecar.edge.message import UnsendableHeadError, raw_answer
 
 BAD_FIELDS = [
     pytest.param("X-A", "1\r\nX-Smuggled: 2", id="crlf-in-a-value"),

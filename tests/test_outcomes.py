@@ -27,11 +27,11 @@ from sidecar.core.outcomes import (
     UpstreamFailure,
     ending,
 )
-from sidecar.edge.http.errors import error_response
 from sidecar.edge.http.limits import EdgeLimits
 from sidecar.edge.http.request import Request
 from sidecar.edge.http.response import Answer
 from sidecar.edge.http.server import HttpServer
+from sidecar.edge.openai_errors import error_response
 from sidecar.edge.proxy.busy import busy_response
 from sidecar.edge.proxy.relay import in_band_error
 from sidecar.entry.listen import bind

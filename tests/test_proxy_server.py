@@ -13,11 +13,11 @@ from multidict import CIMultiDict
 from structlog.testing import capture_logs
 
 from sidecar.core.errors import RequestError
-from sidecar.edge.http.errors import error_response
 from sidecar.edge.http.limits import EdgeLimits
 from sidecar.edge.http.request import Request
 from sidecar.edge.http.response import Answer, Response, StreamResponse
 from sidecar.edge.http.server import Handler, HttpServer
+from sidecar.edge.openai_errors import error_response
 from sidecar.entry.listen import bind
 from tests.servers import connected, until
 

@@ -14,10 +14,10 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from sidecar.core.decisions import LIMIT_UNITS
-from sidecar.edge.http.errors import json_error
 from sidecar.edge.http.request import Request
 from sidecar.edge.http.response import Response
 from sidecar.edge.http.server import Handler
+from sidecar.edge.openai_errors import json_error
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.live.adaptive import AdaptiveCapacity
 from sidecar.live.control_loop import CapacityController

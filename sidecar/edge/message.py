@@ -1,9 +1,14 @@
 """What HTTP/1.1 says of any message, for both sides of the edge: which answers carry no body,
-which lines cannot be written at all, and the one writer of a head (a request's or an answer's)."""
+which lines cannot be written at all, the one writer of a head (a request's or an answer's), and
+the charset a Content-Type names. The refusal at the door is written here too: a whole answer,
+head and body, with no request to frame it for."""
 
 from __future__ import annotations
 
+import json
 from http import HTTPStatus
+
+from sidecar.core.outcomes import EDGE_FAULTS, EdgeFault, refusal_body
 
 # RFC 9110 §15.3.5 and §15.4.5 (1xx answers, also bodiless, are told apart by their class).
 NO_BODY_STATUSES = frozenset({204, 304})
@@ -31,3 +36,31 @@ def encode_head(lines: list[str]) -> bytes:
     if holds_line_break("".join(lines)):  # the head less its separators: no CR or LF left in it
         raise UnsendableHeadError("a line of the head holds a line break")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
+
+
+def raw_answer(fault: EdgeFault, message: str | None = None) -> bytes:
+    """A complete HTTP/1.1 answer for ``fault``: OpenAI-shaped JSON, then the connection closes.
+
+    ``message`` (our own words, never the client's bytes) says more than the fault's own."""
+    refusal = EDGE_FAULTS[fault]
+    body = json.dumps(refusal_body(refusal, message)).encode()
+    lines = [
+        status_line(refusal.status),
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+    ]
+    if refusal.status == 503:
+        lines.append("Retry-After: 1")
+    return encode_head(lines) + body
+
+
+def charset_of(content_type: str | None) -> str | None:
+    """The ``charset`` parameter of a Content-Type field's value, if it names one."""
+    if content_type is None or ";" not in content_type:
+        return None
+    for param in content_type.split(";")[1:]:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset":
+            return value.strip().strip('"') or None
+    return None

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from sidecar.edge.conformance import chunked_alone
 from sidecar.edge.engine.errors import EngineProtocolError
 from sidecar.edge.engine.http1 import end_to_end_fields
 from sidecar.edge.message import NO_BODY_STATUSES
@@ -72,10 +73,7 @@ def make_head(status: int, reason: bytes, fields: list[tuple[bytes, bytes]]) -> 
 def _check_transfer_coding(fields: list[str]) -> None:
     """A Transfer-Encoding, where given, is ``chunked`` alone (RFC 9112 §6.1): the relay would
     pass on a body in a coding it dropped the label of (``gzip, chunked``)."""
-    if not fields:
-        return
-    codings = [part.strip().lower() for value in fields for part in value.split(",")]
-    if codings != ["chunked"]:
+    if fields and not chunked_alone(fields):
         raise EngineProtocolError("the engine's answer uses a transfer coding other than chunked")
 
 

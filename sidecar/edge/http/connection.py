@@ -18,16 +18,15 @@ import httptools
 import structlog
 
 from sidecar.core.outcomes import EdgeFault
+from sidecar.edge.conformance import HeadRefusedError
 from sidecar.edge.flow import FlowControl
-from sidecar.edge.http.conformance import HeadRefusedError
 from sidecar.edge.http.deadline import Deadline, Due
-from sidecar.edge.http.errors import rest_of_answer
-from sidecar.edge.http.limits import raw_answer
 from sidecar.edge.http.port import LINGER_S, MAX_LINGERING, Port, client_address, tune_socket
 from sidecar.edge.http.reader import RequestReader
 from sidecar.edge.http.request import Request
-from sidecar.edge.http.response import Answer
+from sidecar.edge.http.response import Answer, rest_of_answer
 from sidecar.edge.http.states import READING, Event, State, next_state
+from sidecar.edge.message import raw_answer
 
 log = structlog.get_logger(__name__)
 

@@ -1,5 +1,5 @@
 """A request head as llhttp hands it over, piece by piece, bounded as it grows; once complete,
-checked (sidecar.edge.http.conformance) and made into a
+checked (sidecar.edge.conformance) and made into a
 :class:`~sidecar.edge.http.request.Request`."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import httptools
 from multidict import CIMultiDict
 
-from sidecar.edge.http.conformance import HeadRefusedError, check_head
+from sidecar.edge.conformance import HeadRefusedError, check_head
 from sidecar.edge.http.limits import BodyBudget, EdgeLimits
 from sidecar.edge.http.request import Request, Wire
 

@@ -1,17 +1,13 @@
 """The bounded edge, in plain values: the bounds of a port (its connection cap, deadlines and
-head sizes, enforced by sidecar.edge.http.server), the buffer request bodies share, and the
-answers given at the door."""
+head sizes, enforced by sidecar.edge.http.server), the buffer request bodies share, and the count
+of connections (the answers given at the door are :func:`sidecar.edge.message.raw_answer`'s)."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
-
-from sidecar.core.outcomes import EDGE_FAULTS, EdgeFault, refusal_body
-from sidecar.edge.message import encode_head, status_line
 
 # The body budget's refusals (rows of EDGE_FAULTS): the port's, or one address's share.
 BudgetFault = Literal["body_budget_full", "client_body_budget_full"]
@@ -121,20 +117,3 @@ class ConnectionCount:
     refused: int = 0
     evicted: int = 0  # partial heads and idle ones closed to make room for a new one
     head_timeouts: int = 0
-
-
-def raw_answer(fault: EdgeFault, message: str | None = None) -> bytes:
-    """A complete HTTP/1.1 answer for ``fault``: OpenAI-shaped JSON, then the connection closes.
-
-    ``message`` (our own words, never the client's bytes) says more than the fault's own."""
-    refusal = EDGE_FAULTS[fault]
-    body = json.dumps(refusal_body(refusal, message)).encode()
-    lines = [
-        status_line(refusal.status),
-        "Content-Type: application/json",
-        f"Content-Length: {len(body)}",
-        "Connection: close",
-    ]
-    if refusal.status == 503:
-        lines.append("Retry-After: 1")
-    return encode_head(lines) + body

@@ -98,28 +98,10 @@ class Request:
         self._body = bytearray()
         self.received = 0  # body bytes so far
         self.budget = budget  # the port's, charged for the bytes held here
-        self.client = client  # the address whose share of the budget they count against
+        self.client = client  # its IP address ("" where none), whose share of the budget counts
         self._charged = 0
         self._fault: BodyFault | None = None
         self._waiter: asyncio.Future[None] | None = None
-
-    @property
-    def charset(self) -> str | None:
-        """The ``charset`` parameter of Content-Type, if it names one."""
-        content_type = self.headers.get("Content-Type")
-        if content_type is None or ";" not in content_type:
-            return None
-        for param in content_type.split(";")[1:]:
-            name, _, value = param.partition("=")
-            if name.strip().lower() == "charset":
-                return value.strip().strip('"') or None
-        return None
-
-    @property
-    def peer(self) -> str | None:
-        """The IP address at the client's end of the connection; None where it has none."""
-        peer = self.transport.get_extra_info("peername")
-        return str(peer[0]) if isinstance(peer, tuple) and peer else None
 
     @property
     def fault(self) -> BodyFault | None:

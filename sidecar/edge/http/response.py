@@ -3,21 +3,25 @@ goes, each framed on the wire per RFC 9112 §6 for the request it answers.
 
 A streamed body is chunked for HTTP/1.1, delimited by the connection's close for HTTP/1.0, and
 sent as it is where the engine gave a Content-Length. HEAD, 1xx, 204 and 304 answers carry no
-body. The head itself is written by :func:`sidecar.edge.message.encode_head`.
+body. The head itself is written by :func:`sidecar.edge.message.encode_head`. What is left of an
+answer once its handler returned is :func:`rest_of_answer`'s, a 500 where there is none to send.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from email.utils import formatdate
 
 from multidict import CIMultiDict
 
+from sidecar.core.outcomes import error_body
 from sidecar.edge.http.request import Request
 from sidecar.edge.message import (
     NO_BODY_STATUSES,
     REASONS,
+    UnsendableHeadError,
     encode_head,
     status_line,
 )
@@ -213,3 +217,32 @@ class StreamResponse:
 
 # What a handler returns.
 Answer = Response | StreamResponse
+
+
+def internal_error() -> Response:
+    """The 500 of a handler that failed, of an answer that cannot be sent, and of any error the
+    sidecar does not know (:func:`sidecar.edge.openai_errors.error_response`): OpenAI-shaped."""
+    body = error_body("internal sidecar error", type_="server_error", code="internal_error")
+    return Response(500, json.dumps(body).encode(), content_type="application/json")
+
+
+INTERNAL_ERROR = internal_error()
+
+
+def rest_of_answer(
+    request: Request, response: Answer | None, keeps: Callable[[Request], bool]
+) -> tuple[bytes, bool | None]:
+    """What is left to write of ``request``'s answer once its handler returned (``None``: it
+    failed), and whether the connection is kept (None: the answer must be cut off). An answer
+    that cannot be sent, or none at all, is a 500 in its place, where nothing of it went out."""
+    if isinstance(response, StreamResponse) and response.prepared:
+        return b"", response.finished and not response.closes and keeps(request)
+    if isinstance(response, Response):
+        keep = keeps(request)
+        try:
+            return response.encode(request, close=not keep), keep
+        except UnsendableHeadError:
+            return INTERNAL_ERROR.encode(request, close=True), False
+    if request.started:
+        return b"", None
+    return INTERNAL_ERROR.encode(request, close=True), False

@@ -4,7 +4,7 @@
 Heads and bodies are parsed by llhttp, the C parser Node.js uses (through httptools), strictly:
 both Content-Length and Transfer-Encoding, two Content-Lengths, a bad chunk size or a bare LF are
 refused, never guessed at (request smuggling); RFC 9112's rules on the head beyond llhttp's are
-sidecar.edge.http.conformance's. Around it, the edge's bounds:
+sidecar.edge.conformance's. Around it, the edge's bounds:
 
 - at most ``max_connections`` open connections, ``max_connections_per_client`` from one address,
   and ``max_partial_heads`` connections holding a request head open past a short grace; at a

@@ -14,8 +14,8 @@ from typing import Literal
 from sidecar.core.errors import AdmissionRejectedError
 from sidecar.core.outcomes import refusal_body
 from sidecar.core.retry_hint import clamped_retry_s
-from sidecar.edge.http.errors import error_response, refusal_headers, retry_headers
 from sidecar.edge.http.response import Response
+from sidecar.edge.openai_errors import error_response, refusal_headers, retry_headers
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 

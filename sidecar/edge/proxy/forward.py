@@ -19,9 +19,9 @@ from sidecar.core.stream_timing import StreamTiming
 from sidecar.edge.engine.client import read_all, release, send
 from sidecar.edge.engine.http1 import end_to_end
 from sidecar.edge.engine.pool import EnginePool, EngineResponse
-from sidecar.edge.http.errors import error_response
 from sidecar.edge.http.request import Request
 from sidecar.edge.http.response import Answer, Response
+from sidecar.edge.openai_errors import error_response
 from sidecar.edge.proxy.in_flight import Stop
 from sidecar.edge.proxy.intake import Job
 from sidecar.edge.proxy.relay import RelayResult, relay_stream

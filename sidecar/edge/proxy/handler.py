@@ -24,10 +24,10 @@ from sidecar.core.request_id import accepted_request_id
 from sidecar.core.stream_timing import StreamTiming
 from sidecar.edge.engine.client import release, send
 from sidecar.edge.engine.pool import EnginePool
-from sidecar.edge.http.errors import error_response
 from sidecar.edge.http.request import Request
 from sidecar.edge.http.response import Answer, Response
 from sidecar.edge.http.server import Handler
+from sidecar.edge.openai_errors import error_response
 from sidecar.edge.proxy.busy import busy_response
 from sidecar.edge.proxy.forward import forward, upstream_headers
 from sidecar.edge.proxy.in_flight import InFlight
@@ -87,7 +87,7 @@ async def handle(proxy: Proxy, request: Request) -> Answer:
     # without its getrandom syscall: an id must be unique, not unpredictable.
     given = accepted_request_id(request.headers.get("X-Request-Id"))
     request_id = given or f"{random_bits(128):032x}"
-    claims = proxy.policy.claims_of(request.headers, request.peer)
+    claims = proxy.policy.claims_of(request.headers, request.client or None)
     tenant = proxy.policy.tenant_of(request.headers, claims)
     bound = bind_request(request_id, tenant)
     try:

@@ -22,6 +22,7 @@ from sidecar.core.request_checks import (
     with_prompt_tokens,
 )
 from sidecar.edge.http.request import Request
+from sidecar.edge.message import charset_of
 from sidecar.edge.proxy.prompt_count import EnginePromptCounter
 from sidecar.edge.proxy.routes import Target
 
@@ -80,7 +81,7 @@ def require_json(request: Request) -> None:
     The media type itself is not enforced (``curl -d`` sends a form type with a JSON body); the
     bytes are: check_request refuses any body that is not UTF-8 JSON.
     """
-    charset = request.charset
+    charset = charset_of(request.headers.get("Content-Type"))
     if charset is not None and charset.lower() not in ("utf-8", "utf8"):
         raise RequestError(
             "the request body must be JSON in UTF-8 (Content-Type: application/json)",

@@ -1,6 +1,7 @@
-"""The HTTP/1.1 rules a request head must meet here, beyond the syntax llhttp's strict mode already
-enforces, in one place, each with its RFC section. Pure: a parsed head in, a decision out or
-:class:`HeadRefusedError` (a 400 that echoes nothing)."""
+"""The HTTP/1.1 rules a head must meet here, beyond the syntax llhttp's strict mode already
+enforces, in one place, each with its RFC section: those of a client's request head, and the
+transfer-coding rule an engine's answer head meets too (:mod:`sidecar.edge.engine.head`). Pure: a
+parsed head in, a decision out or :class:`HeadRefusedError` (a 400 that echoes nothing)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def check_head(
         raise HeadRefusedError("only HTTP/1.0 and HTTP/1.1 are served")
     _check_host(version, headers.getall("Host", []))
     chunked = "Transfer-Encoding" in headers
-    if chunked and _codings(headers) != ["chunked"]:
+    if chunked and not chunked_alone(headers.getall("Transfer-Encoding")):
         # RFC 9112 §6.1: chunked must be the final coding, and a coding not understood is
         # refused. llhttp takes `gzip, chunked` and undoes only the chunking: the body would go
         # on still coded, with nothing saying so.
@@ -81,5 +82,7 @@ def without_fragment(url: str) -> str:
     return url.partition("#")[0]
 
 
-def _codings(headers: CIMultiDict[str]) -> list[str]:
-    return [c.strip().lower() for v in headers.getall("Transfer-Encoding") for c in v.split(",")]
+def chunked_alone(transfer_encodings: list[str]) -> bool:
+    """Whether the Transfer-Encoding field lines (their values) name ``chunked`` and no other
+    coding: the only one the sidecar decodes, on either side."""
+    return [c.strip().lower() for v in transfer_encodings for c in v.split(",")] == ["chunked"]

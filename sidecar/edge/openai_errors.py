@@ -1,4 +1,7 @@
-"""The one place where errors become HTTP answers, in the OpenAI error shape.
+"""Where the sidecar's errors become the proxy's and the admin app's HTTP answers, in the OpenAI
+error shape. The HTTP server side's own answers have it too: its refusals at the door
+(:func:`sidecar.edge.message.raw_answer`) and the 500 of a handler that failed
+(:func:`sidecar.edge.http.response.internal_error`, also this module's answer to an unknown error).
 
 Every 4xx/5xx the sidecar itself produces has the body
 ``{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}`` so that OpenAI SDKs raise
@@ -9,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 
 from sidecar.core.errors import (
     AdmissionRejectedError,
@@ -20,9 +22,7 @@ from sidecar.core.errors import (
 )
 from sidecar.core.outcomes import DROPPED_REASON_HEADER, Refusal, error_body, refusal_body
 from sidecar.core.retry_hint import clamped_retry_s
-from sidecar.edge.http.request import Request
-from sidecar.edge.http.response import Answer, Response, StreamResponse
-from sidecar.edge.message import UnsendableHeadError
+from sidecar.edge.http.response import Response, internal_error
 
 
 def retry_after_header(retry_after_s: float) -> str:
@@ -73,7 +73,7 @@ def error_response(exc: SidecarError) -> Response:
     if isinstance(exc, EdgeRefusedError):
         retry = retry_headers(1.0, should_retry=True) if exc.refusal.status == 503 else {}
         return _refusal_response(exc.refusal, exc.refusal.message, retry)
-    return json_error(500, "internal sidecar error", type_="server_error", code="internal_error")
+    return internal_error()
 
 
 def refusal_headers(exc: AdmissionRejectedError) -> dict[str, str]:
@@ -88,26 +88,3 @@ def refusal_headers(exc: AdmissionRejectedError) -> dict[str, str]:
 def _refusal_response(refusal: Refusal, message: str, headers: dict[str, str]) -> Response:
     body = json.dumps(refusal_body(refusal, message)).encode()
     return Response(refusal.status, body, headers, content_type="application/json")
-
-
-def rest_of_answer(
-    request: Request, response: Answer | None, keeps: Callable[[Request], bool]
-) -> tuple[bytes, bool | None]:
-    """What is left to write of ``request``'s answer once its handler returned (``None``: it
-    failed), and whether the connection is kept (None: the answer must be cut off). An answer
-    that cannot be sent, or none at all, is a 500 in its place, where nothing of it went out."""
-    if isinstance(response, StreamResponse) and response.prepared:
-        return b"", response.finished and not response.closes and keeps(request)
-    if isinstance(response, Response):
-        keep = keeps(request)
-        try:
-            return response.encode(request, close=not keep), keep
-        except UnsendableHeadError:
-            return INTERNAL_ERROR.encode(request, close=True), False
-    if request.started:
-        return b"", None
-    return INTERNAL_ERROR.encode(request, close=True), False
-
-
-# A handler that failed, or an answer that cannot be sent: the same 500 as any unknown error.
-INTERNAL_ERROR = error_response(SidecarError())
