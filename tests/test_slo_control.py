@@ -314,3 +314,16 @@ def test_streams_sent_before_a_cut_still_say_the_engines_pace() -> None:
     clock.advance(1.0)
     slo.observe(reading(waiting=0))
     assert slo.limit_of(PLAN) == 6  # the queue drained: 5 x 1.25, the pace heard
+
+
+def test_a_plan_from_declared_figures_does_not_outlive_the_engines_first() -> None:
+    """The floor's plan from declared figures comes before the engine is seen; the engine's
+    first plan, its histograms saying 400 tokens a request, starts the law again at 250."""
+    slo = control(FakeClock())
+    declared = make_plan(
+        engine_cost(1, None), Term("kv", 640_000, Source.DECLARED), Budget(2_000, 8_000), 1.0
+    )
+    assert slo.limit_of(declared) == 64  # blind: the declared pool over the worst case
+    slo.observe(reading(typical=(40.0, 360.0)))
+    assert slo.limit_of(PLAN) == 250
+    assert slo.limit_of(PLAN) == 250  # started once

@@ -85,6 +85,7 @@ class SloControl:
         # Streams being relayed, with their objectives, and whether their TTFT was sampled.
         self._open: dict[StreamTiming, _Tracked] = {}
         self._typical: float | None = None  # tokens of a typical request, per the engine
+        self._started_blind = False  # the law started from a plan made before the engine was seen
         # The last cut: streams sent before it were admitted under the old limit, and what
         # they show is already answered, so only streams sent since count (one cut per round).
         self._epoch = -math.inf
@@ -205,11 +206,26 @@ class SloControl:
 
     def limit_of(self, plan: Plan) -> int:
         """The law's limit; never above the worst-case permits where the engine cannot preempt."""
-        if self.law is None:
-            self.law = SloLimit(self._start(plan), self.config)
-            log.info("slo_limit_start", limit=self.law.limit, typical_tokens=self._typical)
-        limit = self.law.limit
+        law = self.law
+        if law is None or (
+            self._started_blind and self.unsupported != NO_ENGINE and law.last_gradient is None
+        ):
+            law = self._start_law(plan)
+        limit = law.limit
         return min(limit, max(1, plan.permits)) if self.unsupported else limit
+
+    def _start_law(self, plan: Plan) -> SloLimit:
+        """The law, from what the engine can run. A plan made before the engine was seen (the
+        floor's, from declared figures) starts it only until the engine's first plan: then it
+        starts again, with the engine's pool and typical request, unless it already stepped."""
+        start = self._start(plan)
+        if self.law is None:
+            self.law = SloLimit(start, self.config)
+        else:
+            self.law.restart(start)
+        self._started_blind = self.unsupported == NO_ENGINE
+        log.info("slo_limit_start", limit=self.law.limit, typical_tokens=self._typical)
+        return self.law
 
     def hold_limit(self) -> int | None:
         """The law's limit, which stands when the plan goes stale (the engine's /metrics slow
