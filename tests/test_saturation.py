@@ -125,13 +125,19 @@ def test_capacity_refusals_are_known_outcomes() -> None:
     assert {"queue_full", "shed", "no_capacity", "too_many_client_connections"} <= CAPACITY_REFUSALS
 
 
-def test_refusals_leave_the_signal_a_window_after_they_ended_however_rarely_it_is_read() -> None:
-    """Ticks sample the outcomes, so refusals read long after they ended no longer count."""
+def idle_pod() -> tuple[SaturationSignal, Counter, SimpleNamespace]:
+    """A signal over an idle bulkhead and a fresh outcome counter, read on a clock the test sets
+    (``clock.now``)."""
     registry = CollectorRegistry()
     requests = Counter("sidecar_requests", "r", ["outcome"], registry=registry)
     clock = SimpleNamespace(now=0.0)
     idle = cast("BulkheadSnapshot", SimpleNamespace(in_use=0, queued=0))
-    signal = SaturationSignal(lambda: idle, requests, lambda: clock.now)
+    return SaturationSignal(lambda: idle, requests, lambda: clock.now), requests, clock
+
+
+def test_refusals_leave_the_signal_a_window_after_they_ended_however_rarely_it_is_read() -> None:
+    """Ticks sample the outcomes, so refusals read long after they ended no longer count."""
+    signal, requests, clock = idle_pod()
     readings = Readings(declared=Declared(None, None, False, 0, None, 0.0))
     assert signal.read().refusals == 0.0  # read once at start-up, then not for 10 minutes
     requests.labels(outcome="queue_full").inc(10)
@@ -153,11 +159,7 @@ def test_a_refusal_counts_for_the_longest_scrape_interval_then_leaves(
 ) -> None:
     """Ten refusals half a second in, nothing else ended: a scrape up to 30 s later still reads
     the pod as refusing; two seconds past that window it reads idle again."""
-    registry = CollectorRegistry()
-    requests = Counter("sidecar_requests", "r", ["outcome"], registry=registry)
-    clock = SimpleNamespace(now=0.0)
-    idle = cast("BulkheadSnapshot", SimpleNamespace(in_use=0, queued=0))
-    signal = SaturationSignal(lambda: idle, requests, lambda: clock.now)
+    signal, requests, clock = idle_pod()
     readings = Readings(declared=Declared(None, None, False, 0, None, 0.0))
     signal.observe(readings)
     requests.labels(outcome="queue_full").inc(10)

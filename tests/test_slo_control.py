@@ -53,6 +53,15 @@ def reading(
     return Readings(declared=DECLARED, engine=engine)
 
 
+def fast_starts(slo: SloControl, clock: FakeClock, count: int = 3) -> None:
+    """``count`` streams tracked now whose first token comes 0.1 s after sending: a tenth of the
+    engine's 1 s TTFT target."""
+    for _ in range(count):
+        timing = StreamTiming(sent=clock())
+        slo.track(timing, NO_CLAIMS)
+        timing.saw(1, clock() + 0.1)
+
+
 def control(clock: FakeClock, pressed: bool = True) -> SloControl:
     return SloControl(objectives=Objectives(2.0, 0.1), binding=lambda: pressed, clock=clock)
 
@@ -78,10 +87,7 @@ def test_fast_first_tokens_grow_the_limit_while_streams_still_run() -> None:
     slo = control(clock)
     slo.observe(reading())
     assert slo.limit_of(PLAN) == 10
-    for _ in range(3):
-        timing = StreamTiming(sent=clock())
-        slo.track(timing, NO_CLAIMS)
-        timing.saw(1, clock() + 0.1)  # target: 2 s x 0.5 = 1 s; 0.1 / 1 = 0.1 of it
+    fast_starts(slo, clock)  # target: 2 s x 0.5 = 1 s; 0.1 / 1 = 0.1 of it
     clock.advance(1.0)
     slo.observe(reading())
     assert slo.limit_of(PLAN) == 20
@@ -96,10 +102,7 @@ def test_a_burst_on_a_fresh_pod_is_let_in_on_the_first_healthy_tick() -> None:
     )
     slo.observe(reading())
     assert slo.limit_of(PLAN) == 10
-    for _ in range(3):
-        timing = StreamTiming(sent=clock())
-        slo.track(timing, NO_CLAIMS)
-        timing.saw(1, clock() + 0.1)
+    fast_starts(slo, clock)
     clock.advance(1.0)
     slo.observe(reading())
     assert slo.limit_of(PLAN) == 35
@@ -189,10 +192,7 @@ def test_streams_sent_before_a_cut_do_not_cut_again() -> None:
     clock.advance(1.0)
     slo.observe(reading())
     assert slo.limit_of(PLAN) == 5  # the same late streams, no second cut
-    for _ in range(3):
-        timing = StreamTiming(sent=clock())
-        slo.track(timing, NO_CLAIMS)
-        timing.saw(1, clock() + 0.1)
+    fast_starts(slo, clock)
     clock.advance(1.0)
     slo.observe(reading())
     assert slo.limit_of(PLAN) == 6  # new streams, fast: growth (gentle, after the cut)
@@ -278,10 +278,7 @@ def test_slow_start_stops_where_the_cache_is_full() -> None:
     )
     slo.observe(reading(running=10, kv=0.4))
     assert slo.limit_of(PLAN) == 10
-    for _ in range(3):
-        timing = StreamTiming(sent=clock())
-        slo.track(timing, NO_CLAIMS)
-        timing.saw(1, clock() + 0.1)
+    fast_starts(slo, clock)
     clock.advance(1.0)
     slo.observe(reading(running=10, kv=0.4))
     assert slo.limit_of(PLAN) == 25
