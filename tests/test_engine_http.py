@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import socket
 import struct
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -22,8 +23,9 @@ from sidecar.core.errors import UpstreamTimeoutError, UpstreamUnavailableError
 from sidecar.edge.engine.client import read_all, read_chunk, release, send
 from sidecar.edge.engine.connection import HIGH_WATER, EngineConnection
 from sidecar.edge.engine.errors import EngineProtocolError
-from sidecar.edge.engine.pool import EnginePool, EngineResponse
+from sidecar.edge.engine.pool import MAX_IDLE_S, EnginePool, EngineResponse
 from sidecar.edge.engine.states import Phase
+from tests.fake_time import FakeTime
 
 # One scripted answer: given the request's bytes (head and body), the bytes to send back, and
 # whether to close the connection after sending them.
@@ -103,12 +105,17 @@ async def engine() -> AsyncIterator[Engine]:
 
 
 async def _upstream(
-    port: int, *, read_timeout_s: float = 5.0, path: str = ""
+    port: int,
+    *,
+    read_timeout_s: float = 5.0,
+    path: str = "",
+    clock: Callable[[], float] = time.monotonic,
 ) -> AsyncIterator[EnginePool]:
     upstream = EnginePool(
         f"http://127.0.0.1:{port}{path}",
         connect_timeout_s=2.0,
         read_timeout_s=read_timeout_s,
+        clock=clock,
     )
     try:
         yield upstream
@@ -426,9 +433,34 @@ async def test_a_kept_alive_connection_the_engine_closed_is_replaced(
     assert (response.status, body, engine.connections, len(engine.requests)) == (200, b"{}", 2, 2)
 
 
+@pytest.mark.parametrize(
+    ("idle_s", "connections"),
+    [
+        pytest.param(MAX_IDLE_S - 0.1, 1, id="idle-under-the-bound-is-reused"),
+        pytest.param(MAX_IDLE_S + 0.1, 2, id="idle-past-the-bound-is-replaced"),
+    ],
+)
+async def test_a_connection_idle_too_long_is_closed_not_reused(
+    engine: Engine, idle_s: float, connections: int
+) -> None:
+    """The engine closes a connection idle for its keep-alive timeout (vLLM's: 5 s), and a POST
+    sent on it just then gets no answer (a 502): past MAX_IDLE_S the POST takes a new connection
+    and the old one is closed; under it, the kept-alive one is reused."""
+    engine.answers = [answer(OK_BODY)] * 2
+    fake = FakeTime()
+    async for upstream in _upstream(engine.port, clock=fake.clock):
+        await _get_body(upstream)
+        [(_, first)] = upstream._idle
+        fake.advance(idle_s)
+        response, body = await _get_body(upstream)
+        assert (response.status, body, upstream.idle) == (200, b"{}", 1)
+        assert first.closing is (connections == 2)
+    assert (engine.connections, len(engine.requests)) == (connections, 2)
+
+
 async def _pooled_closing(upstream: EnginePool) -> bool:
     await asyncio.sleep(0)
-    return all(connection.closing for connection in upstream._idle)
+    return all(connection.closing for _, connection in upstream._idle)
 
 
 async def test_a_post_is_never_sent_twice(engine: Engine, upstream: EnginePool) -> None:

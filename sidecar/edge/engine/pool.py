@@ -6,9 +6,12 @@ as they come, so a client this small does: a pool of kept-alive connections
 encodes it), a response head, and the body's bytes as they arrive.
 
 A connection goes back to the pool only when its answer was read to the end and neither side
-asked to close it. A request is written once, except where RFC 9112 §9.3.1 allows another try:
-an idempotent request on a kept-alive connection that the engine closed without answering. A
-POST may have reached the engine, which may be generating for it: it is never sent twice.
+asked to close it, and is taken from it only while it has been idle under ``MAX_IDLE_S``: an
+engine closes a connection it kept idle for its keep-alive timeout, and a request sent on it at
+that instant gets no answer. A request is written once, except where RFC 9112 §9.3.1 allows
+another try: an idempotent request on a kept-alive connection that the engine closed without
+answering. A POST may have reached the engine, which may be generating for it: it is never sent
+twice.
 Errors: as in :mod:`sidecar.edge.engine.connection`, plus ``OSError`` and ``TimeoutError`` on
 connect.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
@@ -27,6 +31,11 @@ from sidecar.edge.engine.states import Phase
 
 # Idle kept-alive connections kept; more than the engine's concurrency gains nothing.
 MAX_IDLE = 256
+# Seconds a kept-alive connection may wait for its next request before it is closed instead of
+# reused. vLLM's API server (uvicorn) closes one idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s by
+# default, and it may do so late, under load; a new loopback connection costs well under a
+# millisecond, so the bound errs low. An engine whose keep-alive is shorter needs this lower.
+MAX_IDLE_S = 2.0
 # RFC 9110 §9.2.2: a request the engine may see twice with the effect of once.
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
@@ -98,10 +107,12 @@ class EnginePool:
         connect_timeout_s: float,
         read_timeout_s: float,
         engine_silence: Callable[[], float | None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``engine_silence``: seconds since the engine last answered its probe (None: not
         probed); a request still waiting for its answer's first byte is not timed out while
-        the engine answers (:class:`~sidecar.edge.engine.connection.EngineConnection`)."""
+        the engine answers (:class:`~sidecar.edge.engine.connection.EngineConnection`).
+        ``clock``: seconds, for how long a connection has been idle."""
         parts = urlsplit(base_url)
         self._engine_silence = engine_silence
         self.https = parts.scheme == "https"
@@ -113,7 +124,8 @@ class EnginePool:
         self.prefix = parts.path.rstrip("/")
         self._connect_timeout_s = connect_timeout_s
         self._read_timeout_s = read_timeout_s
-        self._idle: list[EngineConnection] = []
+        self._clock = clock
+        self._idle: list[tuple[float, EngineConnection]] = []  # (parked at, it), oldest first
         self._ssl: ssl.SSLContext | None = ssl.create_default_context() if self.https else None
         self._closed = False
 
@@ -158,12 +170,23 @@ class EnginePool:
             return EngineResponse(self, connection)
 
     def _take_idle(self) -> EngineConnection | None:
+        fresh_since = self._clock() - MAX_IDLE_S
         while self._idle:
-            connection = self._idle.pop()
+            parked_at, connection = self._idle.pop()
+            if parked_at < fresh_since:
+                # Closed, not reused: the engine may be closing it now. Those below are older.
+                connection.close()
+                self._close_idle()
+                return None
             # One the engine closed while it waited is dropped here, before anything is sent.
             if connection.phase is Phase.IDLE and not connection.closing:
                 return connection
         return None
+
+    def _close_idle(self) -> None:
+        idle, self._idle = self._idle, []
+        for _, connection in idle:
+            connection.close()
 
     async def _connect(self) -> EngineConnection:
         loop = asyncio.get_running_loop()
@@ -189,10 +212,8 @@ class EnginePool:
             connection.close()
         else:
             connection.park()
-            self._idle.append(connection)
+            self._idle.append((self._clock(), connection))
 
     def close(self) -> None:
         self._closed = True
-        idle, self._idle = self._idle, []
-        for connection in idle:
-            connection.close()
+        self._close_idle()
