@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+import random
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from benchmarks.overload.engine_watch import Timeline, parse
-from benchmarks.overload.load import backoff_s
+from benchmarks.overload.load import Load, Tally, Window, backoff_s, open_loop
 from benchmarks.overload.plan import Config, sidecar_settings
 from demo.slo import Record
 
@@ -71,3 +74,34 @@ def test_a_second_sidecar_runs_with_settings_of_its_own() -> None:
     assert Config("sidecar", behind_sidecar=True).label("vllm") == "sidecar, defaults"
     with pytest.raises(SystemExit, match="OVERLOAD_SIDECAR_B"):
         sidecar_settings("slo_law")
+
+
+async def test_the_open_loop_offers_its_rate_however_late_its_loop_wakes() -> None:
+    """A client loop that wakes half a second late each turn (busy relaying streams) still
+    offers ``rate`` requests a second: the arrivals due by then go out together, each tallied
+    at its scheduled time, each record at the time it really went out."""
+    now = 0.0
+
+    async def late_sleep(delay_s: float) -> None:
+        nonlocal now
+        await asyncio.sleep(0)  # a turn of the loop: the arrivals just created go out
+        now += delay_s + 0.5
+
+    async def send(
+        _session: aiohttp.ClientSession, _url: str, _load: Load, _model: str, _rng: random.Random
+    ) -> Record:
+        return Record("completed", now, now, 0.0, 1)
+
+    tally = Tally()
+    load = Load("open", prompt_words=8, rate=10.0)
+    await open_loop("http://127.0.0.1:9", load, "m", Window(0.0, 100.0), tally,
+                    clock=lambda: now, sleep=late_sleep, send=send)  # fmt: skip
+    assert 9.0 < len(tally.sent) / 100.0 < 11.0
+    assert now <= 101.0  # it ended with its window (two late wakes), not minutes behind it
+    assert tally.sent == sorted(tally.sent)
+    assert tally.sent[0] >= 0.0
+    assert tally.sent[-1] < 100.0
+    assert len(tally.records) == len(tally.sent)
+    late = [record.sent_at - due for record, due in zip(tally.records, tally.sent, strict=True)]
+    assert min(late) >= 0.0  # never before its time
+    assert max(late) <= 0.5  # late by the loop's late wake, no more

@@ -13,7 +13,7 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -181,28 +181,48 @@ async def closed_loop(
         await asyncio.gather(*(client(i) for i in range(load.clients)))
 
 
+# Sends one request and records how it ended (``one_request``; a test gives its own).
+Send = Callable[[aiohttp.ClientSession, str, Load, str, random.Random], Awaitable[Record]]
+
+
 async def open_loop(
-    url: str, load: Load, model: str, window: Window, tally: Tally, *, seed: int = 7
+    url: str,
+    load: Load,
+    model: str,
+    window: Window,
+    tally: Tally,
+    *,
+    seed: int = 7,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    send: Send = one_request,
 ) -> None:
-    """Poisson arrivals at ``load.rate`` per second until the window ends; nobody retries."""
-    rng = random.Random(seed)
+    """Poisson arrivals at ``load.rate`` per second until the window ends; nobody retries.
+
+    Arrivals keep a schedule of their own (its own random stream, so one seed gives one
+    schedule): a loop that wakes late, busy relaying streams, starts every arrival already due
+    at once, so the load offers ``load.rate`` however busy the client is. The tally's ``sent``
+    holds each arrival's scheduled time (what was offered); its record's ``sent_at`` is when the
+    request really went out, and its TTFT counts from there."""
+    arrivals, bodies = random.Random(seed), random.Random(seed + 1)
+    pending: set[asyncio.Task[None]] = set()
     async with _session() as session:
-        pending: set[asyncio.Task[None]] = set()
 
         async def one() -> None:
-            tally.sent.append(time.monotonic())
-            tally.records.append(await one_request(session, url, load, model, rng))
+            tally.records.append(await send(session, url, load, model, bodies))
 
-        # Arrivals on a schedule of their own: a busy event loop that wakes late sends the
-        # overdue ones at once instead of offering less than ``load.rate``.
-        due = time.monotonic()
-        while due < window.end:
-            task = asyncio.create_task(one())
-            pending.add(task)
-            task.add_done_callback(pending.discard)
-            due += rng.expovariate(load.rate)
-            await asyncio.sleep(max(0.0, due - time.monotonic()))
-        # Requests still running when the window closes cannot count: stop them.
-        for task in list(pending):
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        try:
+            due = clock()
+            while due < window.end:
+                while due <= clock() and due < window.end:
+                    tally.sent.append(due)
+                    task = asyncio.create_task(one())
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+                    due += arrivals.expovariate(load.rate)
+                await sleep(max(0.0, min(due, window.end) - clock()))
+        finally:
+            # Requests still running when the window closes cannot count: stop them.
+            for task in list(pending):
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
