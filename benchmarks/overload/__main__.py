@@ -14,6 +14,10 @@ load and the targets, yes or NO; written: .bench/overload.json (every request's 
                             but queued-tokens and sidecar-b)
     OVERLOAD_SIDECAR_B      sidecar-b's own SIDECAR_* settings, key=value,... (e.g.
                             slo_law=queue): two sidecars compared in the same run
+    OVERLOAD_SIDECAR_B_PROGRAM  sidecar-b's program (default: this checkout's): another build's
+                            `sidecar`, e.g. main's, to compare two builds in the same run
+    OVERLOAD_SIDECAR_LOG_LEVEL  the sidecars' SIDECAR_LOG_LEVEL (default warning; debug shows
+                            each step of the SLO law in .bench/overload-<config>-<engine>.log)
     OVERLOAD_OPEN_RATE      open-long's arrivals per second (default: 1.5x vLLM alone's
                             completions per second under closed-long, first repetition)
     OVERLOAD_SLO_TTFT_MS, OVERLOAD_SLO_TPOT_MS   the objectives, passed to the sidecar too
@@ -145,7 +149,7 @@ async def measure(
         log = OUT / f"overload-sidecar-{spec.engine}.log"
         settings = SIDECAR_SETTINGS[spec.engine] | SLO_SETTINGS | dict(config.settings)
         log = log.with_name(f"overload-{config.name}-{spec.engine}.log")
-        with servers.sidecar(engine_url, None, log, **settings) as url:
+        with servers.sidecar(engine_url, None, log, config.program, **settings) as url:
             run = await run_load(url, engine_url, load, spec.model)
     else:
         run = await run_load(engine_url, engine_url, load, spec.model)

@@ -51,6 +51,7 @@ class Config:
     cap_flag: str | None = None  # the engine's own cap, by vLLM's flag name
     behind_sidecar: bool = False
     settings: tuple[tuple[str, str], ...] = ()  # SIDECAR_* settings of its own (lower case)
+    program: str | None = None  # another build's `sidecar` (None: this checkout's)
 
     def engine_flags(self, engine: str) -> tuple[str, ...]:
         if self.cap_flag is None:
@@ -65,7 +66,8 @@ class Config:
     def label(self, engine: str) -> str:
         if self.behind_sidecar:
             own = ", ".join(f"{key}={value}" for key, value in self.settings)
-            return f"sidecar, {own or 'defaults'}"
+            build = f" ({self.program})" if self.program else ""
+            return f"sidecar{build}, {own or 'defaults'}"
         return " ".join((engine + (" alone" if self.cap_flag is None else ""),
                          *self.engine_flags(engine)))  # fmt: skip
 
@@ -92,6 +94,7 @@ CONFIGS = (
         OURS_B,
         behind_sidecar=True,
         settings=sidecar_settings(os.environ.get("OVERLOAD_SIDECAR_B", "")),
+        program=os.environ.get("OVERLOAD_SIDECAR_B_PROGRAM") or None,
     ),
 )
 DEFAULT_CONFIGS = (ALONE, CAP, OURS)

@@ -106,9 +106,12 @@ def emulator(flags: tuple[str, ...], log: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def sidecar(upstream: str, mode: str | None, log: Path, **extra: str) -> Iterator[str]:
+def sidecar(
+    upstream: str, mode: str | None, log: Path, program: str | None = None, **extra: str
+) -> Iterator[str]:
     """`sidecar serve` in front of ``upstream`` with default settings, but for the admission
-    mode (None: the default) and ``extra`` SIDECAR_* settings; yields its base URL."""
+    mode (None: the default) and ``extra`` SIDECAR_* settings; yields its base URL. ``program``:
+    another build's ``sidecar`` (None: this checkout's)."""
     port, admin = free_port(), free_port()
     env = {
         **os.environ,
@@ -117,7 +120,7 @@ def sidecar(upstream: str, mode: str | None, log: Path, **extra: str) -> Iterato
         "SIDECAR_PORT": str(port),
         "SIDECAR_ADMIN_HOST": "127.0.0.1",
         "SIDECAR_ADMIN_PORT": str(admin),
-        "SIDECAR_LOG_LEVEL": "warning",
+        "SIDECAR_LOG_LEVEL": os.environ.get("OVERLOAD_SIDECAR_LOG_LEVEL", "warning"),
         **{f"SIDECAR_{key.upper()}": value for key, value in extra.items()},
     }
     env.pop("SIDECAR_ADMISSION", None)
@@ -125,7 +128,7 @@ def sidecar(upstream: str, mode: str | None, log: Path, **extra: str) -> Iterato
         env["SIDECAR_ADMISSION"] = mode
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [SIDECAR, "serve"], stdout=out, stderr=subprocess.STDOUT, env=env,
+            [program or SIDECAR, "serve"], stdout=out, stderr=subprocess.STDOUT, env=env,
             start_new_session=True,
         )  # fmt: skip
     try:
