@@ -220,6 +220,21 @@ def test_a_release_under_max_in_flight_lets_one_waiter_in_not_all_that_fit() -> 
     assert (core.in_use, core.queued) == (2, 1)
 
 
+def test_settling_a_running_request_lets_the_next_in_and_never_raises_its_cost() -> None:
+    """A stream that started holds nothing of a limit on starts: the waiter behind it is
+    granted; settling cannot raise a cost, and an unknown ticket is refused."""
+    core = Admission(limit=1, max_queue=2)
+    first, second = (_ticket(core.request(1, "default")) for _ in range(2))
+    assert core.queued == 1
+    grants = core.settle(first, 0)
+    assert [g.ticket for g in grants] == [second]
+    assert (core.in_use, core.in_use_cost) == (2, 1)
+    assert core.settle(second, 5) == ()
+    assert core.in_use_cost == 1
+    with pytest.raises(UnknownTicketError):
+        core.settle(999, 0)
+
+
 # --- stateful property test ----------------------------------------------------------------------
 
 COMPARTMENTS = parse_compartments("a=40%:70%,b=30%")
@@ -323,6 +338,18 @@ class AdmissionMachine(RuleBasedStateMachine):
         self.cost[ticket] = (name, cost + extra)
         self.used[name] += extra
         self.high_water = max(self.core.limit, self.core.in_use_cost)
+
+    @precondition(lambda self: bool(self.live))
+    @rule(data=st.data(), left=st.integers(0, 1))
+    def settle(self, data: st.DataObject, left: int) -> None:
+        """A running stream's first token (slo's start gate): it holds less from now, never
+        more, and the room lets waiters in."""
+        ticket = data.draw(st.sampled_from(sorted(self.live)))
+        name, cost = self.cost[ticket]
+        kept = min(cost, left)
+        self.cost[ticket] = (name, kept)
+        self.used[name] -= cost - kept
+        self._granted(self.core.settle(ticket, left))
 
     @rule(ticket=consumes(waiting), reason=st.sampled_from(["timeout", "cancelled"]))
     def withdraw(self, ticket: int, reason: str) -> None:

@@ -134,6 +134,9 @@ class HeldLaw:
     def limit_of(self, plan: Plan) -> int:
         return plan.permits
 
+    def starts_of(self, plan: Plan) -> int:
+        return plan.permits
+
     def hold_limit(self) -> int | None:
         return self.held[0]
 

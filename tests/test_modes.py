@@ -60,16 +60,21 @@ PLAN = make_plan(
 
 
 class Steered:
-    """The SLO law's output, fixed: it allows ``limit`` requests in flight."""
+    """The SLO law's output, fixed: it allows ``limit`` requests in flight, ``starts`` of them
+    starting at once (all of them unless given)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, starts: int | None = None) -> None:
         self.limit = limit
+        self.starts = limit if starts is None else starts
 
     def limit_of(self, plan: Plan) -> int:
         return self.limit
 
+    def starts_of(self, plan: Plan) -> int:
+        return min(self.limit, self.starts)
+
     def hold_limit(self) -> int | None:
-        return self.limit
+        return self.starts
 
 
 @pytest.mark.parametrize(
@@ -79,6 +84,7 @@ class Steered:
         pytest.param(CountMode(), 4, 4, id="count-capped-by-the-engines-slots"),
         pytest.param(CountMode(cap=3), 8, 3, id="count-capped-by-max-concurrent-calls"),
         pytest.param(SloMode(Steered(50)), None, 50, id="slo-the-laws-limit"),
+        pytest.param(SloMode(Steered(50, starts=12)), None, 12, id="slo-the-starts-limit"),
         pytest.param(SloMode(Steered(50), cap=20), 30, 20, id="slo-capped-by-the-setting"),
         pytest.param(SloMode(Steered(50), cap=20), 8, 8, id="slo-capped-by-the-slots"),
         pytest.param(TokenMode(lambda: COST), 4, 100_000, id="tokens-alpha-x-pool-bytes"),
@@ -104,8 +110,35 @@ def test_only_adaptive_names_a_ceiling_and_caps_requests_by_the_slots() -> None:
         assert (other.ceiling(), other.in_flight_cap()) == (None, None)
 
 
+@pytest.mark.parametrize(
+    ("mode", "slots", "limit", "in_flight"),
+    [
+        pytest.param(SloMode(Steered(50, starts=12)), None, 12, 50, id="the-laws-two-limits"),
+        pytest.param(SloMode(Steered(50, starts=12), cap=20), None, 12, 20, id="the-setting"),
+        pytest.param(SloMode(Steered(50, starts=12), cap=20), 8, 8, 8, id="the-engines-slots"),
+    ],
+)
+def test_slo_limits_streams_starting_and_caps_requests_in_flight(
+    mode: SloMode, slots: int | None, limit: int, in_flight: int
+) -> None:
+    """slo's limit counts streams starting (the law's starts), its cap requests in flight (the
+    law's in-flight limit); SIDECAR_MAX_CONCURRENT_CALLS and the engine's slots cap both."""
+    assert (mode.limit_of(PLAN, slots), mode.in_flight_cap()) == (limit, in_flight)
+
+
+def test_slo_prices_a_stream_until_its_first_token_and_nothing_else() -> None:
+    """A stream holds one permit of the starts limit until its first token, whatever its n; a
+    request that does not stream shows no first token, so only the cap in flight holds it."""
+    mode = SloMode(Steered(5))
+    assert mode.price(request(sequences=4), "default") == (1, None)
+    assert mode.price(replace(request(), stream=False), "default") == (0, None)
+    assert mode.started_cost() == 0
+    for other in (CountMode(), TokenMode(lambda: COST), AdaptiveMode(AdaptiveCapacity())):
+        assert other.started_cost() is None
+
+
 def test_only_slo_holds_its_limit_without_a_plan() -> None:
-    """The SLO law's limit is steered by the streams, so it stands when the plan goes stale;
+    """The SLO law's starts limit is steered by the streams, so it stands when the plan goes stale;
     every other mode's limit comes from the plan, and the floor's own stands instead."""
     assert SloMode(Steered(12)).held_limit() == 12
     for other in (CountMode(), TokenMode(lambda: COST), AdaptiveMode(AdaptiveCapacity())):

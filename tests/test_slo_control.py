@@ -1,5 +1,6 @@
 """The SLO control between ticks: streams sampled as their first token comes (or as they run
-late), the start limit from what the engine can run, and the worst-case cap without preemption."""
+late), the two limits (streams starting, steered by TTFT; requests in flight, by TPOT and the KV
+cache) from what the engine can run, and the worst-case cap without preemption."""
 
 from __future__ import annotations
 
@@ -62,8 +63,13 @@ def fast_starts(slo: SloControl, clock: FakeClock, count: int = 3) -> None:
         timing.saw(1, clock() + 0.1)
 
 
-def control(clock: FakeClock, pressed: bool = True) -> SloControl:
-    return SloControl(objectives=Objectives(2.0, 0.1), binding=lambda: pressed, clock=clock)
+def control(clock: FakeClock, pressed: bool = True, demand: int = 20) -> SloControl:
+    """Objectives of 2 s and 100 ms; ``demand`` requests in flight and waiting, all of them
+    starting or waiting to."""
+    return SloControl(
+        objectives=Objectives(2.0, 0.1), binding=lambda: pressed, demand=lambda: demand,
+        starting=lambda: demand, clock=clock,
+    )  # fmt: skip
 
 
 def test_a_cold_engine_starts_at_its_worst_case_permits() -> None:
@@ -82,15 +88,15 @@ def test_a_warm_engine_primes_the_start_from_its_histograms() -> None:
 
 def test_fast_first_tokens_grow_the_limit_while_streams_still_run() -> None:
     """Three streams whose first token came at a tenth of the engine's TTFT target are
-    sampled on the next tick, long before they end: the limit doubles."""
+    sampled on the next tick, long before they end: both limits double (to the 20 asking)."""
     clock = FakeClock()
     slo = control(clock)
     slo.observe(reading())
-    assert slo.limit_of(PLAN) == 10
+    assert (slo.limit_of(PLAN), slo.starts_of(PLAN)) == (10, 10)
     fast_starts(slo, clock)  # target: 2 s x 0.5 = 1 s; 0.1 / 1 = 0.1 of it
     clock.advance(1.0)
     slo.observe(reading())
-    assert slo.limit_of(PLAN) == 20
+    assert (slo.limit_of(PLAN), slo.starts_of(PLAN)) == (20, 20)
 
 
 def test_a_burst_on_a_fresh_pod_is_let_in_on_the_first_healthy_tick() -> None:
@@ -109,17 +115,18 @@ def test_a_burst_on_a_fresh_pod_is_let_in_on_the_first_healthy_tick() -> None:
 
 
 def test_streams_still_waiting_past_their_target_shrink_it() -> None:
-    """Three streams with no first token 2 s after they went out (twice the target): the limit
-    is cut, by half at most, without waiting for them to start."""
+    """Three streams with no first token 2 s after they went out (twice the target): the starts
+    limit is cut, by half at most, without waiting for them to start. First tokens do not judge
+    the requests in flight: nothing says the pace of tokens is bad, so that limit still grows."""
     clock = FakeClock()
     slo = control(clock)
     slo.observe(reading())
-    assert slo.limit_of(PLAN) == 10
+    assert slo.starts_of(PLAN) == 10
     for _ in range(3):
         slo.track(StreamTiming(sent=clock()), NO_CLAIMS)
     clock.advance(2.0)
     slo.observe(reading())
-    assert slo.limit_of(PLAN) == 5
+    assert (slo.starts_of(PLAN), slo.limit_of(PLAN)) == (5, 20)
 
 
 def test_a_request_objective_in_its_headers_is_the_one_it_is_held_to() -> None:
@@ -137,7 +144,7 @@ def test_a_request_objective_in_its_headers_is_the_one_it_is_held_to() -> None:
         timing.saw(1, clock() + 0.3)
         slo.ended(timing, completed=False)
     slo.observe(reading())
-    assert slo.limit_of(PLAN) == 5
+    assert slo.starts_of(PLAN) == 5
     assert slo.expected_ttft_s == pytest.approx(0.15)
     assert slo.max_wait_s(claims) == pytest.approx(0.01)
     assert slo.max_wait_s(NO_CLAIMS) == pytest.approx(1.45)
@@ -188,20 +195,20 @@ def test_streams_sent_before_a_cut_do_not_cut_again() -> None:
         slo.track(StreamTiming(sent=clock()), NO_CLAIMS)
     clock.advance(2.0)
     slo.observe(reading())
-    assert slo.limit_of(PLAN) == 5
+    assert slo.starts_of(PLAN) == 5
     clock.advance(1.0)
     slo.observe(reading())
-    assert slo.limit_of(PLAN) == 5  # the same late streams, no second cut
+    assert slo.starts_of(PLAN) == 5  # the same late streams, no second cut
     fast_starts(slo, clock)
     clock.advance(1.0)
     slo.observe(reading())
-    assert slo.limit_of(PLAN) == 6  # new streams, fast: growth (gentle, after the cut)
+    assert slo.starts_of(PLAN) == 6  # new streams, fast: growth (gentle, after the cut)
 
 
 def test_slow_first_tokens_with_nothing_waiting_at_the_engine_do_not_cut() -> None:
     """First tokens at twice their target while nothing waits at the engine: that is the
     engine's compute, not a queue fewer requests would shorten; requests wait at the sidecar,
-    the streams' TPOT is fine, so the limit grows (the engine must be fed)."""
+    the streams' TPOT is fine, so both limits grow (the engine must be fed)."""
     clock = FakeClock()
     slo = control(clock)
     slo.observe(reading(waiting=0))
@@ -213,7 +220,7 @@ def test_slow_first_tokens_with_nothing_waiting_at_the_engine_do_not_cut() -> No
             timing.saw(1, clock() + 2.0 + 0.01 * i)
         slo.ended(timing, completed=True)
     slo.observe(reading(waiting=0))
-    assert slo.limit_of(PLAN) == 20
+    assert (slo.limit_of(PLAN), slo.starts_of(PLAN)) == (20, 20)
 
 
 def test_ended_streams_are_forgotten() -> None:
@@ -284,33 +291,34 @@ def test_slow_start_stops_where_the_cache_is_full() -> None:
     assert slo.limit_of(PLAN) == 25
 
 
-def test_streams_sent_before_a_cut_still_say_the_engines_pace() -> None:
-    """Long streams admitted before a cut complete at a good pace: their TPOT is heard, though
-    their TTFT is not; the limit grows again once nothing waits at the engine."""
-    clock = FakeClock()
-    slo = control(clock)
+def test_late_first_tokens_cut_the_starts_and_the_pace_of_tokens_steers_in_flight() -> None:
+    """Six first tokens missing at twice their target: the starts limit is halved, and holds
+    while requests wait at the engine and no first token says how long; those streams then
+    complete at a quarter of the TPOT objective, and the limit in flight grows on that pace."""
+    clock, demand = FakeClock(), [12]
+    slo = SloControl(
+        objectives=Objectives(2.0, 0.1), binding=lambda: True, demand=lambda: demand[0],
+        starting=lambda: demand[0], clock=clock,
+    )  # fmt: skip
     slo.observe(reading())
     assert slo.limit_of(PLAN) == 10
     running = [StreamTiming(sent=clock()) for _ in range(6)]
     for timing in running:
         slo.track(timing, NO_CLAIMS)
     clock.advance(2.0)
-    slo.observe(reading())  # six first tokens still missing at twice the target: a cut
-    assert slo.limit_of(PLAN) == 5
-    for timing in running[:3]:
+    slo.observe(reading())
+    assert (slo.starts_of(PLAN), slo.limit_of(PLAN)) == (5, 12)  # in flight: up to the demand
+    for timing in running:
         timing.saw(1, clock())
         timing.saw(40, clock() + 1.0)  # 40 tokens in a second: 25 ms a token, a quarter of 0.1 s
         slo.ended(timing, completed=True)
     clock.advance(1.0)
+    demand[0] = 30
     slo.observe(reading())
-    assert slo.limit_of(PLAN) == 5  # requests still wait at the engine: no growth on TPOT alone
-    for timing in running[3:]:
-        timing.saw(1, clock())
-        timing.saw(40, clock() + 1.0)
-        slo.ended(timing, completed=True)
-    clock.advance(1.0)
-    slo.observe(reading(waiting=0))
-    assert slo.limit_of(PLAN) == 6  # the queue drained: 5 x 1.25, the pace heard
+    # Sent before the cut: their first tokens do not judge the starts again; the queue at the
+    # engine holds it. Their pace is heard in flight: in slow start, it reaches for the 30.
+    assert slo.starts_of(PLAN) == 5
+    assert slo.limit_of(PLAN) == 30
 
 
 def test_a_plan_from_declared_figures_does_not_outlive_the_engines_first() -> None:
@@ -324,3 +332,22 @@ def test_a_plan_from_declared_figures_does_not_outlive_the_engines_first() -> No
     slo.observe(reading(typical=(40.0, 360.0)))
     assert slo.limit_of(PLAN) == 250
     assert slo.limit_of(PLAN) == 250  # started once
+
+
+def test_the_starts_never_pass_the_requests_in_flight() -> None:
+    """First tokens come fast while nothing waits at the engine, but the streams run at twice
+    the TPOT objective: the limit in flight is cut to 5, and the starts, which would have
+    doubled, are held within it."""
+    clock = FakeClock()
+    slo = control(clock)
+    slo.observe(reading(waiting=0))
+    assert slo.limit_of(PLAN) == 10
+    for _ in range(3):
+        timing = StreamTiming(sent=clock())
+        slo.track(timing, NO_CLAIMS)
+        for i in range(5):
+            timing.saw(1, clock() + 0.01 + 0.2 * i)
+        slo.ended(timing, completed=True)
+    slo.observe(reading(waiting=0))
+    assert slo.starts is not None
+    assert (slo.limit_of(PLAN), slo.starts.limit) == (5, 5)

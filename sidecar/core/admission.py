@@ -206,6 +206,18 @@ class Admission:
         self._used[waiter.compartment] += extra
         self._used_total += extra
 
+    def settle(self, ticket: int, cost: int) -> tuple[Granted, ...]:
+        """A running request now holds less (``cost``, never more than it holds): the SLO start
+        gate's stream, whose first token came. Returns the waiters the room lets in."""
+        waiter = self._granted.get(ticket)
+        if waiter is None:
+            raise UnknownTicketError(ticket)
+        freed = max(0, waiter.cost - max(0, cost))
+        waiter.cost -= freed
+        self._used[waiter.compartment] -= freed
+        self._used_total -= freed
+        return self._pump() if freed and self._queued_tickets else ()
+
     def set_available(self, available: bool) -> tuple[int, ...]:
         """No capacity at all (a plan of 0 permits): refuse at once, and the queued too.
 

@@ -6,7 +6,10 @@ control law's output, the largest request that can ever run, the cap it puts on 
 flight, and what must drain before a refused caller fits (its Retry-After).
 
 - count: permits, one per sequence; the plan's worst-case permits (and the engine's slots).
-- slo: permits, one per sequence; the limit the streams' latencies steer (and the engine's slots).
+- slo: a permit per stream until its first token (none after it, nor for a request that does not
+  stream; a stream of n sequences starts as one): the limit counts streams starting at once,
+  steered by their time to first token; a cap on requests in flight beside it is steered by the
+  time per output token and what the KV cache holds (the engine's slots cap both).
 - tokens: KV bytes; a request costs its own worst case; alpha x the pool's bytes.
 - adaptive: tokens; a request costs what it holds plus its expected growth (its live
   ``StreamUsage``); the pool's tokens x alpha x the over-commit ratio; what can never run is what
@@ -68,12 +71,20 @@ class AdmissionMode(Protocol):
         that does not come from the plan (None: the floor's own)."""
         ...
 
+    def started_cost(self) -> int | None:
+        """What a stream holds once its first token came, where that is less than its price
+        (slo's start gate: 0); None: it holds its price to the end."""
+        ...
+
 
 class SteeredLimit(Protocol):
-    """The SLO law's output: the requests in flight the streams' latencies allow, for a plan,
-    and the limit that stands without one (None: none)."""
+    """The SLO law's output, for a plan: the requests in flight the streams' latencies allow
+    (``limit_of``) and, of them, how many may be starting at once (``starts_of``); and the
+    starts limit that stands without a plan (None: none)."""
 
     def limit_of(self, plan: Plan) -> int: ...
+
+    def starts_of(self, plan: Plan) -> int: ...
 
     def hold_limit(self) -> int | None: ...
 
@@ -115,6 +126,9 @@ class _Permits:
     def held_limit(self) -> int | None:
         return None
 
+    def started_cost(self) -> int | None:
+        return None
+
 
 def _capped(limit: int, *caps: int | None) -> int:
     return min([limit, *(c for c in caps if c is not None)])
@@ -133,19 +147,34 @@ class CountMode(_Permits):
 
 
 class SloMode(_Permits):
-    """The limit the streams' latencies steer, capped like count's."""
+    """Two limits the streams' latencies steer: the bulkhead's limit counts streams starting
+    (a permit per stream until its first token), the cap on requests in flight counts
+    every request; both capped like count's."""
 
     name: Mode = "slo"
 
     def __init__(self, law: SteeredLimit, cap: int | None = None) -> None:
         self.law = law
         self.cap = cap
+        self._in_flight: int | None = None  # for the last plan; None before the first
+
+    def price(self, request: CheckedRequest, compartment: str) -> Price:
+        # A request that does not stream shows no first token: it is held by the cap on
+        # requests in flight alone. A stream of n sequences starts as one: its prefill is one.
+        return (1 if request.stream else 0), None
 
     def limit_of(self, plan: Plan, slots: int | None = None) -> int:
-        return _capped(self.law.limit_of(plan), self.cap, slots)
+        self._in_flight = _capped(self.law.limit_of(plan), self.cap, slots)
+        return min(self._in_flight, self.law.starts_of(plan))
+
+    def in_flight_cap(self) -> int | None:
+        return self._in_flight
 
     def held_limit(self) -> int | None:
         return self.law.hold_limit()  # steered by the streams the sidecar relays, not the plan
+
+    def started_cost(self) -> int | None:
+        return 0
 
 
 class TokenMode:
@@ -176,6 +205,9 @@ class TokenMode:
         return None
 
     def held_limit(self) -> int | None:
+        return None
+
+    def started_cost(self) -> int | None:
         return None
 
 
@@ -215,4 +247,7 @@ class AdaptiveMode:
         return max(1, ahead - admission.limit + 1)
 
     def held_limit(self) -> int | None:
+        return None
+
+    def started_cost(self) -> int | None:
         return None

@@ -145,10 +145,17 @@ class SloLimit:
             grown = max(grown, self._limit + 1)
             if self.slow_start:
                 grown = max(grown, min(evidence.demand, self._limit * config.slow_start_reach))
+                if evidence.demand > 0:  # no further than there are requests to run
+                    grown = max(self._limit, min(grown, evidence.demand))
                 if evidence.fits is not None:  # slow start stops where the cache is full
                     grown = max(self._limit, min(grown, evidence.fits))
         self._limit = float(self._bounded(grown))
         return self.limit
+
+    def hold_within(self, most: int) -> None:
+        """No more than ``most`` (another limit this one lives inside: the starts within the
+        requests in flight), never below the floor."""
+        self._limit = float(self._bounded(min(self._limit, most)))
 
     def _bounded(self, value: float) -> float:
         return min(float(self.config.ceiling), max(float(self.config.floor), value))

@@ -7,18 +7,21 @@ mean gap between token events after the first, as vLLM's ``request_time_per_outp
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
 @dataclass(slots=True, eq=False)  # by identity: open streams are kept in a dict
 class StreamTiming:
     """One stream's clock readings: ``sent`` (the request went upstream), first and last token
-    events, and how many token events were relayed."""
+    events, and how many token events were relayed. ``on_first`` is called once, when the first
+    token event is seen (the SLO admission's start gate lets the next request start then)."""
 
     sent: float
     first: float | None = None
     last: float | None = None
     tokens: int = 0
+    on_first: Callable[[], None] | None = None
 
     def saw(self, tokens: int, now: float) -> None:
         """``tokens`` token events were relayed at ``now``."""
@@ -26,6 +29,8 @@ class StreamTiming:
             return
         if self.first is None:
             self.first = now
+            if self.on_first is not None:
+                self.on_first()
         self.last = now
         self.tokens += tokens
 

@@ -66,7 +66,7 @@ class SidecarServer:
         self.metrics = RequestMetrics(self.registry)
         # The mode's law hears whether the limit bound lately: the bulkhead, built for the mode.
         self.adaptive = build_adaptive(settings, self._pressed)
-        self.slo = build_slo(settings, self._pressed, clock, self._demand)
+        self.slo = build_slo(settings, self._pressed, clock, self._demand, self._starting)
         compartments = parse_compartments(settings.compartments)
         self.mode = build_mode(
             settings, self.adaptive, compartments.resolve, lambda: self.controller.cost, self.slo
@@ -117,6 +117,12 @@ class SidecarServer:
         """Requests in flight and waiting for a permit now."""
         snapshot = self.bulkhead.snapshot()
         return snapshot.in_use + snapshot.queued
+
+    def _starting(self) -> int:
+        """Streams starting (admitted, no first token yet) and requests waiting for a permit:
+        under slo, a starting stream is what holds the bulkhead's limit."""
+        snapshot = self.bulkhead.snapshot()
+        return snapshot.in_use_cost + snapshot.queued
 
     def _refused_at_door(self, fault: EdgeFault) -> None:
         """A refusal or deadline at the proxy port's door: counted every time, logged once per

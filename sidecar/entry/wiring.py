@@ -49,14 +49,17 @@ def build_slo(
     binding: Callable[[], bool] = lambda: True,
     clock: Callable[[], float] = time.monotonic,
     demand: Callable[[], int] = lambda: 0,
+    starting: Callable[[], int] = lambda: 0,
 ) -> SloControl | None:
-    """The SLO-steered limit's state (None unless the mode is slo); ``binding`` tells it
+    """The SLO-steered limits' state (None unless the mode is slo); ``binding`` tells it
     whether its limit bound lately (the bulkhead's ``pressed``), ``demand`` how many requests
-    are in flight and queued."""
+    are in flight and queued, ``starting`` how many are starting and queued."""
     if admission_mode(settings) != "slo":
         return None
     objectives = Objectives(settings.slo_ttft_ms / 1000, settings.slo_tpot_ms / 1000)
-    return SloControl(objectives=objectives, binding=binding, demand=demand, clock=clock)
+    return SloControl(
+        objectives=objectives, binding=binding, demand=demand, starting=starting, clock=clock
+    )
 
 
 def build_bulkhead(

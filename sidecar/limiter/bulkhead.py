@@ -301,6 +301,23 @@ class Bulkhead:
         if self._expiry is not None:
             self._expiry.discard(ticket)
 
+    def first_token(self, permit: Permit) -> None:
+        """``permit``'s stream started: it holds what the mode prices a started stream at from
+        now (slo: nothing of the limit on starts; it still counts in flight), and the room lets
+        waiters in. That start is a release to the Retry-After hint: it is what lets the next
+        caller in. Modes that price a stream the same throughout do nothing here."""
+        ticket, started = permit.ticket, self._mode.started_cost()
+        if started is None or ticket is None or permit.cost <= started:
+            return
+        if not self._core.is_granted(ticket):
+            return  # shadow: it runs without a grant
+        freed = permit.cost - started
+        grants = self._core.settle(ticket, started)
+        permit.cost = started
+        now = self._clock()
+        self._hint.observe(now, freed)
+        self._wake(grants, now)
+
     def give_back(self, permit: Permit, outcome: Outcome) -> None:
         """Take back what ``permit`` holds; called once per held permit, by its ``release``."""
         if permit.ticket is not None:
@@ -320,7 +337,8 @@ class Bulkhead:
                     amount = max(cost, usage.charge())
             grants = self._core.release(ticket, outcome)
             now = self._clock()
-            self._hint.observe(now, amount)
+            if amount:  # a started stream under slo's gate was counted when it started
+                self._hint.observe(now, amount)
             if grants:
                 self._wake(grants, now)
         elif self._waiters.pop(ticket, None) is not None:

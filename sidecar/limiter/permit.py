@@ -30,6 +30,9 @@ class Holder(Protocol):
     def give_back(self, permit: Permit, outcome: Outcome) -> None:
         """Take back what ``permit`` holds; called once per held permit."""
 
+    def first_token(self, permit: Permit) -> None:
+        """The held ``permit``'s stream has started: it may now hold less (the mode says)."""
+
 
 class Permit:
     """A grant held by one request, from ``async with`` to its end; released exactly once (a
@@ -103,6 +106,13 @@ class Permit:
         """Holding ``cost`` in ``compartment`` from now (``ticket`` None: a shadow refusal's)."""
         self.ticket, self.cost, self.compartment, self.wait_s = ticket, cost, compartment, wait_s
         self._state = "held"
+
+    def first_token(self) -> None:
+        """The request's first token came (its stream started): where the admission mode prices
+        a started stream lower (slo's start gate), the difference comes back now, letting the
+        next request start. Nothing once released, or before it is held."""
+        if self._state == "held":
+            self._holder.first_token(self)
 
     def release(self, outcome: Outcome | None = None) -> None:
         """Give the capacity back with ``outcome`` (default: ``self.outcome``, else completed)."""

@@ -148,7 +148,7 @@ class CapacityController:
             else TokenBudget(budget.prompt_tokens, budget.completion_tokens, None, "setting",
                              "setting")
         )  # fmt: skip
-        self._resized_to: int | None = None
+        self._resized_to: tuple[int, int | None] | None = None  # the limit, the in-flight cap
         self._published = False
         self._task: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
@@ -347,9 +347,11 @@ class CapacityController:
 
     def _publish(self, new: CapacityState) -> None:
         old, self._state = self._state, new
-        if new.limit != self._resized_to:
+        # The mode's cap on requests in flight moves with its limit (slo: two limits).
+        resized = (new.limit, self._mode.in_flight_cap())
+        if resized != self._resized_to:
             self._resize(new.limit)
-            self._resized_to = new.limit
+            self._resized_to = resized
         if (old.mode, old.source) != (new.mode, new.source) or not self._published:
             _log_transition(old, new)
         self._published = True

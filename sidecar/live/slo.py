@@ -1,11 +1,17 @@
 """The default admission's moving parts: the relayed streams' latencies against their objectives,
-gathered between control-loop ticks, and the SLO-steered limit they drive (sidecar.core.slo_limit).
+gathered between control-loop ticks, and the two SLO-steered limits they drive
+(sidecar.core.slo_limit).
 
-The limit counts requests in flight at the engine. It starts from what the engine can run: the
-pool over the typical request where the engine's own histograms say what that is (a warm engine,
-a restarted sidecar), else the pool over the worst case, and the law doubles it each tick while
-the streams stay well within their objectives. An engine that exports no preemption counter (it
-fails on overflow instead) never gets more than its worst-case permits.
+- ``law`` counts requests in flight at the engine, steered by their time per output token and
+  bounded, while it grows fast, by what the engine's KV cache holds at the present mix. It
+  starts from what the engine can run: the pool over the typical request where the engine's own
+  histograms say what that is (a warm engine, a restarted sidecar), else the pool over the worst
+  case. An engine that exports no preemption counter (it fails on overflow instead) never gets
+  more than its worst-case permits.
+- ``starts`` counts streams between admission and their first token, steered by their time to
+  first token: how many prefills the engine is given at once. A stream's first token lets the
+  next request start at once (the bulkhead's start gate), so the engine is fed as fast as it
+  starts streams, not as fast as streams end.
 """
 
 from __future__ import annotations
@@ -66,17 +72,21 @@ class SloControl:
         law: SloLimitConfig | None = None,
         binding: Callable[[], bool] = lambda: True,
         demand: Callable[[], int] = lambda: 0,
+        starting: Callable[[], int] = lambda: 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``binding`` says whether the limit bound since it was last asked (the bulkhead's
-        ``pressed``): only then may the limit grow; ``demand`` how many requests are in flight
-        and waiting for a permit now (slow start grows towards it)."""
+        ``pressed``): only then may a limit grow; ``demand`` how many requests are in flight
+        and waiting for a permit now, ``starting`` how many are starting (admitted, no first
+        token yet) and waiting: slow start grows each limit towards its own."""
         self.objectives = objectives or Objectives()
         self.config = law or SloLimitConfig()
         self.binding = binding
         self.demand = demand
+        self.starting = starting
         self.clock = clock  # the proxy's: the streams' timings are read on it
         self.law: SloLimit | None = None  # made at the first plan, from what the engine can run
+        self.starts: SloLimit | None = None  # made with it
         self.unsupported: str | None = NO_ENGINE
         self.slots: int | None = None
         self.expected_ttft_s = 0.0  # engine TTFT p90, smoothed over ticks
@@ -103,8 +113,11 @@ class SloControl:
         slow start is on (no cut yet), the engine lets the limit pass the worst case, and no
         other cap holds it below the law's. Then a burst the limit binds on is worth a step at
         once rather than at the next tick (``CapacityController.hurry``)."""
-        law = self.law
-        return law is not None and law.slow_start and not self.unsupported and in_force >= law.limit
+        starts = self.starts
+        return (
+            starts is not None and starts.slow_start and not self.unsupported
+            and in_force >= starts.limit
+        )  # fmt: skip
 
     @property
     def tracked(self) -> int:
@@ -178,20 +191,36 @@ class SloControl:
         if ttfts:
             p90 = quantile(ttfts, self.config.quantile)
             self.expected_ttft_s += TTFT_SMOOTHING * (p90 - self.expected_ttft_s)
-        before = self.law.limit
+        law, starts = self.law, self.starts
+        assert starts is not None  # made with the law
+        before = (law.limit, starts.limit)
         pressed = self.binding()
         waiting = engine.requests_waiting if engine is not None else None
         queued = waiting is None or waiting > 0
         fits = fits_in_cache(engine.requests_running, engine.kv_usage_ratio) if engine else None
-        evidence = LimitEvidence(tuple(ttft), tuple(tpot), pressed, queued, self.demand(), fits)
-        after = self.law.update(evidence)
+        demand = self.demand()
+        # In flight: the pace of tokens and the cache judge; first tokens only count towards a
+        # step (the start gate answers for them). It binds only where there is demand for it.
+        in_flight = LimitEvidence(
+            tuple(ttft), tuple(tpot), pressed and demand >= law.limit, False, demand, fits
+        )
+        # Starting: first tokens judge, while requests wait at the engine.
+        starting = LimitEvidence(tuple(ttft), (), pressed, queued, self.starting())
+        in_flight_limit = law.update(in_flight)
+        starts.update(starting)
+        starts.hold_within(in_flight_limit)  # more starting than may run would bind nothing
+        after = (in_flight_limit, starts.limit)
         log.debug(
-            "slo_step", limit=after, gradient=self.law.last_gradient, ttft_samples=len(ttft),
+            "slo_step", limit=after[0], starts=after[1], gradient=law.last_gradient,
+            starts_gradient=starts.last_gradient, ttft_samples=len(ttft),
             tpot_samples=len(tpot), pressed=pressed, expected_ttft_s=self.expected_ttft_s,
         )  # fmt: skip
-        if after < before:
+        if after[0] < before[0] or after[1] < before[1]:
             self._epoch = self.clock()
-            log.info("slo_backoff", limit=after, gradient=self.law.last_gradient)
+            log.info(
+                "slo_backoff", limit=after[0], starts=after[1], gradient=law.last_gradient,
+                starts_gradient=starts.last_gradient,
+            )  # fmt: skip
         return (adaptive_unsupported(self.unsupported, "slo"),) if self.unsupported else ()
 
     def _engine_seen(self, engine: EngineReading) -> None:
@@ -214,26 +243,35 @@ class SloControl:
         limit = law.limit
         return min(limit, max(1, plan.permits)) if self.unsupported else limit
 
+    def starts_of(self, plan: Plan) -> int:
+        """Of the requests in flight, how many may be starting at once (no first token yet)."""
+        in_flight = self.limit_of(plan)
+        assert self.starts is not None  # made with the law
+        return min(in_flight, self.starts.limit)
+
     def _start_law(self, plan: Plan) -> SloLimit:
         """The law, from what the engine can run. A plan made before the engine was seen (the
         floor's, from declared figures) starts it only until the engine's first plan: then it
         starts again, with the engine's pool and typical request, unless it already stepped."""
         start = self._start(plan)
-        if self.law is None:
+        if self.law is None or self.starts is None:
             self.law = SloLimit(start, self.config)
+            self.starts = SloLimit(start, self.config)
         else:
             self.law.restart(start)
+            self.starts.restart(start)
         self._started_blind = self.unsupported == NO_ENGINE
         log.info("slo_limit_start", limit=self.law.limit, typical_tokens=self._typical)
         return self.law
 
     def hold_limit(self) -> int | None:
-        """The law's limit, which stands when the plan goes stale (the engine's /metrics slow
-        or gone): it is steered by the streams the sidecar relays, not by the plan. None where
-        the engine was not seen to preempt (its worst case rules) or before the first plan."""
-        if self.law is None or self.unsupported is not None:
+        """The starts limit, which stands when the plan goes stale (the engine's /metrics slow
+        or gone): it is steered by the streams the sidecar relays, not by the plan (the cap on
+        requests in flight stays where the last plan left it). None where the engine was not
+        seen to preempt (its worst case rules) or before the first plan."""
+        if self.law is None or self.starts is None or self.unsupported is not None:
             return None
-        return self.law.limit
+        return min(self.law.limit, self.starts.limit)
 
     def _start(self, plan: Plan) -> int:
         """What the engine can run: the pool over its typical request where it says one, else

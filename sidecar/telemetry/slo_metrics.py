@@ -27,6 +27,13 @@ class SloCollector(Collector):
             "Requests in flight the streams' TTFT and TPOT allow now (before any worst-case cap).",
             law.limit if law is not None else 0,
         )
+        starts = slo.starts
+        yield gauge(
+            "sidecar_slo_starts_limit",
+            "Of the requests in flight, streams that may be starting at once (admitted, no first "
+            "token yet), as their TTFT allows now (before any worst-case cap).",
+            starts.limit if starts is not None else 0,
+        )
         yield gauge(
             "sidecar_slo_gradient",
             "The last step of the limit: target over the p90 of latency/objective samples "
@@ -53,7 +60,9 @@ def slo_json(slo: SloControl) -> dict[str, Any]:
         "pricing": slo.pricing,
         "pricing_reason": slo.pricing_reason,
         "limit": law.limit if law is not None else None,
+        "starts_limit": slo.starts.limit if slo.starts is not None else None,
         "last_gradient": None if law is None else law.last_gradient,
+        "starts_gradient": None if slo.starts is None else slo.starts.last_gradient,
         "expected_ttft_s": round(slo.expected_ttft_s, 4),
         "objectives": {"ttft_s": slo.objectives.ttft_s, "tpot_s": slo.objectives.tpot_s},
         "engine_share": slo.config.engine_share,

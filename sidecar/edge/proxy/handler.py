@@ -189,7 +189,7 @@ async def _forward_admitted(
     """Forward a request that holds its permit: a stream's timing tracked, what a completed
     request used learned from."""
     policy = proxy.policy
-    timing = StreamTiming(proxy.clock()) if job.stream else None
+    timing = StreamTiming(proxy.clock(), on_first=permit.first_token) if job.stream else None
     if timing is not None:
         policy.track(timing, claims)
     outcome = "error"
