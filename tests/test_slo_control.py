@@ -351,3 +351,28 @@ def test_the_starts_never_pass_the_requests_in_flight() -> None:
     slo.observe(reading(waiting=0))
     assert slo.starts is not None
     assert (slo.limit_of(PLAN), slo.starts.limit) == (5, 5)
+
+
+@pytest.mark.parametrize(
+    ("kv", "in_flight"),
+    [
+        pytest.param(0.3, 20, id="waiting-for-compute-cuts-the-starts-only"),
+        pytest.param(0.95, 5, id="waiting-for-memory-cuts-the-requests-in-flight-too"),
+    ],
+)
+def test_why_requests_wait_at_the_engine_says_which_limit_late_first_tokens_cut(
+    kv: float, in_flight: int
+) -> None:
+    """Three first tokens missing at twice their target while requests wait at the engine. At
+    30 % KV use they wait for compute or its sequence cap: fewer starting is the answer, and
+    the requests in flight, their pace unjudged, still grow. With the cache full they wait for
+    memory: fewer running lets them start, so both limits are cut."""
+    clock = FakeClock()
+    slo = control(clock)
+    slo.observe(reading(running=6, kv=kv))
+    assert slo.limit_of(PLAN) == 10
+    for _ in range(3):
+        slo.track(StreamTiming(sent=clock()), NO_CLAIMS)
+    clock.advance(2.0)
+    slo.observe(reading(running=6, kv=kv))
+    assert (slo.starts_of(PLAN), slo.limit_of(PLAN)) == (5, in_flight)

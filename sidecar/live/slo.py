@@ -50,6 +50,9 @@ NO_ENGINE = "no engine metrics to watch (capacity source without the engine)"
 STEERED = "the limit follows the streams' TTFT and TPOT against their objectives"
 # Weight of a new tick's p90 engine TTFT in the expected TTFT that bounds the queue wait.
 TTFT_SMOOTHING = 0.5
+# KV usage from which requests waiting at the engine wait for memory: fewer in flight would let
+# them start (the scale-out signal counts the cache full from the same share).
+FULL_KV = 0.8
 
 
 @dataclass(slots=True)
@@ -197,12 +200,17 @@ class SloControl:
         pressed = self.binding()
         waiting = engine.requests_waiting if engine is not None else None
         queued = waiting is None or waiting > 0
-        fits = fits_in_cache(engine.requests_running, engine.kv_usage_ratio) if engine else None
+        kv = engine.kv_usage_ratio if engine is not None else None
+        fits = fits_in_cache(engine.requests_running, kv) if engine is not None else None
         demand = self.demand()
-        # In flight: the pace of tokens and the cache judge; first tokens only count towards a
-        # step (the start gate answers for them). It binds only where there is demand for it.
+        # In flight: the pace of tokens and the cache judge. Late first tokens judge it too where
+        # requests wait at the engine for memory (its cache full, or it does not say): fewer
+        # running would let them start. At a lower KV use they wait for compute or the engine's
+        # sequence cap, which fewer starting answers (the start gate), not fewer running. It
+        # binds only where there is demand for it.
+        for_memory = queued and (kv is None or kv >= FULL_KV)
         in_flight = LimitEvidence(
-            tuple(ttft), tuple(tpot), pressed and demand >= law.limit, False, demand, fits
+            tuple(ttft), tuple(tpot), pressed and demand >= law.limit, for_memory, demand, fits
         )
         # Starting: first tokens judge, while requests wait at the engine.
         starting = LimitEvidence(tuple(ttft), (), pressed, queued, self.starting())
