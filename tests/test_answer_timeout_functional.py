@@ -13,14 +13,16 @@ from emulator.app import build_app
 from emulator.config import EmulatorConfig
 from tests.servers import proxy_url, serve_app, sidecars
 
-# 12 tokens at 5 a second: the whole answer comes after about 2.4 s, past a 1 s read timeout.
+# 12 tokens at 4 a second: the whole answer comes after about 3 s, past a 2 s read timeout. The
+# probe answers every 0.1 s, so the engine is heard within the timeout even on a loaded machine
+# (at 1 s, a CI runner with four test workers stalled the probe past it now and then: a 504).
 BODY = {"model": "tiny-llama", "prompt": "a long answer", "max_tokens": 12, "stream": False}
-TIMEOUTS = {"SIDECAR_UPSTREAM_READ_TIMEOUT_MS": "1000", "SIDECAR_REFRESH_MS": "100"}
+TIMEOUTS = {"SIDECAR_UPSTREAM_READ_TIMEOUT_MS": "2000", "SIDECAR_REFRESH_MS": "100"}
 
 
 @pytest.fixture
 async def slow_engine() -> AsyncIterator[str]:
-    config = EmulatorConfig(model_name="tiny-llama", tokens_per_s=5)
+    config = EmulatorConfig(model_name="tiny-llama", tokens_per_s=4)
     runner, url = await serve_app(build_app(config))
     yield url
     await runner.cleanup()
@@ -39,7 +41,7 @@ async def test_a_long_answer_from_a_live_engine_completes(slow_engine: str) -> N
 
 
 async def test_without_a_probe_the_silence_is_a_timeout_of_the_answer(slow_engine: str) -> None:
-    """Where nothing probes the engine (static source), 1 s of silence is a 504, logged as the
+    """Where nothing probes the engine (static source), 2 s of silence is a 504, logged as the
     answer's phase: the request had reached the engine."""
     async with sidecars(slow_engine) as start:
         server = await start(**TIMEOUTS)

@@ -376,3 +376,22 @@ def test_why_requests_wait_at_the_engine_says_which_limit_late_first_tokens_cut(
     clock.advance(2.0)
     slo.observe(reading(running=6, kv=kv))
     assert (slo.starts_of(PLAN), slo.limit_of(PLAN)) == (5, in_flight)
+
+
+def test_no_hurried_steps_once_the_limit_in_flight_was_cut() -> None:
+    """Streams run at twice the TPOT objective: the limit in flight is cut to 5 and binds (the
+    starts, held within it, never were cut); a step at once would only step it again."""
+    clock = FakeClock()
+    slo = control(clock)
+    slo.observe(reading(waiting=0))
+    slo.limit_of(PLAN)
+    assert slo.grows_fast(10)
+    for _ in range(3):
+        timing = StreamTiming(sent=clock())
+        slo.track(timing, NO_CLAIMS)
+        for i in range(5):
+            timing.saw(1, clock() + 0.01 + 0.2 * i)
+        slo.ended(timing, completed=True)
+    slo.observe(reading(waiting=0))
+    assert slo.starts is not None and slo.starts.slow_start
+    assert not slo.grows_fast(5)

@@ -113,14 +113,17 @@ class SloControl:
 
     def grows_fast(self, in_force: int) -> bool:
         """Whether a step now could raise the limit in force (``in_force``) by more than one:
-        slow start is on (no cut yet), the engine lets the limit pass the worst case, and no
-        other cap holds it below the law's. Then a burst the limit binds on is worth a step at
-        once rather than at the next tick (``CapacityController.hurry``)."""
-        starts = self.starts
-        return (
-            starts is not None and starts.slow_start and not self.unsupported
-            and in_force >= starts.limit
-        )  # fmt: skip
+        the limit that binds (the starts, or the requests in flight where they are fewer) is
+        in slow start (no cut yet), the engine lets the limit pass the worst case, and no other
+        cap holds it below the law's. Then a burst the limit binds on is worth a step at once
+        rather than at the next tick (``CapacityController.hurry``). Not once the limit in
+        flight was cut: hurried ticks would step it four times a second, past what the cache
+        holds, while the starts, never cut, asked for them."""
+        law, starts = self.law, self.starts
+        if law is None or starts is None or self.unsupported:
+            return False
+        binding = starts if starts.limit < law.limit else law
+        return binding.slow_start and in_force >= binding.limit
 
     @property
     def tracked(self) -> int:
