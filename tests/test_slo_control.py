@@ -393,5 +393,6 @@ def test_no_hurried_steps_once_the_limit_in_flight_was_cut() -> None:
             timing.saw(1, clock() + 0.01 + 0.2 * i)
         slo.ended(timing, completed=True)
     slo.observe(reading(waiting=0))
-    assert slo.starts is not None and slo.starts.slow_start
+    assert slo.starts is not None
+    assert slo.starts.slow_start
     assert not slo.grows_fast(5)
