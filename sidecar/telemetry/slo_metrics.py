@@ -24,7 +24,8 @@ class SloCollector(Collector):
         law = slo.law
         yield gauge(
             "sidecar_slo_limit",
-            "Requests in flight the streams' TTFT and TPOT allow now (before any worst-case cap).",
+            "Requests in flight the streams' TPOT (and, where requests wait at the engine for "
+            "memory, their TTFT) allow now (before any worst-case cap).",
             law.limit if law is not None else 0,
         )
         starts = slo.starts
