@@ -53,7 +53,8 @@ def test_probe_shows_gpus_processes_and_the_plan(double_dir: Path, tmp_path: Pat
     assert "leaves 8.00 GiB (8,589,934,592 B) free; other processes hold 1.00 GiB" in done.stdout
     # The default (slo) admission, without an engine to steer by, starts at the permits and
     # never passes them.
-    assert "admission: slo, limit 209 sequences (steered by the streams' latencies" in done.stdout
+    slo_line = "admission: slo, limit 209 starting streams (steered by the streams' latencies"
+    assert slo_line in done.stdout
     adaptive = probe(env | {"SIDECAR_ADMISSION": "adaptive"})
     # Adaptive, without an engine, prices each request at its worst case in tokens against
     # 0.8 x the pool: 0.8 x 56 GiB / 57,344 B = 838,860 tokens.

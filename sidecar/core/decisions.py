@@ -10,10 +10,12 @@ from sidecar.core.outcomes import RejectReason
 
 Outcome = PermitOutcome  # how a permit is given back; declared with the tables of how requests end
 Mode = Literal["count", "tokens", "adaptive", "slo"]  # the unit costs and limits are counted in
-# What one unit of each mode's limit is: a permit per sequence (`n` counts each: count, slo), KV
-# bytes of worst-case reservations, or tokens held and expected (adaptive).
+# What one unit of each mode's limit is: a permit per sequence (`n` counts each: count), a stream
+# admitted and not yet at its first token (slo), KV bytes of worst-case reservations, or tokens
+# held and expected (adaptive).
 LIMIT_UNITS: dict[Mode, str] = {
-    "count": "sequences", "tokens": "kv_bytes", "adaptive": "tokens", "slo": "sequences",
+    "count": "sequences", "tokens": "kv_bytes", "adaptive": "tokens",
+    "slo": "starting_streams",
 }  # fmt: skip
 WithdrawReason = Literal["timeout", "cancelled", "draining", "queue_full"]
 

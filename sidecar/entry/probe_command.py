@@ -107,7 +107,8 @@ def describe(doc: dict[str, Any]) -> list[str]:
 
 def _limit_line(doc: dict[str, Any]) -> str:
     """The limit ``serve`` would enforce, in its unit, and whether the permits are it."""
-    line = f"admission: {doc['admission']}, limit {doc['limit']:,} {doc['limit_unit']}"
+    unit = str(doc["limit_unit"]).replace("_", " ")
+    line = f"admission: {doc['admission']}, limit {doc['limit']:,} {unit}"
     if doc["admission"] == "slo":
         line += " (steered by the streams' latencies; never past the permits above unless the "
         line += "engine preempts)"
