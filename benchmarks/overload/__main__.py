@@ -231,6 +231,7 @@ def _commit() -> str:
 
 def main() -> int:
     OUT.mkdir(exist_ok=True)
+    servers.pin_clients()
     started = time.monotonic()
     document = asyncio.run(main_async())
     report = Report(document)

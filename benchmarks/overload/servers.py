@@ -23,6 +23,26 @@ SERVED_MODEL = "tiny-llama"
 KV_CACHE_BYTES = 8 * 1024 * 1024  # 8,192 tokens of the tiny model (1 KiB each)
 MAX_MODEL_LEN = 2048
 SIDECAR = str(Path(sys.executable).with_name("sidecar"))
+# The engine (every vLLM process: API server, engine core, worker; or the emulator) on core 0,
+# the clients and the sidecar on the others: vLLM's OMP binding pins only its worker, and its
+# engine core (the scheduler, 50-80 % of a core under load) and API server otherwise float onto
+# the clients' core, where the sidecar's relaying then slows the engine itself (a pod gives
+# each container CPUs of its own). Nothing is pinned on a machine with one core.
+ENGINE_CPUS = "0"
+OTHER_CPUS = frozenset(os.sched_getaffinity(0)) - {0}
+
+
+def on_engine_cpus(command: list[str]) -> list[str]:
+    """``command`` run on the engine's core (``taskset``: the process and every child it
+    starts), where the machine has other CPUs to keep apart."""
+    return ["taskset", "--cpu-list", ENGINE_CPUS, *command] if OTHER_CPUS else command
+
+
+def pin_clients() -> None:
+    """Keep this process (the clients) and what it starts but the engine (the sidecar) off
+    the engine's core."""
+    if OTHER_CPUS:
+        os.sched_setaffinity(0, OTHER_CPUS)
 
 
 def free_port() -> int:
@@ -77,7 +97,11 @@ def vllm(flags: tuple[str, ...], log: Path) -> Iterator[str]:
     }
     with log.open("wb") as out:
         process = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            on_engine_cpus(command),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
         )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -95,7 +119,7 @@ def emulator(flags: tuple[str, ...], log: Path) -> Iterator[str]:
                *flags]  # fmt: skip
     with log.open("wb") as out:
         process = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            on_engine_cpus(command), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     url = f"http://127.0.0.1:{port}"
     try:
