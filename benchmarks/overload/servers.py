@@ -27,20 +27,21 @@ SIDECAR = str(Path(sys.executable).with_name("sidecar"))
 # the clients and the sidecar on the others: vLLM's OMP binding pins only its worker, and its
 # engine core (the scheduler, 50-80 % of a core under load) and API server otherwise float onto
 # the clients' core, where the sidecar's relaying then slows the engine itself (a pod gives
-# each container CPUs of its own). Nothing is pinned on a machine with one core.
-ENGINE_CPUS = "0"
-OTHER_CPUS = frozenset(os.sched_getaffinity(0)) - {0}
+# each container CPUs of its own). The engine's core is the first this process may use (core 0
+# here; a container's cpuset may start elsewhere). Nothing is pinned on a machine with one core.
+ENGINE_CPU, *_others = sorted(os.sched_getaffinity(0))
+OTHER_CPUS = frozenset(_others)
 
 
 def on_engine_cpus(command: list[str]) -> list[str]:
     """``command`` run on the engine's core (``taskset``: the process and every child it
     starts), where the machine has other CPUs to keep apart."""
-    return ["taskset", "--cpu-list", ENGINE_CPUS, *command] if OTHER_CPUS else command
+    return ["taskset", "--cpu-list", str(ENGINE_CPU), *command] if OTHER_CPUS else command
 
 
 def pin_clients() -> None:
-    """Keep this process (the clients) and what it starts but the engine (the sidecar) off
-    the engine's core."""
+    """Keep this process (the clients) off the engine's core, and with it the sidecar it
+    starts."""
     if OTHER_CPUS:
         os.sched_setaffinity(0, OTHER_CPUS)
 
@@ -88,12 +89,12 @@ def vllm(flags: tuple[str, ...], log: Path) -> Iterator[str]:
         "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",
         "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), *flags,
     ]  # fmt: skip
-    # vLLM's compute on core 0, so that the clients and the sidecar have the other core.
+    # vLLM's OMP threads on the engine's core too (see ENGINE_CPU).
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_CPU_OMP_THREADS_BIND": "0",
+        "VLLM_CPU_OMP_THREADS_BIND": str(ENGINE_CPU),
     }
     with log.open("wb") as out:
         process = subprocess.Popen(
