@@ -357,16 +357,17 @@ def test_the_starts_never_pass_the_requests_in_flight() -> None:
     ("kv", "in_flight"),
     [
         pytest.param(0.3, 20, id="waiting-for-compute-cuts-the-starts-only"),
-        pytest.param(0.95, 5, id="waiting-for-memory-cuts-the-requests-in-flight-too"),
+        pytest.param(0.95, 6, id="waiting-for-memory-holds-in-flight-to-what-the-cache-holds"),
     ],
 )
-def test_why_requests_wait_at_the_engine_says_which_limit_late_first_tokens_cut(
+def test_why_requests_wait_at_the_engine_says_which_limit_answers_late_first_tokens(
     kv: float, in_flight: int
 ) -> None:
     """Three first tokens missing at twice their target while requests wait at the engine. At
     30 % KV use they wait for compute or its sequence cap: fewer starting is the answer, and
     the requests in flight, their pace unjudged, still grow. With the cache full they wait for
-    memory: fewer running lets them start, so both limits are cut."""
+    memory: the requests in flight are held to the six it holds (nothing ended to make room),
+    and the law itself is not cut, so that it stands again once the cache has room."""
     clock = FakeClock()
     slo = control(clock)
     slo.observe(reading(running=6, kv=kv))
@@ -376,6 +377,45 @@ def test_why_requests_wait_at_the_engine_says_which_limit_late_first_tokens_cut(
     clock.advance(2.0)
     slo.observe(reading(running=6, kv=kv))
     assert (slo.starts_of(PLAN), slo.limit_of(PLAN)) == (5, in_flight)
+    assert slo.law is not None
+    assert slo.law.limit >= 10
+
+
+def test_a_full_cache_holds_in_flight_to_what_it_holds_and_what_ends_free_in_time() -> None:
+    """20 run in 95 % of the cache: it holds 21 at this mix. Ten streams ended in the last 5 s
+    (2 a second) free room for one more within 0.8 s (the engine's half of a 2 s objective, at
+    the 0.8 aim): 22. The law's limit, which the ceiling binds, does not grow meanwhile; at
+    70 % the ceiling lifts and the law's limit stands at once."""
+    clock = FakeClock()
+    slo = control(clock, demand=60)
+    slo.observe(reading(running=20, kv=0.5))
+    assert slo.limit_of(PLAN) == 10  # the worst case: 100,000 / 10,000
+    assert slo.law is not None
+    law = slo.law.limit
+    for _ in range(10):
+        timing = StreamTiming(sent=clock())
+        slo.track(timing, NO_CLAIMS)
+        timing.saw(1, clock() + 0.1)
+        timing.saw(20, clock() + 1.0)
+        slo.ended(timing, completed=True)
+    clock.advance(1.0)
+    slo.observe(reading(running=20, kv=0.5))
+    grown = slo.law.limit
+    assert grown > law  # fast and paced within objective: slow start reaches for what fits
+    clock.advance(1.0)
+    slo.observe(reading(running=20, kv=0.95))
+    assert (slo.drain_limit, slo.ends_per_s) == (22, 2.0)
+    assert slo.limit_of(PLAN) == min(grown, 22)
+    fast_starts(slo, clock)
+    clock.advance(0.5)
+    slo.observe(reading(running=20, kv=0.95))
+    assert slo.law.limit == grown  # bound by the ceiling, not by itself: no growth
+    clock.advance(5.0)  # the ten ends fall out of the window: the cache holds what it holds
+    slo.observe(reading(running=20, kv=0.95))
+    assert (slo.drain_limit, slo.limit_of(PLAN)) == (21, min(grown, 21))
+    slo.observe(reading(running=20, kv=0.7))
+    assert slo.drain_limit is None
+    assert slo.limit_of(PLAN) == slo.law.limit >= grown
 
 
 def test_no_hurried_steps_once_the_limit_in_flight_was_cut() -> None:

@@ -12,6 +12,7 @@ from sidecar.core.slo_limit import (
     LimitEvidence,
     SloLimit,
     SloLimitConfig,
+    drain_allowance,
     fits_in_cache,
     quantile,
 )
@@ -181,3 +182,30 @@ def test_slow_start_never_reaches_past_the_cache_but_never_shrinks_for_it() -> N
     assert law.update(fast) == 30  # the cache holds 20 at this mix: no growth, and no cut
     law = SloLimit(10)
     assert law.update(replace(fast, fits=25)) == 25
+
+
+@pytest.mark.parametrize(
+    ("held", "ends_per_s", "allowed"),
+    [
+        pytest.param(23, 1.0, 23, id="one-end-a-second-frees-no-whole-request-in-0.8s"),
+        pytest.param(23, 2.5, 25, id="two-and-a-half-a-second-free-two"),
+        pytest.param(6, 0.0, 6, id="nothing-ends-no-waiter"),
+        pytest.param(0, 0.0, 1, id="an-idle-engine-is-never-shut"),
+        pytest.param(10, float("inf"), 10, id="a-pace-that-is-no-number-counts-as-none"),
+        pytest.param(10, -3.0, 10, id="a-negative-pace-counts-as-none"),
+    ],
+)
+def test_a_full_cache_allows_what_it_holds_and_what_ends_free_in_time(
+    held: int, ends_per_s: float, allowed: int
+) -> None:
+    """At 0.8 s of wait (the engine's share of a 2 s objective, at the aim): Little's law."""
+    assert drain_allowance(held, ends_per_s, 0.8) == allowed
+
+
+@given(st.integers(0, 10_000), st.floats(0, 1_000), st.floats(0, 60))
+def test_the_allowance_never_goes_below_what_the_cache_holds(
+    held: int, ends_per_s: float, wait_s: float
+) -> None:
+    allowed = drain_allowance(held, ends_per_s, wait_s)
+    assert allowed >= max(1, held)
+    assert allowed <= max(1, held + ends_per_s * wait_s)

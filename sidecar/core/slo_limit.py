@@ -94,6 +94,16 @@ def fits_in_cache(running: float | None, kv_usage: float | None, least: float = 
     return math.floor(running / kv_usage)
 
 
+def drain_allowance(held: int, ends_per_s: float, wait_s: float) -> int:
+    """Requests in flight a full cache allows: the ``held`` it holds at the present mix, and
+    those the streams ending at ``ends_per_s`` make room for within ``wait_s`` (Little's law: a
+    request that waits longer at the engine misses its first-token objective). At least one,
+    so that an idle engine is never shut; no waiter beyond that where nothing ends (it would
+    wait for the next end, where one arriving after that end starts at once)."""
+    pace = ends_per_s if math.isfinite(ends_per_s) and ends_per_s > 0 else 0.0
+    return max(1, math.floor(max(0, held) + pace * max(0.0, wait_s)))
+
+
 def quantile(values: list[float], q: float) -> float:
     """The ``q`` quantile of ``values`` (nearest rank; ``values`` not empty)."""
     ordered = sorted(values)

@@ -8,6 +8,10 @@ gathered between control-loop ticks, and the two SLO-steered limits they drive
   histograms say what that is (a warm engine, a restarted sidecar), else the pool over the worst
   case. An engine that exports no preemption counter (it fails on overflow instead) never gets
   more than its worst-case permits.
+- ``drain_limit``, while the engine's KV cache is full (``FULL_KV``): the requests in flight it
+  holds at the present mix and those the streams ending make room for within the engine's share
+  of a first-token objective. A ceiling read each tick, never a cut of ``law``: as soon as the
+  cache has room again the law's own limit stands.
 - ``starts`` counts streams between admission and their first token, steered by their time to
   first token: how many prefills the engine is given at once. A stream's first token lets the
   next request start at once (the bulkhead's start gate), so the engine is fed as fast as it
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,6 +36,7 @@ from sidecar.core.slo_limit import (
     LimitEvidence,
     SloLimit,
     SloLimitConfig,
+    drain_allowance,
     fits_in_cache,
     quantile,
 )
@@ -53,6 +59,8 @@ TTFT_SMOOTHING = 0.5
 # KV usage from which requests waiting at the engine wait for memory: fewer in flight would let
 # them start (the scale-out signal counts the cache full from the same share).
 FULL_KV = 0.8
+# Streams that ended in the last this many seconds give the pace at which a full cache frees.
+ENDS_WINDOW_S = 5.0
 
 
 @dataclass(slots=True)
@@ -93,6 +101,9 @@ class SloControl:
         self.unsupported: str | None = NO_ENGINE
         self.slots: int | None = None
         self.expected_ttft_s = 0.0  # engine TTFT p90, smoothed over ticks
+        self.drain_limit: int | None = None  # while the cache is full: what it holds and frees
+        self.ends_per_s = 0.0  # relayed streams ended, over the last ENDS_WINDOW_S
+        self._ends: deque[float] = deque()  # when each of them ended
         self._samples: tuple[list[float], list[float]] = ([], [])  # TTFT, TPOT over target
         self._ttfts: list[float] = []
         # Streams being relayed, with their objectives, and whether their TTFT was sampled.
@@ -156,6 +167,7 @@ class SloControl:
         tracked = self._open.pop(timing, None)
         if tracked is None:
             return
+        self._ends.append(self.clock())  # whatever the outcome, its KV cache is free again
         if not tracked.sampled:
             self._sample_ttft(timing, tracked)
         tpot = timing.tpot_s() if completed else None
@@ -191,7 +203,8 @@ class SloControl:
             self._engine_seen(engine)
         if self.law is None:  # no plan yet: the samples wait for the first limit
             return (adaptive_unsupported(self.unsupported, "slo"),) if self.unsupported else ()
-        self._harvest(self.clock())
+        now = self.clock()
+        self._harvest(now)
         (ttft, tpot), self._samples = self._samples, ([], [])
         ttfts, self._ttfts = self._ttfts, []
         if ttfts:
@@ -206,15 +219,22 @@ class SloControl:
         kv = engine.kv_usage_ratio if engine is not None else None
         fits = fits_in_cache(engine.requests_running, kv) if engine is not None else None
         demand = self.demand()
-        # In flight: the pace of tokens and the cache judge. Late first tokens judge it too where
-        # requests wait at the engine for memory (its cache full, or it does not say): fewer
-        # running would let them start. At a lower KV use they wait for compute or the engine's
-        # sequence cap, which fewer starting answers (the start gate), not fewer running. It
-        # binds only where there is demand for it.
-        for_memory = queued and (kv is None or kv >= FULL_KV)
+        self.ends_per_s = self._ends_rate(now)
+        self.drain_limit = self._drain(engine)
+        draining = self.drain_limit is not None and self.drain_limit < law.limit
+        # In flight: the pace of tokens and the cache judge; while the cache is full, the drain
+        # ceiling holds it, and the law, which that ceiling binds and not its own limit, does not
+        # grow. Late first tokens judge it only where the engine does not say how full its cache
+        # is: where it does, a queue waiting for memory is the ceiling's to answer (the law's
+        # cuts overshoot it: 31 to 15 with 25 running, the engine drained to 19 on the
+        # GPU-shaped emulated engine), and one waiting for compute or the engine's sequence cap
+        # is the starts' (the start gate), not fewer running. It binds only where there is
+        # demand for it.
+        for_memory = queued and kv is None
         in_flight = LimitEvidence(
-            tuple(ttft), tuple(tpot), pressed and demand >= law.limit, for_memory, demand, fits
-        )
+            tuple(ttft), tuple(tpot), pressed and demand >= law.limit and not draining,
+            for_memory, demand, fits,
+        )  # fmt: skip
         # Starting: first tokens judge, while requests wait at the engine.
         starting = LimitEvidence(tuple(ttft), (), pressed, queued, self.starting())
         in_flight_limit = law.update(in_flight)
@@ -225,6 +245,7 @@ class SloControl:
             "slo_step", limit=after[0], starts=after[1], gradient=law.last_gradient,
             starts_gradient=starts.last_gradient, ttft_samples=len(ttft),
             tpot_samples=len(tpot), pressed=pressed, expected_ttft_s=self.expected_ttft_s,
+            drain_limit=self.drain_limit, ends_per_s=self.ends_per_s,
         )  # fmt: skip
         if after[0] < before[0] or after[1] < before[1]:
             self._epoch = self.clock()
@@ -233,6 +254,28 @@ class SloControl:
                 starts_gradient=starts.last_gradient,
             )  # fmt: skip
         return (adaptive_unsupported(self.unsupported, "slo"),) if self.unsupported else ()
+
+    def _ends_rate(self, now: float) -> float:
+        """Relayed streams ended per second over the last ``ENDS_WINDOW_S``."""
+        ends = self._ends
+        while ends and ends[0] < now - ENDS_WINDOW_S:
+            ends.popleft()
+        return len(ends) / ENDS_WINDOW_S
+
+    def _drain(self, engine: EngineReading | None) -> int | None:
+        """While the engine's KV cache is full: the requests it holds at the present mix (those
+        running, over the share of the cache they use) and those that the streams ending free
+        room for within the engine's share of the TTFT objective, at the aim. None while the
+        cache has room, or the engine does not say."""
+        if engine is None:
+            return None
+        kv, running = engine.kv_usage_ratio, engine.requests_running
+        if kv is None or running is None or not FULL_KV <= kv <= 1:
+            return None
+        held = max(math.floor(running), math.floor(running / kv))
+        config = self.config
+        wait_s = self.objectives.ttft_s * config.engine_share * config.aim
+        return drain_allowance(held, self.ends_per_s, wait_s)
 
     def _engine_seen(self, engine: EngineReading) -> None:
         self.slots = engine.slots
@@ -251,7 +294,7 @@ class SloControl:
             self._started_blind and self.unsupported != NO_ENGINE and law.last_gradient is None
         ):
             law = self._start_law(plan)
-        limit = law.limit
+        limit = law.limit if self.drain_limit is None else min(law.limit, self.drain_limit)
         return min(limit, max(1, plan.permits)) if self.unsupported else limit
 
     def starts_of(self, plan: Plan) -> int:

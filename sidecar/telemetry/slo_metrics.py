@@ -24,8 +24,9 @@ class SloCollector(Collector):
         law = slo.law
         yield gauge(
             "sidecar_slo_limit",
-            "Requests in flight the streams' TPOT (and, where requests wait at the engine for "
-            "memory, their TTFT) allow now (before any worst-case cap).",
+            "Requests in flight the streams' TPOT (and their TTFT, where requests wait at an "
+            "engine that does not report its KV use) allow now (before the drain ceiling and any "
+            "worst-case cap).",
             law.limit if law is not None else 0,
         )
         starts = slo.starts
@@ -40,6 +41,19 @@ class SloCollector(Collector):
             "The last step of the limit: target over the p90 of latency/objective samples "
             "(above 1: room to grow; NaN before the first step).",
             math.nan if law is None or law.last_gradient is None else law.last_gradient,
+        )
+        yield gauge(
+            "sidecar_slo_drain_limit",
+            "While the engine's KV cache is full (>= 0.8): the requests in flight it holds at the "
+            "present mix plus those the streams ending free room for within the engine's share of "
+            "the TTFT objective; a ceiling on sidecar_slo_limit (NaN while the cache has room).",
+            math.nan if slo.drain_limit is None else slo.drain_limit,
+        )
+        yield gauge(
+            "sidecar_slo_ends_per_second",
+            "Relayed streams ended per second over the last 5 s: the pace at which a full KV "
+            "cache frees room.",
+            slo.ends_per_s,
         )
         yield gauge(
             "sidecar_slo_expected_ttft_seconds",
@@ -64,6 +78,8 @@ def slo_json(slo: SloControl) -> dict[str, Any]:
         "starts_limit": slo.starts.limit if slo.starts is not None else None,
         "last_gradient": None if law is None else law.last_gradient,
         "starts_gradient": None if slo.starts is None else slo.starts.last_gradient,
+        "drain_limit": slo.drain_limit,
+        "ends_per_s": round(slo.ends_per_s, 3),
         "expected_ttft_s": round(slo.expected_ttft_s, 4),
         "objectives": {"ttft_s": slo.objectives.ttft_s, "tpot_s": slo.objectives.tpot_s},
         "engine_share": slo.config.engine_share,
