@@ -3,6 +3,8 @@ no_capacity answered at once, and adaptive admission learning from what streams 
 
 from __future__ import annotations
 
+import asyncio
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
@@ -162,3 +164,55 @@ async def test_the_default_admission_steers_where_the_engine_lets_it(
 def test_auto_is_the_default_admission() -> None:
     """Nothing set: the admission setting is auto."""
     assert load_settings({"SIDECAR_UPSTREAM_URL": "http://127.0.0.1:1"}).admission == "auto"
+
+
+async def test_a_full_cache_holds_the_requests_in_flight_to_what_it_holds(
+    start_pair: StartPair,
+) -> None:
+    """Eight streams of 300 + 200 tokens into a 1,024-token cache: two fill it, and it runs past
+    0.8 while the sidecar holds the others. /capacity and /metrics show the drain ceiling, what
+    the cache holds at that mix (no stream ended yet, so no waiter beyond it), and the cap on
+    requests in flight under it."""
+    engine = EmulatorConfig(
+        model_name="tiny-llama", kv_tokens=1024, max_model_len=1024, tokens_per_s=50.0
+    )
+    server = await start_pair(
+        engine,
+        SIDECAR_ADMISSION="auto",
+        SIDECAR_SAFETY_FACTOR="1",
+        SIDECAR_REFRESH_MS="100",
+        SIDECAR_MAX_PROMPT_TOKENS="300",
+        SIDECAR_MAX_COMPLETION_TOKENS="200",
+        SIDECAR_MAX_QUEUE="16",
+        SIDECAR_MAX_WAIT_MS="60000",
+    )
+    body = {"model": "tiny-llama", "prompt": "hi " * 299, "max_tokens": 200, "stream": True}
+    admin = admin_url(server)
+    async with aiohttp.ClientSession() as session:
+
+        async def stream() -> None:
+            async with session.post(f"{proxy_url(server)}/v1/completions", json=body) as response:
+                await response.read()
+
+        tasks = [asyncio.create_task(stream()) for _ in range(8)]
+        try:
+            doc = await get_json(f"{admin}/capacity")
+            for _ in range(100):  # ticks every 0.1 s: the cache fills within a few
+                if doc["slo"]["drain_limit"] is not None:
+                    break
+                await asyncio.sleep(0.1)
+                doc = await get_json(f"{admin}/capacity")
+            metrics = await scrape(f"{admin}/metrics")
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    slo = doc["slo"]
+    assert slo["drain_limit"] is not None, doc
+    reading = doc["capacity"]["engine"]
+    running, kv = reading["requests_running"], reading["kv_usage_ratio"]
+    assert kv >= 0.8
+    assert slo["ends_per_s"] == 0.0
+    assert slo["drain_limit"] == max(1, math.floor(running / kv))
+    assert metrics["sidecar_slo_drain_limit"] == slo["drain_limit"]
+    assert doc["limit"] <= slo["drain_limit"]
