@@ -171,8 +171,8 @@ async def test_a_full_cache_holds_the_requests_in_flight_to_what_it_holds(
 ) -> None:
     """Eight streams of 300 + 200 tokens into a 1,024-token cache: two fill it, and it runs past
     0.8 while the sidecar holds the others. /capacity and /metrics show the drain ceiling, what
-    the cache holds at that mix (no stream ended yet, so no waiter beyond it), and the cap on
-    requests in flight under it."""
+    the cache holds at that mix (no stream ended yet, so no waiter beyond it), and the
+    bulkhead's limit within it."""
     engine = EmulatorConfig(
         model_name="tiny-llama", kv_tokens=1024, max_model_len=1024, tokens_per_s=50.0
     )
