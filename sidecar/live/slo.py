@@ -8,10 +8,10 @@ gathered between control-loop ticks, and the two SLO-steered limits they drive
   histograms say what that is (a warm engine, a restarted sidecar), else the pool over the worst
   case. An engine that exports no preemption counter (it fails on overflow instead) never gets
   more than its worst-case permits.
-- ``drain_limit``, while the engine's KV cache is full (``FULL_KV``): the requests in flight it
-  holds at the present mix and those the streams ending make room for within the engine's share
-  of a first-token objective. A ceiling read each tick, never a cut of ``law``: as soon as the
-  cache has room again the law's own limit stands.
+- ``drain_limit``: the requests in flight the engine's KV cache holds at the present mix, and
+  those the streams ending make room for within ``ENGINE_QUEUE_S``. A ceiling read each tick
+  from the engine's figures, never a cut of ``law``: as soon as the cache has room again the
+  law's own limit stands.
 - ``starts`` counts streams between admission and their first token, steered by their time to
   first token: how many prefills the engine is given at once. A stream's first token lets the
   next request start at once (the bulkhead's start gate), so the engine is fed as fast as it
@@ -56,11 +56,14 @@ NO_ENGINE = "no engine metrics to watch (capacity source without the engine)"
 STEERED = "the limit follows the streams' TTFT and TPOT against their objectives"
 # Weight of a new tick's p90 engine TTFT in the expected TTFT that bounds the queue wait.
 TTFT_SMOOTHING = 0.5
-# KV usage from which requests waiting at the engine wait for memory: fewer in flight would let
-# them start (the scale-out signal counts the cache full from the same share).
-FULL_KV = 0.8
 # Streams that ended in the last this many seconds give the pace at which a full cache frees.
 ENDS_WINDOW_S = 5.0
+# How long a request may wait at the engine for a full cache to free room: enough waiters there
+# to refill the sequences that end within a few engine steps, the rest waiting at the sidecar,
+# where they can still be refused with a Retry-After. At 0.8 s (the engine's share of a 2 s
+# objective at the aim), vLLM on short prompts kept ~12 requests waiting and TTFT p99 at 2.7 s;
+# at 0.25 s, SLO goodput went from 3,238 to 3,568 tok/s in the same run (docs/adaptive.md).
+ENGINE_QUEUE_S = 0.25
 
 
 @dataclass(slots=True)
@@ -222,14 +225,14 @@ class SloControl:
         self.ends_per_s = self._ends_rate(now)
         self.drain_limit = self._drain(engine)
         draining = self.drain_limit is not None and self.drain_limit < law.limit
-        # In flight: the pace of tokens and the cache judge; while the cache is full, the drain
-        # ceiling holds it, and the law, which that ceiling binds and not its own limit, does not
-        # grow. Late first tokens judge it only where the engine does not say how full its cache
-        # is: where it does, a queue waiting for memory is the ceiling's to answer (the law's
-        # cuts overshoot it: 31 to 15 with 25 running, the engine drained to 19 on the
-        # GPU-shaped emulated engine), and one waiting for compute or the engine's sequence cap
-        # is the starts' (the start gate), not fewer running. It binds only where there is
-        # demand for it.
+        # In flight: the pace of tokens and the cache judge; the drain ceiling holds it to what
+        # the cache holds and frees, and the law, where that ceiling binds and not its own
+        # limit, does not grow. Late first tokens judge it only where the engine does not say
+        # how full its cache is: where it does, a queue waiting for memory is the ceiling's to
+        # answer (the law's cuts overshoot it: 31 to 15 with 25 running, the engine drained to
+        # 19 on the GPU-shaped emulated engine), and one waiting for compute or the engine's
+        # sequence cap is the starts' (the start gate), not fewer running. It binds only where
+        # there is demand for it.
         for_memory = queued and kv is None
         in_flight = LimitEvidence(
             tuple(ttft), tuple(tpot), pressed and demand >= law.limit and not draining,
@@ -263,19 +266,16 @@ class SloControl:
         return len(ends) / ENDS_WINDOW_S
 
     def _drain(self, engine: EngineReading | None) -> int | None:
-        """While the engine's KV cache is full: the requests it holds at the present mix (those
-        running, over the share of the cache they use) and those that the streams ending free
-        room for within the engine's share of the TTFT objective, at the aim. None while the
-        cache has room, or the engine does not say."""
+        """The requests the engine's KV cache holds at the present mix (those running, over the
+        share of the cache they use) and those that the streams ending free room for within
+        ``ENGINE_QUEUE_S``. None where the engine does not say, or its cache is too empty to
+        tell (``fits_in_cache``)."""
         if engine is None:
             return None
-        kv, running = engine.kv_usage_ratio, engine.requests_running
-        if kv is None or running is None or not FULL_KV <= kv <= 1:
+        held = fits_in_cache(engine.requests_running, engine.kv_usage_ratio)
+        if held is None:
             return None
-        held = max(math.floor(running), math.floor(running / kv))
-        config = self.config
-        wait_s = self.objectives.ttft_s * config.engine_share * config.aim
-        return drain_allowance(held, self.ends_per_s, wait_s)
+        return drain_allowance(held, self.ends_per_s, ENGINE_QUEUE_S)
 
     def _engine_seen(self, engine: EngineReading) -> None:
         self.slots = engine.slots
