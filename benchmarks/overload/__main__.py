@@ -7,7 +7,8 @@ configuration once per repetition, the median of the repetitions reported. Print
 load and the targets, yes or NO; written: .bench/overload.json (every request's record),
 .bench/overload.md and .bench/overload.png.
 
-    OVERLOAD_MEASURE_S      seconds measured per run (default 40, after OVERLOAD_WARMUP_S=10)
+    OVERLOAD_MEASURE_S      seconds measured per run (default 40, after OVERLOAD_WARMUP_S=10,
+                            or the load's own longer warm-up: gpu-long's 40 s)
     OVERLOAD_REPETITIONS    default 3
     OVERLOAD_LOADS          closed-short,closed-long,open-long,gpu-long (default: all)
     OVERLOAD_CONFIGS        alone,queued-reqs,queued-tokens,sidecar,sidecar-b (default: all
@@ -76,11 +77,13 @@ OBJECTIVES = Objectives(
 )
 
 
-async def run_load(url: str, engine_url: str, load: Load, model: str) -> dict[str, Any]:
-    """One load against ``url`` for warm-up plus measurement, the engine watched meanwhile;
+async def run_load(
+    url: str, engine_url: str, load: Load, model: str, warmup_s: float
+) -> dict[str, Any]:
+    """One load against ``url`` for ``warmup_s`` plus measurement, the engine watched meanwhile;
     the records and samples with times in seconds into the measurement window."""
     now = time.monotonic()
-    window = Window(now + WARMUP_S, now + WARMUP_S + MEASURE_S)
+    window = Window(now + warmup_s, now + warmup_s + MEASURE_S)
     tally, timeline = Tally(), Timeline()
     drive = closed_loop if load.clients else open_loop
     clients = asyncio.create_task(drive(url, load, model, window, tally))
@@ -90,6 +93,7 @@ async def run_load(url: str, engine_url: str, load: Load, model: str) -> dict[st
     start = window.start
     return {
         "window_s": MEASURE_S,
+        "warmup_s": warmup_s,
         "offered_rate": load.rate or None,
         "sent": [round(t - start, 4) for t in tally.sent],
         "records": [_row(r, start) for r in tally.records],
@@ -145,14 +149,15 @@ async def measure(
     engine_url = engines.url(spec.engine, config.engine_flags(spec.engine))
     await settle(engine_url)
     load = spec.load(rate)
+    warmup_s = max(WARMUP_S, spec.warmup_s)
     if config.behind_sidecar:
         log = OUT / f"overload-sidecar-{spec.engine}.log"
         settings = SIDECAR_SETTINGS[spec.engine] | SLO_SETTINGS | dict(config.settings)
         log = log.with_name(f"overload-{config.name}-{spec.engine}.log")
         with servers.sidecar(engine_url, None, log, config.program, **settings) as url:
-            run = await run_load(url, engine_url, load, spec.model)
+            run = await run_load(url, engine_url, load, spec.model, warmup_s)
     else:
-        run = await run_load(engine_url, engine_url, load, spec.model)
+        run = await run_load(engine_url, engine_url, load, spec.model, warmup_s)
     run |= {"rep": rep, "load": spec.name, "config": config.name, "engine": spec.engine,
             "label": config.label(spec.engine)}  # fmt: skip
     print(progress_line(run), flush=True)

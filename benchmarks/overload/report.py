@@ -172,7 +172,7 @@ def markdown(report: Report) -> str:
     lines = [
         f"Objectives: TTFT <= {objectives.ttft_s:g} s, mean time per output token <= "
         f"{objectives.tpot_s * 1000:g} ms. {doc['measure_s']:g} s measured after "
-        f"{doc['warmup_s']:g} s of warm-up; "
+        f"{doc['warmup_s']:g} s of warm-up (or the load's own, where it says one); "
         + (
             f"median of {doc['repetitions']} repetitions."
             if doc["repetitions"] > 1
