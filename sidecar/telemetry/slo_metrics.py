@@ -9,7 +9,7 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from sidecar.live.slo import SloControl
+from sidecar.live.slo import ENGINE_QUEUE_S, SloControl
 from sidecar.telemetry.gauges import gauge
 
 
@@ -44,9 +44,10 @@ class SloCollector(Collector):
         )
         yield gauge(
             "sidecar_slo_drain_limit",
-            "While the engine's KV cache is full (>= 0.8): the requests in flight it holds at the "
-            "present mix plus those the streams ending free room for within the engine's share of "
-            "the TTFT objective; a ceiling on sidecar_slo_limit (NaN while the cache has room).",
+            "The requests in flight the engine's KV cache holds at the present mix plus those the "
+            f"streams ending free room for within {ENGINE_QUEUE_S:g} s: a ceiling on "
+            "sidecar_slo_limit (NaN "
+            "where the engine's KV use does not tell).",
             math.nan if slo.drain_limit is None else slo.drain_limit,
         )
         yield gauge(
