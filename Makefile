@@ -64,7 +64,7 @@ soak: $(STAMP)
 	$(BIN)/python -m benchmarks.soak
 
 # SLO goodput under overload: the sidecar against vLLM alone and its queue cap, on a real vLLM
-# (CPU) and a GPU-shaped emulated engine, 3 repetitions interleaved: about 35 min on 2 cores
+# (CPU) and a GPU-shaped emulated engine, 3 repetitions interleaved: about 40 min on 2 cores
 # (docs/lab/overload.md). OVERLOAD_LOADS, OVERLOAD_CONFIGS, OVERLOAD_MEASURE_S, OVERLOAD_REPETITIONS
 # narrow it. Writes .bench/overload.json (every request), .md and .png.
 bench-overload: $(STAMP)

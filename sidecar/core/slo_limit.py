@@ -95,11 +95,11 @@ def fits_in_cache(running: float | None, kv_usage: float | None, least: float = 
 
 
 def drain_allowance(held: int, ends_per_s: float, wait_s: float) -> int:
-    """Requests in flight a full cache allows: the ``held`` it holds at the present mix, and
-    those the streams ending at ``ends_per_s`` make room for within ``wait_s`` (Little's law: a
-    request that waits longer at the engine misses its first-token objective). At least one,
-    so that an idle engine is never shut; no waiter beyond that where nothing ends (it would
-    wait for the next end, where one arriving after that end starts at once)."""
+    """Requests in flight the engine's KV cache allows: the ``held`` it holds at the present
+    mix, and those the streams ending at ``ends_per_s`` make room for within ``wait_s`` (Little's
+    law: no more waiting at the engine than start within ``wait_s``). At least one, so that an
+    idle engine is never shut; no waiter beyond ``held`` where nothing ends (it would wait for
+    the next end, where one arriving after that end starts at once)."""
     pace = ends_per_s if math.isfinite(ends_per_s) and ends_per_s > 0 else 0.0
     return max(1, math.floor(max(0, held) + pace * max(0.0, wait_s)))
 

@@ -104,7 +104,7 @@ class SloControl:
         self.unsupported: str | None = NO_ENGINE
         self.slots: int | None = None
         self.expected_ttft_s = 0.0  # engine TTFT p90, smoothed over ticks
-        self.drain_limit: int | None = None  # while the cache is full: what it holds and frees
+        self.drain_limit: int | None = None  # what the KV cache holds and frees; None: unknown
         self.ends_per_s = 0.0  # relayed streams ended, over the last ENDS_WINDOW_S
         self._ends: deque[float] = deque()  # when each of them ended
         self._samples: tuple[list[float], list[float]] = ([], [])  # TTFT, TPOT over target
