@@ -28,8 +28,9 @@ Gradient2, with the reference latency set by the objectives instead of a measure
 - fewer than ``min_samples`` samples: the decision waits for more (they are kept);
 - always within ``[floor, ceiling]``.
 
-The engine's insides (KV usage, preemptions, its queue) enter only through what they cost the
-streams: a preemption that costs one cheap step leaves the latencies, and so the limit, alone.
+The engine's insides (preemptions, its queue) enter only through what they cost the streams: a
+preemption that costs one cheap step leaves the latencies, and so the limit, alone. KV usage
+enters only as ``fits``, a count of the requests the cache holds, never as a share to keep under.
 """
 
 from __future__ import annotations
