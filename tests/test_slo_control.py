@@ -151,23 +151,6 @@ def test_a_request_objective_in_its_headers_is_the_one_it_is_held_to() -> None:
     assert slo.max_wait_s(Claims(ttl_s=0.5)) == pytest.approx(0.5)
 
 
-def test_the_queue_wait_leaves_room_for_the_engines_slow_first_tokens() -> None:
-    """Ten first tokens at 0.1 s and one at 1.0 s: the queue wait leaves room for the slow one
-    (the tick's p99, halfway from 0: 0.5 s), not for the typical (its p90, 0.1 s)."""
-    clock = FakeClock()
-    slo = control(clock)
-    slo.observe(reading())
-    slo.limit_of(PLAN)
-    for late in [0.1] * 10 + [1.0]:
-        timing = StreamTiming(sent=clock())
-        slo.track(timing, NO_CLAIMS)
-        timing.saw(1, clock() + late)
-        slo.ended(timing, completed=False)
-    slo.observe(reading())
-    assert slo.expected_ttft_s == pytest.approx(0.5)
-    assert slo.max_wait_s(NO_CLAIMS) == pytest.approx(1.1)
-
-
 def test_slow_tokens_after_a_fast_start_shrink_it() -> None:
     """Streams that start at once but then take 0.2 s a token (twice the TPOT objective)."""
     clock = FakeClock()

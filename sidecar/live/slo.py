@@ -54,14 +54,8 @@ NO_PREEMPTION_SERIES = (
 )
 NO_ENGINE = "no engine metrics to watch (capacity source without the engine)"
 STEERED = "the limit follows the streams' TTFT and TPOT against their objectives"
-# Weight of a new tick's engine TTFT tail in the expected TTFT that bounds the queue wait.
+# Weight of a new tick's p90 engine TTFT in the expected TTFT that bounds the queue wait.
 TTFT_SMOOTHING = 0.5
-# The quantile of a tick's engine TTFTs that a queue wait leaves room for: a request that waited
-# its whole budget still meets its objective unless its engine TTFT is past this. At the p90,
-# one in ten of those went over: on vLLM with short prompts the sidecar's TTFT p99 stayed at
-# 2.0-2.3 s against a 2 s objective; at the p99, 2.06 against 2.29 s in the same run, and SLO
-# goodput 3,628 against 3,537 tok/s (docs/adaptive.md).
-TTFT_TAIL = 0.99
 # Streams that ended in the last this many seconds give the pace at which a full cache frees.
 ENDS_WINDOW_S = 5.0
 # How long a request may wait at the engine for a full cache to free room: enough waiters there
@@ -109,7 +103,7 @@ class SloControl:
         self.starts: SloLimit | None = None  # made with it
         self.unsupported: str | None = NO_ENGINE
         self.slots: int | None = None
-        self.expected_ttft_s = 0.0  # engine TTFT p99 (TTFT_TAIL), smoothed over ticks
+        self.expected_ttft_s = 0.0  # engine TTFT p90, smoothed over ticks
         self.drain_limit: int | None = None  # what the KV cache holds and frees; None: unknown
         self.ends_per_s = 0.0  # relayed streams ended, over the last ENDS_WINDOW_S
         self._ends: deque[float] = deque()  # when each of them ended
@@ -217,8 +211,8 @@ class SloControl:
         (ttft, tpot), self._samples = self._samples, ([], [])
         ttfts, self._ttfts = self._ttfts, []
         if ttfts:
-            tail = quantile(ttfts, TTFT_TAIL)
-            self.expected_ttft_s += TTFT_SMOOTHING * (tail - self.expected_ttft_s)
+            p90 = quantile(ttfts, self.config.quantile)
+            self.expected_ttft_s += TTFT_SMOOTHING * (p90 - self.expected_ttft_s)
         law, starts = self.law, self.starts
         assert starts is not None  # made with the law
         before = (law.limit, starts.limit)

@@ -58,7 +58,7 @@ class SloCollector(Collector):
         )
         yield gauge(
             "sidecar_slo_expected_ttft_seconds",
-            "Engine TTFT p99, smoothed over ticks: a request's queue wait is capped at its TTFT "
+            "Engine TTFT p90, smoothed over ticks: a request's queue wait is capped at its TTFT "
             "objective less this.",
             slo.expected_ttft_s,
         )
