@@ -170,7 +170,9 @@ class SloControl:
         tracked = self._open.pop(timing, None)
         if tracked is None:
             return
-        self._ends.append(self.clock())  # whatever the outcome, its KV cache is free again
+        now = self.clock()
+        self._ends.append(now)  # whatever the outcome, its KV cache is free again
+        self._forget_ends(now)  # bounded even while no tick comes
         if not tracked.sampled:
             self._sample_ttft(timing, tracked)
         tpot = timing.tpot_s() if completed else None
@@ -222,17 +224,22 @@ class SloControl:
         kv = engine.kv_usage_ratio if engine is not None else None
         fits = fits_in_cache(engine.requests_running, kv) if engine is not None else None
         demand = self.demand()
-        self.ends_per_s = self._ends_rate(now)
-        self.drain_limit = self._drain(engine)
+        self._forget_ends(now)
+        self.ends_per_s = len(self._ends) / ENDS_WINDOW_S
+        # The drain ceiling: what the cache holds at the present mix (``fits``), and those the
+        # streams ending free room for within ENGINE_QUEUE_S; none where the cache cannot tell.
+        self.drain_limit = (
+            None if fits is None else drain_allowance(fits, self.ends_per_s, ENGINE_QUEUE_S)
+        )
         draining = self.drain_limit is not None and self.drain_limit < law.limit
         # In flight: the pace of tokens and the cache judge; the drain ceiling holds it to what
         # the cache holds and frees, and the law, where that ceiling binds and not its own
         # limit, does not grow. Late first tokens judge it only where the engine does not say
         # how full its cache is: where it does, a queue waiting for memory is the ceiling's to
-        # answer (the law's cuts overshoot it: 31 to 15 with 25 running, the engine drained to
-        # 19 on the GPU-shaped emulated engine), and one waiting for compute or the engine's
-        # sequence cap is the starts' (the start gate), not fewer running. It binds only where
-        # there is demand for it.
+        # answer (the law's cuts overshot it and grew back slowly: on the GPU-shaped emulated
+        # engine, 327 tok/s of SLO goodput against the ceiling's 490, median of three, in
+        # docs/lab/overload.md), and one waiting for compute or the engine's sequence cap is the
+        # starts' (the start gate), not fewer running. It binds only where there is demand.
         for_memory = queued and kv is None
         in_flight = LimitEvidence(
             tuple(ttft), tuple(tpot), pressed and demand >= law.limit and not draining,
@@ -258,24 +265,11 @@ class SloControl:
             )  # fmt: skip
         return (adaptive_unsupported(self.unsupported, "slo"),) if self.unsupported else ()
 
-    def _ends_rate(self, now: float) -> float:
-        """Relayed streams ended per second over the last ``ENDS_WINDOW_S``."""
+    def _forget_ends(self, now: float) -> None:
+        """Drop the stream ends older than ``ENDS_WINDOW_S``."""
         ends = self._ends
         while ends and ends[0] < now - ENDS_WINDOW_S:
             ends.popleft()
-        return len(ends) / ENDS_WINDOW_S
-
-    def _drain(self, engine: EngineReading | None) -> int | None:
-        """The requests the engine's KV cache holds at the present mix (those running, over the
-        share of the cache they use) and those that the streams ending free room for within
-        ``ENGINE_QUEUE_S``. None where the engine does not say, or its cache is too empty to
-        tell (``fits_in_cache``)."""
-        if engine is None:
-            return None
-        held = fits_in_cache(engine.requests_running, engine.kv_usage_ratio)
-        if held is None:
-            return None
-        return drain_allowance(held, self.ends_per_s, ENGINE_QUEUE_S)
 
     def _engine_seen(self, engine: EngineReading) -> None:
         self.slots = engine.slots

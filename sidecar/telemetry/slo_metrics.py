@@ -9,7 +9,7 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from sidecar.live.slo import ENGINE_QUEUE_S, SloControl
+from sidecar.live.slo import ENDS_WINDOW_S, ENGINE_QUEUE_S, SloControl
 from sidecar.telemetry.gauges import gauge
 
 
@@ -46,14 +46,13 @@ class SloCollector(Collector):
             "sidecar_slo_drain_limit",
             "The requests in flight the engine's KV cache holds at the present mix plus those the "
             f"streams ending free room for within {ENGINE_QUEUE_S:g} s: a ceiling on "
-            "sidecar_slo_limit (NaN "
-            "where the engine's KV use does not tell).",
+            "sidecar_slo_limit (NaN where the engine's KV use does not tell).",
             math.nan if slo.drain_limit is None else slo.drain_limit,
         )
         yield gauge(
             "sidecar_slo_ends_per_second",
-            "Relayed streams ended per second over the last 5 s: the pace at which a full KV "
-            "cache frees room.",
+            f"Relayed streams ended per second over the last {ENDS_WINDOW_S:g} s: the pace at "
+            "which a full KV cache frees room.",
             slo.ends_per_s,
         )
         yield gauge(
