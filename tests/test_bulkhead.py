@@ -43,10 +43,58 @@ def make(fake: FakeTime, events: list[AdmissionEvent] | None = None, **kwargs: o
 
 
 async def release_twice_a_second(bulkhead: Bulkhead, fake: FakeTime) -> None:
-    """Five permits held half a second each: the release rate the retry hint sees is 2/s."""
+    """Six permits of limit 1 held half a second each, the next one waiting behind each: waiters
+    get in twice a second, the rate the retry hint sees (it counts releases that let a waiter
+    in, and time while one waits)."""
+    gates = [asyncio.Event() for _ in range(6)]
+
+    async def one(gate: asyncio.Event) -> None:
+        async with bulkhead.admit():
+            await gate.wait()
+
+    tasks = [asyncio.create_task(one(gates[0]))]
+    await settle()
+    for index, gate in enumerate(gates):
+        if index + 1 < len(gates):
+            tasks.append(asyncio.create_task(one(gates[index + 1])))
+            await settle()
+        fake.advance(0.5)
+        gate.set()
+        await settle()
+    await asyncio.gather(*tasks)
+
+
+async def test_releases_while_nobody_waits_do_not_set_the_hint() -> None:
+    """Permits that come and go while nobody waits say nothing of how fast a waiter would get
+    in: a caller refused after them is told the unknown-rate hint, not one from their pace."""
+    fake, gate, log = FakeTime(), asyncio.Event(), new_log()
+    bulkhead = make(fake, max_queue=0)
     for _ in range(5):
         async with bulkhead.admit():
-            fake.advance(0.5)
+            fake.advance(10.0)  # three streams of light use, ten seconds each
+    holder = asyncio.create_task(hold(bulkhead, gate, log, "holder"))
+    await settle()
+    with pytest.raises(AdmissionRejectedError) as caught:
+        await hold(bulkhead, gate, log, "late")
+    assert caught.value.retry_after_s == 1.0  # HintBounds.unknown_s: nothing measured
+    gate.set()
+    await holder
+
+
+async def test_a_queue_after_light_use_is_not_refused_as_hopeless() -> None:
+    """Light use long before a burst (one start every ten seconds, nobody waiting) does not make
+    the burst's waiters look hopeless: they queue and get in."""
+    fake, gate, log = FakeTime(), asyncio.Event(), new_log()
+    bulkhead = make(fake, max_queue=4, max_wait_s=1.5)
+    for _ in range(3):
+        async with bulkhead.admit():
+            fake.advance(10.0)
+    tasks = [asyncio.create_task(hold(bulkhead, gate, log, f"u{i}")) for i in range(4)]
+    await settle()
+    assert bulkhead.snapshot().queued == 3
+    gate.set()
+    await asyncio.gather(*tasks)
+    assert log == ["u0", "u1", "u2", "u3"]
 
 
 async def hold(bulkhead: Bulkhead, gate: asyncio.Event, log: list[str], name: str) -> Permit:

@@ -131,17 +131,20 @@ async def test_every_permit_comes_back_once_whenever_its_first_token_came() -> N
 
 
 async def test_a_start_is_a_release_to_the_retry_hint() -> None:
-    """Streams start twice a second and run on: with 2 queued ahead a refused caller is told
-    about (2 + 1) / 2 = 1.5 s, the rate of starts, not of ends (none ended)."""
+    """Streams start twice a second, each with the next one waiting, and run on: with 2 queued
+    ahead a refused caller is told about (2 + 1) / 2 = 1.5 s, the rate of starts, not of ends
+    (none ended)."""
     fake, done, held = FakeTime(), asyncio.Event(), list[Permit]()
     bulkhead = gate(fake, in_flight=20, starts=1, max_queue=2)
-    tasks = []
+    tasks = [asyncio.create_task(run(bulkhead, 1, done, held))]
+    await settle()
     for _ in range(5):
-        tasks.append(asyncio.create_task(run(bulkhead, 1, done, held)))
+        tasks.append(asyncio.create_task(run(bulkhead, 1, done, held)))  # waits for the start
         await settle()
         fake.advance(0.5)
-        held[-1].first_token()
-    tasks += [asyncio.create_task(run(bulkhead, 1, done, held)) for _ in range(3)]
+        held[-1].first_token()  # lets the waiter in
+        await settle()
+    tasks += [asyncio.create_task(run(bulkhead, 1, done, held)) for _ in range(2)]
     await settle()
     assert bulkhead.snapshot().queued == 2
     with pytest.raises(AdmissionRejectedError) as caught:

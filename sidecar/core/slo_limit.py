@@ -26,6 +26,11 @@ Gradient2, with the reference latency set by the objectives instead of a measure
   then only TPOT speaks, and a limit that binds grows (the engine must not idle while the
   sidecar holds requests);
 - fewer than ``min_samples`` samples: the decision waits for more (they are kept);
+- a limit nobody pressed against for ``restart_after_s`` (no request waited or was refused,
+  and at most half of it in use) was not validated by use, so it is no evidence of what the
+  engine serves now (RFC 7661, TCP's congestion window validation): slow start begins again,
+  from at least where a fresh pod starts (``start``). A burst on a warm pod then fares as on a
+  fresh one, whatever light use or an earlier cut left behind;
 - always within ``[floor, ceiling]``.
 
 The engine's insides (preemptions, its queue) enter only through what they cost the streams: a
@@ -58,6 +63,7 @@ class SloLimitConfig:
     slow_start_gradient: float = 2.0
     slow_start_reach: float = 4.0
     min_samples: int = 3
+    restart_after_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.floor <= self.ceiling:
@@ -70,20 +76,31 @@ class SloLimitConfig:
             raise ValueError("need slow_start_reach >= slow_start_gradient")
         if self.min_samples < 1:
             raise ValueError("need min_samples >= 1")
+        if not self.restart_after_s > 0:
+            raise ValueError("need restart_after_s > 0")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LimitEvidence:
-    """Since the last update: each stream's TTFT and TPOT over their targets (1.0 = on target),
-    whether the limit bound (a request waited or was refused for room), and the demand now
-    (requests in flight and waiting for a permit)."""
+    """What one update hears.
+
+    ``ttft``, ``tpot``: each stream's TTFT and TPOT since the last update over their targets
+    (1.0 = on target); ``pressed``: the limit bound (a request waited or was refused for room);
+    ``ttft_judges``: requests wait at the engine for what this limit gives, so that fewer would
+    start sooner (True where the engine does not say): late first tokens cut it, and without a
+    first token since the last step it holds; ``demand``: requests in flight and waiting for a
+    permit now; ``fits``: requests the engine's KV cache holds at the present mix (None where
+    it cannot tell); ``now``: the time of the update (seconds, any origin; None: no restarts);
+    ``start``: where a fresh pod would start the limit now (None: where it stands)."""
 
     ttft: tuple[float, ...]
-    tpot: tuple[float, ...]
+    tpot: tuple[float, ...] = ()
     pressed: bool
-    engine_queued: bool = True  # requests wait at the engine (True where it does not say)
+    ttft_judges: bool = True
     demand: int = 0
-    fits: int | None = None  # requests the engine's KV cache holds at the present mix
+    fits: int | None = None
+    now: float | None = None
+    start: int | None = None
 
 
 def fits_in_cache(running: float | None, kv_usage: float | None, least: float = 0.05) -> int | None:
@@ -119,7 +136,8 @@ class SloLimit:
         self._limit = float(self._bounded(initial))
         self._pending: tuple[list[float], list[float]] = ([], [])
         self.last_gradient: float | None = None  # None until a decision was made
-        self.slow_start = True  # until the first cut
+        self.slow_start = True  # until the first cut; again after a quiet spell
+        self._quiet_since: float | None = None  # nobody pressed since then
 
     @property
     def limit(self) -> int:
@@ -133,20 +151,21 @@ class SloLimit:
     def update(self, evidence: LimitEvidence) -> int:
         """One step on ``evidence``; returns the new limit."""
         config = self.config
+        self._restart_when_quiet(evidence)
         for pending, samples in zip(self._pending, (evidence.ttft, evidence.tpot), strict=True):
             pending.extend(s for s in samples if s >= 0 and math.isfinite(s))
         if sum(map(len, self._pending)) < config.min_samples:
             return self.limit
         ttft, tpot = self._pending
         self._pending = ([], [])
-        heard = [tpot, ttft] if evidence.engine_queued else [tpot]
+        heard = [tpot, ttft] if evidence.ttft_judges else [tpot]
         observed = max((quantile(p, config.quantile) for p in heard if p), default=0.0)
         top = config.slow_start_gradient if self.slow_start else config.max_gradient
         gradient = top if observed <= 0 else config.aim / observed
         gradient = min(top, max(config.min_gradient, gradient))
         if gradient < 1:
             self.slow_start = False
-        if not evidence.pressed or (evidence.engine_queued and not ttft):
+        if not evidence.pressed or (evidence.ttft_judges and not ttft):
             # Nobody presses, or requests wait at the engine and no first token says how long:
             # the limit holds (a queue a cut left behind must drain before it may grow again).
             gradient = min(gradient, 1.0)
@@ -162,6 +181,21 @@ class SloLimit:
                     grown = max(self._limit, min(grown, evidence.fits))
         self._limit = float(self._bounded(grown))
         return self.limit
+
+    def _restart_when_quiet(self, evidence: LimitEvidence) -> None:
+        """Slow start again, from at least ``evidence.start``, once nobody pressed against the
+        limit for ``restart_after_s`` (see the module's docstring)."""
+        now = evidence.now
+        if now is None or evidence.pressed or evidence.demand * 2 > self._limit:
+            self._quiet_since = None
+            return
+        if self._quiet_since is None:
+            self._quiet_since = now
+        if now - self._quiet_since < self.config.restart_after_s:
+            return
+        self.slow_start = True
+        if evidence.start is not None:
+            self._limit = float(self._bounded(max(self._limit, evidence.start)))
 
     def hold_within(self, most: int) -> None:
         """No more than ``most`` (another limit this one lives inside: the starts within the

@@ -75,6 +75,7 @@ class Bulkhead:
         self._idle = asyncio.Event()
         self._idle.set()
         self._pressed = False
+        self._waiting = False  # a waiter is queued: the hint's clock runs
 
     # --- public ----------------------------------------------------------------------------------
 
@@ -208,6 +209,7 @@ class Bulkhead:
         if not withdrawal.removed:
             self._return_grant(ticket, permit.cost, "cancelled")
         self._wake(withdrawal.granted)
+        self._track_queue()
 
     def _rejected(self, permit: Permit, decision: Rejected) -> None:
         error = self._error(decision.reason, decision.compartment)
@@ -232,6 +234,7 @@ class Bulkhead:
             self._hold(permit, ticket, queued.cost, queued.compartment, 0.0)
         self._waiters[ticket] = permit
         self._deadlines(loop).add(ticket, self._wait_for(permit))
+        self._track_queue()
         return future
 
     def _deadlines(self, loop: asyncio.AbstractEventLoop) -> Expiry:
@@ -249,8 +252,6 @@ class Bulkhead:
         self, permit: Permit, ticket: int | None, cost: int, compartment: str, wait_s: float
     ) -> None:
         """``permit`` holds its grant from now; adaptive: the ledger tracks what it uses."""
-        if self._open == 0:
-            self._hint.busy(self._clock())
         self._open += 1
         self._idle.clear()
         permit.hold(ticket, cost, compartment, wait_s)
@@ -260,6 +261,18 @@ class Bulkhead:
             self._ledger.open(ticket, usage, cost)
 
     # --- settling waiters ------------------------------------------------------------------------
+
+    def _track_queue(self) -> None:
+        """Run the Retry-After hint's clock while a waiter is queued, and only then.
+
+        The rate at which waiters get in is measured where there are waiters (RFC 7661's
+        validated window): time while nobody waits is time the engine was not asked for more,
+        whatever it ran. Counted, three streams served before a burst made it look as if one
+        start took ten seconds, and the burst was refused as hopeless (docs/adaptive.md)."""
+        waiting = self._core.queued > 0
+        if waiting != self._waiting:
+            self._waiting = waiting
+            (self._hint.busy if waiting else self._hint.idle)(self._clock())
 
     def _wake(self, grants: tuple[Granted, ...], now: float | None = None) -> None:
         if not grants:
@@ -275,12 +288,14 @@ class Bulkhead:
             future = waiter.future
             if future is not None and not future.done():
                 future.set_result(wait_s)
+        self._track_queue()
 
     def _expire(self, ticket: int) -> None:
         withdrawal = self._core.withdraw(ticket, "timeout")
         if withdrawal.removed:  # else the grant won the race and stands
             self._refuse_waiter(self._waiters.pop(ticket), "timeout")
         self._wake(withdrawal.granted)
+        self._track_queue()
 
     def _refuse_waiter(self, waiter: Permit, reason: RejectReason) -> None:
         assert waiter.ticket is not None
@@ -296,6 +311,7 @@ class Bulkhead:
             waiter.shadow_rejected = reason
         elif not future.done():
             future.set_exception(error)
+        self._track_queue()
 
     def _forget(self, ticket: int) -> None:
         if self._expiry is not None:
@@ -312,10 +328,12 @@ class Bulkhead:
         if not self._core.is_granted(ticket):
             return  # shadow: it runs without a grant
         freed = permit.cost - started
+        waiting = self._waiting
         grants = self._core.settle(ticket, started)
         permit.cost = started
         now = self._clock()
-        self._hint.observe(now, freed)
+        if waiting:  # only a start that lets a waiter in measures how fast waiters get in
+            self._hint.observe(now, freed)
         self._wake(grants, now)
 
     def give_back(self, permit: Permit, outcome: Outcome) -> None:
@@ -325,7 +343,6 @@ class Bulkhead:
         self._open -= 1
         if self._open == 0:
             self._idle.set()
-            self._hint.idle(self._clock())
 
     def _return_grant(self, ticket: int, cost: int, outcome: Outcome) -> None:
         if self._core.is_granted(ticket):
@@ -335,9 +352,12 @@ class Bulkhead:
                 usage = self._ledger.close(ticket)
                 if usage is not None:
                     amount = max(cost, usage.charge())
+            waiting = self._waiting
             grants = self._core.release(ticket, outcome)
             now = self._clock()
-            if amount:  # a started stream under slo's gate was counted when it started
+            # A started stream under slo's gate was counted when it started; a release while
+            # nobody waits says nothing of how fast waiters get in.
+            if amount and waiting:
                 self._hint.observe(now, amount)
             if grants:
                 self._wake(grants, now)

@@ -113,6 +113,7 @@ class SloControl:
         self._open: dict[StreamTiming, _Tracked] = {}
         self._typical: float | None = None  # tokens of a typical request, per the engine
         self._started_blind = False  # the law started from a plan made before the engine was seen
+        self._start_now: int | None = None  # where a fresh pod would start, at the last plan
         # The last cut: streams sent before it were admitted under the old limit, and what
         # they show is already answered, so only streams sent since count (one cut per round).
         self._epoch = -math.inf
@@ -240,17 +241,32 @@ class SloControl:
         # engine, 327 tok/s of SLO goodput against the ceiling's 490, median of three, in
         # docs/lab/overload.md), and one waiting for compute or the engine's sequence cap is the
         # starts' (the start gate), not fewer running. It binds only where there is demand.
-        for_memory = queued and kv is None
+        slow_starts = (law.slow_start, starts.slow_start)
         in_flight = LimitEvidence(
-            tuple(ttft), tuple(tpot), pressed and demand >= law.limit and not draining,
-            for_memory, demand, fits,
-        )  # fmt: skip
+            ttft=tuple(ttft),
+            tpot=tuple(tpot),
+            pressed=pressed and demand >= law.limit and not draining,
+            ttft_judges=queued and kv is None,
+            demand=demand,
+            fits=fits,
+            now=now,
+            start=self._start_now,
+        )
         # Starting: first tokens judge, while requests wait at the engine.
-        starting = LimitEvidence(tuple(ttft), (), pressed, queued, self.starting())
+        starting = LimitEvidence(
+            ttft=tuple(ttft),
+            pressed=pressed,
+            ttft_judges=queued,
+            demand=self.starting(),
+            now=now,
+            start=self._start_now,
+        )
         in_flight_limit = law.update(in_flight)
         starts.update(starting)
         starts.hold_within(in_flight_limit)  # more starting than may run would bind nothing
         after = (in_flight_limit, starts.limit)
+        if (law.slow_start, starts.slow_start) != slow_starts:
+            log.info("slo_restart", limit=after[0], starts=after[1], start=self._start_now)
         log.debug(
             "slo_step", limit=after[0], starts=after[1], gradient=law.last_gradient,
             starts_gradient=starts.last_gradient, ttft_samples=len(ttft),
@@ -288,6 +304,7 @@ class SloControl:
             self._started_blind and self.unsupported != NO_ENGINE and law.last_gradient is None
         ):
             law = self._start_law(plan)
+        self._start_now = self._start(plan)
         limit = law.limit if self.drain_limit is None else min(law.limit, self.drain_limit)
         return min(limit, max(1, plan.permits)) if self.unsupported else limit
 
