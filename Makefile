@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check docs bench bench-venv bench-overload bench-cold-start soak test-vllm test-gpu plan clean lock
+.PHONY: demo test check docs bench bench-venv bench-overload bench-burst bench-cold-start soak test-vllm test-gpu plan clean lock
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -71,6 +71,15 @@ bench-overload: $(STAMP)
 	bash scripts/vllm_env.sh
 	$(E2E_VLLM_PYTHON) scripts/build_tiny_model.py $(E2E_TINY_MODEL)
 	$(BIN)/python -m benchmarks.overload
+
+# A burst of 96 streaming chats onto a fresh pod, after light use, after a burst and after a long
+# idle, beside the engine alone (real vLLM on CPU and the GPU-shaped emulated engine), each user
+# honouring busy answers' hints up to 8 times: about 20 min an engine on 2 cores
+# (docs/lab/burst.md). BURST_ENGINES, BURST_CASES, BURST_REPETITIONS narrow it.
+bench-burst: $(STAMP)
+	bash scripts/vllm_env.sh
+	$(E2E_VLLM_PYTHON) scripts/build_tiny_model.py $(E2E_TINY_MODEL)
+	$(BIN)/python -m benchmarks.burst
 
 # 96 clients without max_tokens through a fresh sidecar to an H200-sized emulated engine: how many
 # run at the engine within 5 s (target >= 48). About 20 s.
