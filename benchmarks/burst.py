@@ -83,21 +83,26 @@ class User:
         )
 
 
-def _hint_s(headers: Mapping[str, str] | None, body: dict[str, Any]) -> float:
+def _hint_s(headers: Mapping[str, str] | None, payload: dict[str, Any]) -> float:
     """The busy answer's hint, as the openai SDK reads it (1 s where none is given)."""
     if headers is not None:
         if (ms := headers.get("retry-after-ms")) is not None:
             return float(ms) / 1000
         if (seconds := headers.get("Retry-After")) is not None:
             return float(seconds)
-    error = body.get("error")
+    error = payload.get("error")
     if isinstance(error, dict) and error.get("retry_after_ms") is not None:
         return float(error["retry_after_ms"]) / 1000
     return 1.0
 
 
-def _body(model: str, prompt_words: int, rng: random.Random) -> dict[str, object]:
+def body(
+    model: str, prompt_words: int, rng: random.Random, max_tokens: int | None = None
+) -> dict[str, object]:
+    """A streaming chat of ``prompt_words`` random words; without ``max_tokens`` unless given."""
+    extra = {} if max_tokens is None else {"max_tokens": max_tokens}
     return {
+        **extra,
         "model": model,
         "messages": [{"role": "user", "content": " ".join(rng.choices(WORDS, k=prompt_words))}],
         "temperature": 1.0,
@@ -108,10 +113,10 @@ def _body(model: str, prompt_words: int, rng: random.Random) -> dict[str, object
 
 
 async def _attempt(
-    session: aiohttp.ClientSession, url: str, body: dict[str, object]
+    session: aiohttp.ClientSession, url: str, request: dict[str, object]
 ) -> tuple[str, float | None, float | None, int]:
     """One request: ("served", first token at, last token at, tokens), or ("busy", hint, ...)."""
-    async with session.post(url + "/v1/chat/completions", json=body) as response:
+    async with session.post(url + "/v1/chat/completions", json=request) as response:
         if response.status in (429, 503):
             return "busy", _hint_s(response.headers, await response.json()), None, 0
         if response.status != 200:
@@ -138,14 +143,15 @@ async def _attempt(
         return "served", first, last, tokens
 
 
-async def one_user(session: aiohttp.ClientSession, url: str, body: dict[str, object]) -> User:
+async def one_user(session: aiohttp.ClientSession, url: str, request: dict[str, object]) -> User:
+    """One user's request, sent again after each busy answer's hint, up to RETRIES times."""
     start = time.monotonic()
     busy_s: list[float] = []
     hints: list[float] = []
     for attempt in range(1, RETRIES + 2):
         sent = time.monotonic()
         try:
-            kind, a, b, tokens = await _attempt(session, url, body)
+            kind, a, b, tokens = await _attempt(session, url, request)
         except (aiohttp.ClientError, TimeoutError):
             kind, a, b, tokens = "error", None, None, 0
         if kind == "served" and a is not None and b is not None:
@@ -164,7 +170,7 @@ async def burst(url: str, model: str, prompt_words: int, clients: int, seed: int
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        bodies = [_body(model, prompt_words, rng) for _ in range(clients)]
+        bodies = [body(model, prompt_words, rng) for _ in range(clients)]
         return list(await asyncio.gather(*(one_user(session, url, b) for b in bodies)))
 
 
