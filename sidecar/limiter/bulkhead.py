@@ -353,10 +353,10 @@ class Bulkhead:
     ) -> AdmissionRejectedError:
         if reason == "too_large":
             retry = self._hint.bounds.high_s  # retrying cannot help; say so with the longest hint
-        elif (need := self._mode.must_drain(self._core, compartment)) is not None:
-            retry = self._hint.retry_after_s(0, self._clock(), tokens=need)
         else:
-            retry = self._hint.retry_after_s(self._core.queued_ahead(compartment), self._clock())
+            need = self._mode.must_drain(self._core, compartment)
+            ahead = self._core.queued_ahead(compartment) if need is None else 0
+            retry = self._hint.quote(ahead, self._clock(), tokens=need, running=self._core.in_use)
         return AdmissionRejectedError(reason, retry, waited_s)
 
     def _emit(
