@@ -130,6 +130,11 @@ class Bulkhead:
         """Return once no permit is held (graceful shutdown waits on this after ``drain``)."""
         await self._idle.wait()
 
+    @property
+    def in_flight_limit(self) -> int | None:
+        """The cap on requests in flight in force (None: none beyond the limit)."""
+        return self._core.in_flight_limit
+
     def snapshot(self) -> BulkheadSnapshot:
         """Current limit, use, queue and cumulative counters."""
         core = self._core.snapshot()
