@@ -113,7 +113,13 @@ def outcome_of(exc: openai.APIError) -> str:
 
 
 def retry_hint_s(exc: openai.APIError) -> float | None:
-    """The busy answer's retry advice (its error object's ``retry_after_ms``), if it has one."""
+    """The busy answer's retry advice, if it has one: a 429/503's ``retry-after-ms`` header (the
+    SDK asks for JSON, so a refused stream is answered so), or a fallback's ``retry_after_ms``."""
+    if isinstance(exc, openai.APIStatusError):
+        try:
+            return float(exc.response.headers["retry-after-ms"]) / 1000
+        except (KeyError, ValueError):
+            return None
     body = exc.body
     hint = body.get("retry_after_ms") if isinstance(body, dict) else None
     return hint / 1000 if isinstance(hint, int | float) and hint >= 0 else None

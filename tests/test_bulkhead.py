@@ -11,6 +11,7 @@ from sidecar.core.capacity import engine_cost
 from sidecar.core.compartments import parse_compartments
 from sidecar.core.errors import AdmissionRejectedError
 from sidecar.core.modes import TokenMode
+from sidecar.core.retry_hint import ReleaseRate
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.limiter.events import AdmissionEvent
 from sidecar.limiter.permit import Permit
@@ -33,6 +34,7 @@ async def settle() -> None:
 
 def make(fake: FakeTime, events: list[AdmissionEvent] | None = None, **kwargs: object) -> Bulkhead:
     options: dict[str, object] = {"limit": 1, "max_queue": 4, "max_wait_s": 3.0}
+    options["hint"] = ReleaseRate(draw=lambda: 0.0)  # no jitter: each quote at its place's start
     options.update(kwargs)
     return Bulkhead(
         clock=fake.clock,

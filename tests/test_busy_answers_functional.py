@@ -8,6 +8,8 @@ often it retried and how long it would have waited, without waiting.
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import types
 from collections.abc import AsyncIterator
 
@@ -17,7 +19,16 @@ import openai._base_client as sdk_client
 import pytest
 
 from sidecar.entry.app import SidecarServer
-from tests.servers import OpenAIFactory, StartSidecar, admin_url, error_of, get_json, proxy_url
+from tests.servers import (
+    OpenAIFactory,
+    StartSidecar,
+    admin_url,
+    error_of,
+    get_json,
+    proxy_url,
+    sse_events,
+    until,
+)
 
 CHAT = {"model": "tiny-llama", "messages": [{"role": "user", "content": "hello there"}]}
 STALL = {"x-emulator-fault": "stall-after=1"}  # the engine stops after one token: a held permit
@@ -57,18 +68,22 @@ async def test_the_sdk_retries_a_full_server_as_told_then_gives_up(
     session: aiohttp.ClientSession,
     sdk_waits: list[float],
 ) -> None:
-    """Both permits held, no queue: the SDK asks 3 times (max_retries=2), waiting 1.0 s each time
-    as retry-after-ms says (no releases seen yet: the hint's one-second default)."""
+    """Both permits held, no queue: the SDK asks 3 times (max_retries=2), waiting as
+    retry-after-ms says. No release seen yet: the first refusal is told the one-second default
+    with the two running taken to end within it, so each later refusal (its return still due)
+    comes half a second later, jittered within its half second."""
     server = await start_sidecar()
     held = [await hold(session, server) for _ in range(2)]
     client = openai_client(proxy_url(server), max_retries=2)
     with pytest.raises(openai.RateLimitError) as caught:
         await client.chat.completions.create(**CHAT)  # type: ignore[call-overload]
     headers = caught.value.response.headers
-    assert (headers["retry-after-ms"], headers["retry-after"]) == ("1000", "1")
+    last_ms = int(headers["retry-after-ms"])
+    assert 2000 <= last_ms <= 2500
+    assert headers["retry-after"] == str(math.ceil(last_ms / 1000))
     assert headers["x-should-retry"] == "true"
     assert headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
-    assert sdk_waits == [1.0, 1.0]
+    assert [int(wait * 2) for wait in sdk_waits] == [2, 3]  # [1.0, 1.5) then [1.5, 2.0)
     assert server.bulkhead.snapshot().rejected == {"queue_full": 3}
     for response in held:
         response.close()
@@ -178,24 +193,102 @@ async def test_a_ttft_target_caps_the_wait_in_the_queue(
         response.close()
 
 
-async def test_a_streams_fallback_carries_the_retry_advice_to_the_sdk(
+async def test_the_sdk_with_its_defaults_completes_a_refused_stream_on_its_own_retries(
     start_sidecar: StartSidecar,
     openai_client: OpenAIFactory,
     session: aiohttp.ClientSession,
-    sdk_waits: list[float],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A stream refused in-band: the SDK raises APIError (no retry: the answer was a 200) whose
-    error object says should_retry and retry_after_ms, for the code that catches it."""
+    """The SDK asks for JSON even for a stream: a full pod answers it 429 with the hint, which it
+    honours (max_retries=2, its default); the permits free while it waits, and its retry streams
+    to the end."""
     server = await start_sidecar()
     held = [await hold(session, server) for _ in range(2)]
-    client = openai_client(proxy_url(server), max_retries=2)
-    stream = await client.chat.completions.create(**CHAT, stream=True)  # type: ignore[call-overload]
-    with pytest.raises(openai.APIError) as caught:
-        await anext(aiter(stream))
-    body = caught.value.body
-    assert isinstance(body, dict)
-    advice = (body["code"], body["should_retry"], body["retry_after_ms"])
-    assert advice == ("queue_full", True, 1000)
-    assert sdk_waits == []
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:  # the wait told, spent freeing the pod instead
+        waits.append(seconds)
+        for response in held:
+            response.close()
+        assert await until(lambda: _idle(server))
+
+    monkeypatch.setattr(sdk_client, "anyio", types.SimpleNamespace(sleep=sleep))
+    client = openai.AsyncOpenAI(base_url=f"{proxy_url(server)}/v1", api_key="sk-test")
+    assert client.max_retries == 2  # the SDK's own default, untouched
+    try:
+        stream = await client.chat.completions.create(**CHAT, stream=True)  # type: ignore[call-overload]
+        chunks = [chunk async for chunk in stream]
+    finally:
+        await client.close()
+    assert 1.0 <= waits[0] <= 1.5  # retry-after-ms: the one-second default, jittered
+    assert chunks[-1].choices[0].finish_reason is not None
+    assert server.bulkhead.snapshot().rejected == {"queue_full": 1}
+
+
+async def _idle(server: SidecarServer) -> bool:
+    return server.bulkhead.snapshot().in_use == 0
+
+
+# What a browser's EventSource sends (WHATWG HTML, "The EventSource interface": Accept set to
+# text/event-stream, the cache mode no-store, which browsers send as Cache-Control: no-cache).
+EVENT_SOURCE = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+async def test_an_event_stream_client_still_gets_the_fallback_event(
+    start_sidecar: StartSidecar, session: aiohttp.ClientSession
+) -> None:
+    """A client that asks for an event stream is answered in its own protocol: a 200 with one
+    ``fallback`` event whose hint agrees, to the ms, with the headers beside it."""
+    server = await start_sidecar()
+    held = [await hold(session, server) for _ in range(2)]
+    url = f"{proxy_url(server)}/v1/chat/completions"
+    async with session.post(url, json={**CHAT, "stream": True}, headers=EVENT_SOURCE) as response:
+        assert response.status == 200
+        assert response.content_type == "text/event-stream"
+        events = sse_events(await response.read())
+        headers = response.headers
+    assert [name for name, _ in events] == ["fallback", None]
+    data = json.loads(events[0][1])
+    wait_ms = int(headers["retry-after-ms"])
+    assert (data["error"]["code"], data["error"]["retry_after_ms"]) == ("queue_full", wait_ms)
+    assert data["retry_after_s"] == wait_ms / 1000
+    assert int(headers["Retry-After"]) == math.ceil(wait_ms / 1000)
+    for response in held:
+        response.close()
+
+
+@pytest.mark.parametrize(
+    ("env", "accept", "status"),
+    [
+        pytest.param({}, "application/json", 429, id="json"),
+        pytest.param({}, None, 200, id="no-accept"),
+        pytest.param({}, "*/*", 200, id="any"),
+        pytest.param({"SIDECAR_REJECT_MODE": "http"}, "text/event-stream", 429, id="http-mode"),
+    ],
+)
+async def test_the_busy_answer_follows_the_accept_header(
+    start_sidecar: StartSidecar,
+    session: aiohttp.ClientSession,
+    env: dict[str, str],
+    accept: str | None,
+    status: int,
+) -> None:
+    """A refused stream: 429 where the client prefers JSON or the mode says http, the fallback
+    event where it takes any type."""
+    server = await start_sidecar(**env)
+    held = [await hold(session, server) for _ in range(2)]
+    url = f"{proxy_url(server)}/v1/chat/completions"
+    # aiohttp adds "Accept: */*" unless told otherwise: SKIP_AUTO_HEADERS leaves it out.
+    headers = {} if accept is None else {"Accept": accept}
+    skip = () if accept is not None else ("Accept",)
+    async with session.post(
+        url, json={**CHAT, "stream": True}, headers=headers, skip_auto_headers=skip
+    ) as response:
+        assert response.status == status
+        body = await response.read()
+    if status == 429:
+        assert error_of(body)["code"] == "queue_full"
+    else:
+        assert sse_events(body)[0][0] == "fallback"
     for response in held:
         response.close()

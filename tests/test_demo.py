@@ -133,6 +133,24 @@ def test_retry_hint_is_read_from_the_busy_answer(body: object, hint: float | Non
     assert retry_hint_s(exc) == hint
 
 
+@pytest.mark.parametrize(
+    ("headers", "hint"),
+    [
+        pytest.param({"retry-after-ms": "1250", "retry-after": "2"}, 1.25, id="advised"),
+        pytest.param({"retry-after": "2"}, None, id="whole-seconds-only"),
+        pytest.param({"retry-after-ms": "soon"}, None, id="not-a-number"),
+    ],
+)
+def test_retry_hint_is_read_from_a_429(headers: dict[str, str], hint: float | None) -> None:
+    """The SDK asks for JSON, so a refused stream is a 429: its retry-after-ms header advises."""
+    request = _sdk_request()
+    http = importlib.import_module(type(request).__module__.split(".")[0])  # the SDK's httpx
+    exc = openai.RateLimitError(
+        "busy", response=http.Response(429, headers=headers, request=request), body=None
+    )
+    assert retry_hint_s(exc) == hint
+
+
 def test_tally_counts_fallbacks_and_median_ttft_per_phase() -> None:
     """Fallbacks are the busy codes only, and the p50 TTFT is per phase or overall."""
     tally = Tally()

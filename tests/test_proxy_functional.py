@@ -93,14 +93,15 @@ async def test_missing_max_tokens_is_set_to_the_budget(
     assert completion.usage.completion_tokens == 28
 
 
-async def test_stream_fallback_raises_api_error_in_sdk(
+async def test_a_refused_sdk_stream_is_a_rate_limit_error(
     start_sidecar: StartSidecar, client_for: OpenAIFactory
 ) -> None:
-    """With every permit held and no queue, a stream gets the fallback event; the SDK raises it."""
+    """With every permit held and no queue, the SDK's stream (it asks for JSON) gets a 429: its
+    RateLimitError carries our code."""
     server = await start_sidecar()
     async with aiohttp.ClientSession() as session:
         held = [await hold_stream(session, proxy_url(server)) for _ in range(2)]
-        with pytest.raises(openai.APIError, match="queue") as caught:
+        with pytest.raises(openai.RateLimitError, match="queue") as caught:
             await consume(client_for(proxy_url(server)))
         assert caught.value.code == "queue_full"
         for response in held:

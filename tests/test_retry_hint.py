@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from sidecar.core.retry_hint import HintBounds, ReleaseRate
+from sidecar.core.retry_hint import MAX_RETRY_S, HintBounds, ReleaseRate, Returns, spread_s
 
 
 def feed(times: list[float]) -> ReleaseRate:
@@ -84,3 +86,115 @@ def test_idle_time_does_not_dilute_the_rate(quiet_s: float, held: bool, expected
     sat idle before the burst; a stall (permits held, none released) still lengthens it."""
     rate, now = steady_then_quiet(quiet_s, held)
     assert rate.retry_after_s(4, now) == pytest.approx(expected)
+
+
+# --- spreading a burst's returns --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("first_s", "place", "per_s", "draw", "expected"),
+    [
+        pytest.param(0.5, 0, 2.0, 0.0, 0.5, id="first-refused"),
+        pytest.param(0.5, 1, 2.0, 0.0, 1.0, id="second-a-release-later"),
+        pytest.param(0.5, 83, 2.0, 0.0, 42.0, id="84th-of-a-burst"),
+        pytest.param(0.5, 3, 2.0, 0.5, 2.25, id="jitter-half-a-release"),
+        pytest.param(1.5, 2, 4.0, 0.0, 2.0, id="behind-a-queue"),
+    ],
+)
+def test_a_place_among_the_refused_is_priced(
+    first_s: float, place: int, per_s: float, draw: float, expected: float
+) -> None:
+    """first + (place + draw) / releases per second: the n-th refused caller comes back when
+    capacity for it frees."""
+    assert spread_s(first_s, place, per_s, draw) == pytest.approx(expected)
+
+
+def feed_busy(draw: float = 0.0) -> ReleaseRate:
+    """Two releases a second (0.0 .. 2.0), and jitter drawn as ``draw``."""
+    rate = ReleaseRate(draw=lambda: draw)
+    for at in (0.0, 0.5, 1.0, 1.5, 2.0):
+        rate.observe(at)
+    return rate
+
+
+def test_a_burst_of_refusals_is_spread_one_release_apart() -> None:
+    """Ten refused at the same instant, nobody queued: 0.5, 1.0, ... 5.0 s, at 2 releases/s."""
+    rate = feed_busy()
+    quotes = [rate.quote(0, 2.0) for _ in range(10)]
+    assert quotes == pytest.approx([0.5 * (n + 1) for n in range(10)])
+
+
+def test_a_fast_engines_places_spread_above_the_floor() -> None:
+    """16 releases a second: the first place is held to the 0.5 s floor and the next ones follow
+    a sixteenth of a second apart, instead of all being told the floor together."""
+    rate = ReleaseRate(draw=lambda: 0.0)
+    for n in range(17):
+        rate.observe(n / 16)
+    assert [rate.quote(0, 1.0) for _ in range(4)] == pytest.approx([0.5, 0.5625, 0.625, 0.6875])
+
+
+def test_the_refused_count_decays_as_they_come_back() -> None:
+    """Each refused caller counts until the time it was told: after it, a new refusal is placed
+    as if it came first again."""
+    rate = feed_busy()
+    assert [rate.quote(0, 2.0) for _ in range(3)] == pytest.approx([0.5, 1.0, 1.5])
+    # At 3.01 s the first two came back, one is still due: second place. The rate measured up
+    # to now has fallen meanwhile (4 releases over 3.01 s).
+    assert rate.quote(0, 3.01) == pytest.approx(2 * 3.01 / 4)
+    assert rate.quote(0, 10.0) == pytest.approx(10.0 / 4)  # all came back: first place
+
+
+def test_quotes_are_capped() -> None:
+    """However many are refused, none is told to wait past MAX_RETRY_S."""
+    rate = feed_busy(draw=0.99)
+    quotes = [rate.quote(5, 2.0) for _ in range(500)]
+    assert max(quotes) == MAX_RETRY_S
+
+
+def test_an_unknown_rate_spreads_over_what_runs() -> None:
+    """No release yet: the first is told the one-second default, and the 4 running are taken
+    to end within it, a quarter second apart."""
+    rate = ReleaseRate(draw=lambda: 0.0)
+    assert [rate.quote(0, 0.0, running=4) for _ in range(3)] == [1.0, 1.25, 1.5]
+    assert ReleaseRate(draw=lambda: 0.0).quote(2, 0.0, running=4) == 1.5  # 2 queued ahead
+
+
+def test_the_window_of_refusals_is_bounded() -> None:
+    """Beyond max_size refusals still due, the place stops growing."""
+    returns = Returns(max_size=3)
+    for due in (5.0, 6.0, 7.0, 8.0):
+        returns.told(due)
+    assert returns.ahead(0.0) == 3
+    assert returns.ahead(6.0) == 1
+
+
+@given(
+    first_s=st.floats(0.0, 30.0),
+    per_s=st.floats(0.01, 1000.0),
+    place=st.integers(0, 10_000),
+    draws=st.tuples(st.floats(0.0, 0.999), st.floats(0.0, 0.999)),
+)
+def test_quotes_are_monotone_in_place(
+    first_s: float, per_s: float, place: int, draws: tuple[float, float]
+) -> None:
+    """A later place is never quoted less: before jitter, and even across draws (a place's
+    jitter stays within its own release interval)."""
+    assert spread_s(first_s, place + 1, per_s, 0.0) >= spread_s(first_s, place, per_s, 0.0)
+    assert spread_s(first_s, place + 1, per_s, draws[1]) >= spread_s(
+        first_s, place, per_s, draws[0]
+    )
+
+
+@given(
+    ahead=st.integers(0, 50),
+    refusals=st.integers(1, 200),
+    draw=st.floats(0.0, 0.999),
+    step=st.floats(0.0, 2.0),
+)
+def test_every_quote_is_within_the_bounds(
+    ahead: int, refusals: int, draw: float, step: float
+) -> None:
+    """Whatever the queue, the burst and the jitter: 0.5 s <= quote <= MAX_RETRY_S."""
+    rate = feed_busy(draw)
+    quotes = [rate.quote(ahead, 2.0 + n * step) for n in range(refusals)]
+    assert all(0.5 <= q <= MAX_RETRY_S for q in quotes)

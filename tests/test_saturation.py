@@ -19,6 +19,7 @@ from sidecar.core.saturation import (
     engine_ratios,
     saturation,
 )
+from sidecar.live.probes import EngineReading
 from sidecar.live.probes.static import Declared
 from sidecar.live.sources import Readings
 from sidecar.telemetry.saturation_metrics import SaturationSignal
@@ -96,6 +97,16 @@ def test_engine_peaks_hold_for_their_window() -> None:
     assert peaks.ratios(41.0, CONFIG) == (0.0, 0.0)
 
 
+def test_without_load_only_the_latest_reading_counts() -> None:
+    """Nothing runs through the sidecar: the held peaks are not demand, the latest reading is."""
+    peaks = EnginePeaks(hold_s=30.0)
+    assert peaks.ratios(0.0, CONFIG, hold=False) == (0.0, 0.0)
+    peaks.add(0.0, EngineEvidence(0.128, 100, 30))
+    peaks.add(1.0, EngineEvidence(0.0, 0, 0))
+    assert peaks.ratios(2.0, CONFIG) == pytest.approx((0.16, 1.3))
+    assert peaks.ratios(2.0, CONFIG, hold=False) == (0.0, 0.0)
+
+
 def test_a_queue_between_waves_is_priced_against_what_the_engine_ran() -> None:
     """256 ran (max_num_seqs), then a wave ended: 50 running, 64 waiting. Against 256 that is
     (256 + 64) / 256 at the full reading, and the lull adds nothing larger; against its own 50
@@ -167,3 +178,26 @@ def test_a_refusal_counts_for_the_longest_scrape_interval_then_leaves(
         clock.now = float(second)
         signal.observe(readings)
     assert signal.read().refusals == refusals
+
+
+def test_an_idle_pod_reads_zero_at_the_first_tick_after_its_load() -> None:
+    """A stream running, the engine at 12.8 % of its KV: 0.16. The stream ends and the next
+    tick reads an empty engine: 0 at once, not the held 0.16 for 30 s; under load, it holds."""
+    registry = CollectorRegistry()
+    requests = Counter("sidecar_requests", "r", ["outcome"], registry=registry)
+    clock = SimpleNamespace(now=0.0)
+    pod = SimpleNamespace(in_use=1, queued=0)
+    signal = SaturationSignal(lambda: cast("BulkheadSnapshot", pod), requests, lambda: clock.now)
+    declared = Declared(None, None, False, 0, None, 0.0)
+
+    def tick(at: float, kv: float, running: float) -> None:
+        clock.now = at
+        engine = EngineReading(None, kv, running, 0.0, 0.0, observed_at=at)
+        signal.observe(Readings(declared=declared, engine=engine))
+
+    tick(0.0, 0.128, 1)
+    assert signal.read().utilisation == pytest.approx(0.16)
+    tick(1.0, 0.0, 0)
+    assert signal.read().utilisation == pytest.approx(0.16)  # one stream still running: held
+    pod.in_use = 0
+    assert signal.read().utilisation == 0.0

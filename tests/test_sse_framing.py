@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.edge.proxy.sse_framing import EventFramer
+from sidecar.edge.proxy.sse_framing import EventFramer, ends_with_done
 
 
 def frame(chunks: list[bytes]) -> list[bytes]:
@@ -100,3 +100,28 @@ def test_the_lf_fast_path_cuts_where_the_general_scan_does(
     fast, general = EventFramer(), GeneralFramer()
     assert [fast.feed(p) for p in pieces] == [general.feed(p) for p in pieces]
     assert fast.flush() == general.flush()
+
+
+LONG = b'data: {"choices": [{"index": 0, "delta": {"content": "a long token"}}]}\n\n'
+
+
+@pytest.mark.parametrize(
+    ("events", "done"),
+    [
+        pytest.param(b"data: [DONE]\n\n", True, id="alone"),
+        pytest.param(LONG + b"data: [DONE]\n\n", True, id="after-a-chunk"),
+        pytest.param(LONG + b"data: [DONE]\r\n\r\n", True, id="crlf"),
+        pytest.param(LONG + b"data: [DONE]\r\r", True, id="cr"),
+        pytest.param(b"data:[DONE]\n\n", True, id="no-space"),
+        pytest.param(LONG, False, id="a-token"),
+        pytest.param(b"data: [DONE]\n\n" + LONG, False, id="not-last"),
+        pytest.param(b'data: {"content": "data: [DONE]"}\n\n', False, id="in-json-text"),
+        pytest.param(LONG[:-2] + b"data: [DONE]\n\n", False, id="end-of-a-long-line"),
+        pytest.param(b"event: x\ndata: [DONE] \n\n", False, id="trailing-space"),
+        pytest.param(b"xdata: [DONE]\n\n", False, id="other-field"),
+        pytest.param(b"", False, id="empty"),
+    ],
+)
+def test_the_streams_end_is_seen(events: bytes, done: bool) -> None:
+    """Only a last event whose one data line is [DONE] ends the stream."""
+    assert ends_with_done(events) is done

@@ -11,6 +11,7 @@ import pytest
 from sidecar.core.capacity import Budget, Plan, Source, Term, engine_cost, make_plan
 from sidecar.core.errors import AdmissionRejectedError
 from sidecar.core.modes import SloMode
+from sidecar.core.retry_hint import ReleaseRate
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.limiter.permit import Permit
 from tests.fake_time import FakeTime
@@ -41,7 +42,7 @@ def gate(fake: FakeTime, in_flight: int, starts: int, max_queue: int = 4) -> Bul
     mode = SloMode(Steered(in_flight, starts))
     bulkhead = Bulkhead(
         limit=0, max_queue=max_queue, max_wait_s=3.0, mode=mode, clock=fake.clock,
-        call_later=fake.call_later,
+        call_later=fake.call_later, hint=ReleaseRate(draw=lambda: 0.0),
     )  # fmt: skip
     bulkhead.resize(mode.limit_of(PLAN))
     return bulkhead

@@ -264,6 +264,12 @@ class Admission:
     def in_use_cost(self) -> int:
         return self._used_total
 
+    @property
+    def in_flight_limit(self) -> int | None:
+        """The cap on requests in flight in force: the setting, the engine's slots or the mode's
+        own cap (slo's), the least of them; None where there is none."""
+        return self._max_in_flight
+
     def queued_ahead(self, compartment: str) -> int:
         """Waiters in the compartment ``compartment`` resolves to."""
         return len(self._queues.get(compartment, self._queues[DEFAULT]))

@@ -9,11 +9,20 @@ R is measured on a busy clock: time while no permit is held does not count. An i
 releases nothing because nothing runs, not because capacity frees slowly; counted, a minute of
 quiet before a burst made the hint several times the true wait. Time while permits are held and
 none is released does count, so the rate still falls when the engine stalls.
+
+Refused callers are not in the queue, so the queue alone would quote every caller of a burst the
+same wait, and they would all come back together and be refused again. Each refusal is quoted
+after those refused before it that are still due back (:class:`Returns`), one release each, with
+jitter of up to one release more: the n-th caller of a burst comes back when capacity for it
+frees, and no two places overlap.
 """
 
 from __future__ import annotations
 
+import heapq
+import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 MIN_RETRY_S = 0.5
@@ -37,15 +46,58 @@ class HintBounds:
     unknown_s: float = 1.0
 
 
-class ReleaseRate:
-    """Recent release times (the last ``window`` of them) and the retry hint they imply."""
+def spread_s(first_s: float, place: int, per_s: float, draw: float) -> float:
+    """The wait quoted to a refused caller: ``first_s`` (until capacity for the first refused
+    caller frees), one release interval (1 / ``per_s``) for each of the ``place`` refused callers
+    due back before it, and ``draw`` (0 <= draw < 1) of one more as jitter. Places never overlap:
+    every quote of a later place is at least as long, whatever the draws."""
+    return first_s + (place + draw) / per_s
 
-    def __init__(self, *, window: int = 64, bounds: HintBounds | None = None) -> None:
+
+class Returns:
+    """The refused callers still due back: each is counted until the time it was told, then it
+    came back (or gave up). Bounded in number (``max_size``) and in age (no quote is longer than
+    the hint's highest bound)."""
+
+    def __init__(self, *, max_size: int = 4096) -> None:
+        self._due: list[float] = []  # a heap of the times they were told to come back
+        self._max_size = max_size
+
+    def ahead(self, now: float) -> int:
+        """How many refused callers are due back after ``now``."""
+        due = self._due
+        while due and due[0] <= now:
+            heapq.heappop(due)
+        return len(due)
+
+    def told(self, due_at: float) -> None:
+        """One more refused caller, told to come back at ``due_at``; beyond ``max_size`` the
+        place saturates (the quotes are at their cap by then)."""
+        if len(self._due) < self._max_size:
+            heapq.heappush(self._due, due_at)
+
+
+class ReleaseRate:
+    """Recent release times (the last ``window`` of them) and the retry hint they imply.
+
+    ``draw`` is the jitter's source (uniform in [0, 1)): injected, so a test is deterministic.
+    """
+
+    def __init__(
+        self,
+        *,
+        window: int = 64,
+        bounds: HintBounds | None = None,
+        draw: Callable[[], float] | None = None,
+        returns: Returns | None = None,
+    ) -> None:
         if window < 2:
             raise ValueError("window must hold at least 2 releases")
         self._times: deque[float] = deque(maxlen=window)  # on the busy clock
         self._amounts: deque[int] = deque(maxlen=window)
         self._bounds = bounds or HintBounds()
+        self._draw = draw or random.Random().random  # noqa: S311 - jitter, not a secret
+        self._returns = returns or Returns()
         self._idle_since: float | None = None  # nothing held since then
         self._idle_s = 0.0  # idle time before that: the busy clock is the time less it
 
@@ -125,3 +177,27 @@ class ReleaseRate:
         if estimate is None:
             estimate = bounds.unknown_s
         return min(max(estimate, bounds.low_s), bounds.high_s)
+
+    def quote(
+        self, queue_ahead: int, now: float, *, tokens: int | None = None, running: int = 1
+    ) -> float:
+        """The wait told to one refused caller at ``now``, noted so that the next is told to
+        come back after it: the time until capacity for it frees (``queue_ahead`` waiters, or
+        ``tokens`` to drain, then the refused callers still due back before it, a release each),
+        jittered by up to one release, within the bounds.
+
+        While the rate is unknown, the ``running`` requests are taken to end within
+        ``unknown_s``: the first refused caller waits that, after the queue ahead.
+        """
+        bounds = self._bounds
+        per_s = self.rate_per_s(now)
+        first = self.wait_s(queue_ahead, now, tokens=tokens)
+        if first is None or not per_s:
+            per_s = max(running, 1) / bounds.unknown_s
+            first = bounds.unknown_s + queue_ahead / per_s
+        # The floor holds the first place only: the later ones spread out above it (floored
+        # whole, a fast engine's first places would all be told the floor, together).
+        first = max(first, bounds.low_s)
+        wait = min(spread_s(first, self._returns.ahead(now), per_s, self._draw()), bounds.high_s)
+        self._returns.told(now + wait)
+        return wait

@@ -29,7 +29,10 @@ scale-up step (its policy period is 60 s) could still count a burst that ended a
 The engine's two ratios are the largest of its readings over the last ``hold_s``
 (``EnginePeaks``), each reading's queue against the most requests the engine ran in that time:
 its queue comes and goes with each wave of completions, and the autoscaler above reads vLLM's
-gauges as their peak over a minute for the same reason.
+gauges as their peak over a minute for the same reason. The peaks are held only while requests
+run through the sidecar or wait in it: once none do, the load has ended, and the engine's latest
+reading alone counts, so an idle pod reads 0 at the first tick after its last request instead of
+its last KV share for ``hold_s``.
 
 Like the flow-control pool saturation of llm-d's router (``flow_control_pool_saturation``,
 llm-d/llm-d-router pkg/epp/metrics/llm_d_router_metrics.go, commit b64f44e: 0 empty, 1 fully
@@ -151,11 +154,16 @@ class EnginePeaks:
     def add(self, now: float, reading: EngineEvidence) -> None:
         self._seen.append((now, reading))
 
-    def ratios(self, now: float, config: SaturationConfig) -> tuple[float, float]:
-        """(kv, engine_queue): the largest over the readings still held at ``now``."""
+    def ratios(
+        self, now: float, config: SaturationConfig, *, hold: bool = True
+    ) -> tuple[float, float]:
+        """(kv, engine_queue): the largest over the readings still held at ``now``; with
+        ``hold`` false (no load through the sidecar), the latest reading's alone."""
         seen = self._seen
         while seen and now - seen[0][0] > self.hold_s:
             seen.popleft()
+        if not hold:
+            return engine_ratios(seen[-1][1], config) if seen else (0.0, 0.0)
         capacity = max((r.running or 0.0 for _, r in seen), default=0.0)
         pairs = [engine_ratios(r, config, capacity) for _, r in seen]
         return max((k for k, _ in pairs), default=0.0), max((q for _, q in pairs), default=0.0)

@@ -19,6 +19,7 @@ from sidecar.edge.http.response import Response
 from sidecar.edge.http.server import Handler
 from sidecar.edge.openai_errors import json_error
 from sidecar.limiter.bulkhead import Bulkhead
+from sidecar.limiter.events import BulkheadSnapshot
 from sidecar.live.adaptive import AdaptiveCapacity
 from sidecar.live.control_loop import CapacityController
 from sidecar.live.slo import SloControl
@@ -88,6 +89,7 @@ def capacity_document(admin: Admin) -> dict[str, Any]:
         "limit_unit": LIMIT_UNITS[snap.mode],
         "in_use": snap.in_use,
         "in_use_cost": snap.in_use_cost,
+        **side_by_side(snap, admin.bulkhead.in_flight_limit),
         "queued": snap.queued,
         "utilisation": None if saturation is None else round(saturation.utilisation, 4),
         "saturation": None if saturation is None else saturation.to_dict(),
@@ -117,6 +119,20 @@ def capacity_document(admin: Admin) -> dict[str, Any]:
             "released": snap.released,
         },
         "capacity": state,
+    }
+
+
+def side_by_side(snap: BulkheadSnapshot, in_flight_limit: int | None) -> dict[str, Any]:
+    """The limits in force beside what is held of each, one unit each: ``in_flight`` (every
+    request admitted and not ended), and in slo admission ``starting`` (streams admitted and not
+    yet at their first token, which its limit counts), else null."""
+    if snap.mode != "slo":
+        unit = LIMIT_UNITS[snap.mode]
+        in_flight = {"unit": unit, "limit": snap.limit, "in_use": snap.in_use_cost}
+        return {"in_flight": in_flight, "starting": None}
+    return {
+        "in_flight": {"unit": "requests", "limit": in_flight_limit, "in_use": snap.in_use},
+        "starting": {"unit": "streams", "limit": snap.limit, "in_use": snap.in_use_cost},
     }
 
 

@@ -131,6 +131,11 @@ class Bulkhead:
         """Return once no permit is held (graceful shutdown waits on this after ``drain``)."""
         await self._idle.wait()
 
+    @property
+    def in_flight_limit(self) -> int | None:
+        """The cap on requests in flight in force (None: none beyond the limit)."""
+        return self._core.in_flight_limit
+
     def snapshot(self) -> BulkheadSnapshot:
         """Current limit, use, queue and cumulative counters."""
         core = self._core.snapshot()
@@ -373,10 +378,10 @@ class Bulkhead:
     ) -> AdmissionRejectedError:
         if reason == "too_large":
             retry = self._hint.bounds.high_s  # retrying cannot help; say so with the longest hint
-        elif (need := self._mode.must_drain(self._core, compartment)) is not None:
-            retry = self._hint.retry_after_s(0, self._clock(), tokens=need)
         else:
-            retry = self._hint.retry_after_s(self._core.queued_ahead(compartment), self._clock())
+            need = self._mode.must_drain(self._core, compartment)
+            ahead = self._core.queued_ahead(compartment) if need is None else 0
+            retry = self._hint.quote(ahead, self._clock(), tokens=need, running=self._core.in_use)
         return AdmissionRejectedError(reason, retry, waited_s)
 
     def _emit(

@@ -69,7 +69,8 @@ class SaturationSignal:
 
     def evidence(self) -> SaturationEvidence:
         now, snap = self._clock(), self._snapshot()
-        kv, queue = self._engine.ratios(now, self.config)
+        loaded = snap.in_use > 0 or snap.queued > 0
+        kv, queue = self._engine.ratios(now, self.config, hold=loaded)
         offered, refused = self._window.recent(now, outcome_counts(self._requests))
         return SaturationEvidence(
             engine_kv=kv,

@@ -174,7 +174,10 @@ async def _admit_and_forward(
             retry_after_s=round(exc.retry_after_s, 2), cost=cost, compartment=compartment,
             stream=job.stream,
         )  # fmt: skip
-        return busy_response(exc, stream=job.stream, mode=proxy.config.reject_mode)
+        return busy_response(
+            exc, stream=job.stream, mode=proxy.config.reject_mode,
+            accept=",".join(request.headers.getall("Accept", ())) or None,
+        )  # fmt: skip
     except asyncio.CancelledError:
         outcome = "client_gone"
         raise

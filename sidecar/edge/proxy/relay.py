@@ -8,6 +8,10 @@ aborted, no terminating chunk), so the client sees an error, never a clean trunc
 Every write to the client has a deadline: a client that stops reading ends its stream
 (``client_stalled``) instead of holding its permit. A drain that ran out of grace stops the relay
 through its :class:`Stop`; the stream then ends in-band with ``draining``.
+
+A stream whose end reached the client (an SSE stream's ``data: [DONE]``, any other body's last
+byte) is ``completed``, whoever closes first: the openai SDK closes the moment it reads
+``[DONE]``, often before the engine's own end of the body has come in.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from sidecar.edge.engine.pool import EngineResponse
 from sidecar.edge.http.request import Request
 from sidecar.edge.http.response import StreamResponse
 from sidecar.edge.proxy.in_flight import Stop
-from sidecar.edge.proxy.sse_framing import EventFramer
+from sidecar.edge.proxy.sse_framing import EventFramer, ends_with_done
 
 # One per choice object of an OpenAI stream chunk: a token event (the usage chunk has none).
 TOKEN_MARK = b'"index":'
@@ -76,7 +80,9 @@ class _Relay:
     tally: StreamUsage | None = None  # adaptive admission: the token events relayed
     timing: StreamTiming | None = None  # when the token events were relayed
     clock: Callable[[], float] = time.monotonic
+    upstream: EngineResponse | None = None  # a body that is not SSE: read for its end
     room: int = 0  # what the client's buffer may hold with no wait: its high-water less HEADROOM
+    delivered: bool = False  # the stream's end was written to the client
 
     def __post_init__(self) -> None:
         self.room = self.request.transport.get_write_buffer_limits()[1] - HEADROOM
@@ -116,8 +122,26 @@ class _Relay:
         request = self.request
         if request.wire.lost or request.transport.is_closing() or not self._fits(len(chunk)):
             return False
-        self.response.write_now(self.ready(chunk))
+        out = self.ready(chunk)
+        self.response.write_now(out)
+        self.sent(out)
         return True
+
+    def sent(self, chunk: bytes) -> None:
+        """``chunk`` was written to the client: note whether the stream's end went with it."""
+        if self.delivered or not chunk:
+            return
+        if self.framer is not None:
+            self.delivered = ends_with_done(chunk)
+        else:
+            self.delivered = self.upstream is not None and self.upstream.is_eof()
+
+    def ended(self, end: RelayEnd | None) -> RelayEnd:
+        """How the relay ended, ``end`` (None: the body's end written): a client that left once
+        the stream's end had reached it leaves a completed stream."""
+        if end is None or (end == "client_gone" and self.delivered):
+            return "completed"
+        return end
 
     async def write(self, data: bytes, timeout_s: float | None = None) -> RelayEnd | None:
         """Write with a deadline; the relay's end if the client is gone or stalled."""
@@ -177,15 +201,30 @@ async def relay_stream(
     encoding = upstream.headers.get("Content-Encoding", "identity").strip().lower()
     sse = upstream.content_type == "text/event-stream" and encoding == "identity"
     framer, timing = (EventFramer(), timing) if sse else (None, None)
-    relay = _Relay(request, response, write_timeout_s, framer, tally, timing, clock)
+    relay = _Relay(
+        request, response, write_timeout_s, framer, tally, timing, clock,
+        upstream=None if sse else upstream,
+    )  # fmt: skip
     if (end := await relay.prepare()) is not None:
         return RelayResult(end, response)
     try:
         return await _copy(relay, upstream)
     except asyncio.CancelledError:
+        if relay.delivered and request.wire.lost:
+            return _delivered(relay)
         if stop is None or not stop.claim():
             raise
         return await _stopped(relay)
+
+
+def _delivered(relay: _Relay) -> RelayResult:
+    """The client hung up (its handler cancelled) after its stream's end reached it: all that
+    was left was waiting for the engine's end of the body, so the cancel is absorbed and the
+    stream is completed."""
+    task = asyncio.current_task()
+    assert task is not None, "a relay runs in its handler's task"
+    task.uncancel()
+    return RelayResult("completed", relay.response)
 
 
 async def _copy(relay: _Relay, upstream: EngineResponse) -> RelayResult:
@@ -204,13 +243,17 @@ async def _copy(relay: _Relay, upstream: EngineResponse) -> RelayResult:
             if upstream.is_eof():  # the body ended in this read: its last bytes go with the end
                 last = chunk
                 break
-            if chunk and (end := await relay.write(chunk)) is not None:
-                return RelayResult(end, response)
+            if chunk:
+                if (end := await relay.write(chunk)) is not None:
+                    return RelayResult(relay.ended(end), response)
+                relay.sent(chunk)
     finally:
         upstream.push_to(None)  # before anything else is written, and before the pool has it
     if relay.framer is not None:
         last += relay.counted(relay.framer.flush())
-    return RelayResult(await relay.end_body(last) or "completed", response)
+    if not last and not relay.sse:
+        relay.delivered = True  # every byte of the body is out: only its framing's end is left
+    return RelayResult(relay.ended(await relay.end_body(last)), response)
 
 
 async def _end_broken(relay: _Relay, exc: UpstreamError) -> RelayResult:

@@ -13,6 +13,11 @@ _EOL = re.compile(rb"\r\n|\r|\n")
 MAX_HELD_BYTES = 1 << 20
 # b"\r" as an int: ``CR in chunk`` tells whether an event may end in CR at all.
 CR = 13
+# The value of an OpenAI stream's last event, ``data: [DONE]``.
+DONE = b"[DONE]"
+# The tail of a chunk that can hold the whole last line of a ``data: [DONE]`` event, its ends, and
+# the line end before it.
+_DONE_TAIL = 32
 
 
 class EventFramer:
@@ -84,3 +89,17 @@ class EventFramer:
         if chunk:
             self._line_empty = chunk.endswith(b"\n")
         return cut
+
+
+def ends_with_done(events: bytes) -> bool:
+    """Whether ``events`` (whole events, as :class:`EventFramer` passes them on) end with the
+    stream's last event, ``data: [DONE]``. Only the tail is read: one short scan per chunk."""
+    tail = events[-_DONE_TAIL:]
+    if DONE not in tail:
+        return False
+    tail = tail.rstrip(b"\r\n")
+    start = max(tail.rfind(b"\n"), tail.rfind(b"\r")) + 1
+    if start == 0 and len(events) > _DONE_TAIL:
+        return False  # a line longer than the tail: never the [DONE] line
+    name, colon, value = tail[start:].partition(b":")
+    return bool(colon) and name == b"data" and value.removeprefix(b" ") == DONE
