@@ -23,7 +23,7 @@ from sidecar.edge.proxy.handler import Proxy, ProxyConfig, proxy_handler
 from sidecar.edge.proxy.in_flight import InFlight
 from sidecar.edge.proxy.intake import BodyLimits, Gate
 from sidecar.edge.proxy.prompt_count import EnginePromptCounter
-from sidecar.edge.proxy.routes import parse_free_paths
+from sidecar.edge.proxy.routes import ProxyPaths, parse_forward_paths, parse_free_paths
 from sidecar.entry.event_loop import running_loop_name
 from sidecar.entry.listen import SHUTDOWN_TIMEOUT_S, bind, reserve_descriptors, serve
 from sidecar.entry.logs import OncePer
@@ -175,7 +175,9 @@ class SidecarServer:
         s = self.settings
         config = ProxyConfig(
             reject_mode=s.reject_mode,
-            free_paths=parse_free_paths(s.free_paths),
+            free_paths=ProxyPaths(
+                parse_free_paths(s.free_paths), parse_forward_paths(s.forward_paths)
+            ),
             body=BodyLimits(s.body_timeout_ms / 1000, s.body_min_rate, s.body_rate_grace_ms / 1000),
             write_timeout_s=s.client_write_timeout_ms / 1000,
         )
