@@ -35,6 +35,7 @@ from sidecar.entry.wiring import (
     build_controller,
     build_mode,
     build_slo,
+    objectives_of_settings,
 )
 from sidecar.limiter.events import AdmissionEvent
 from sidecar.live.control_loop import CapacityController
@@ -63,7 +64,7 @@ class SidecarServer:
     ) -> None:
         self.settings, self.clock = settings, clock
         self.registry = CollectorRegistry(auto_describe=True)
-        self.metrics = RequestMetrics(self.registry)
+        self.metrics = RequestMetrics(self.registry, objectives_of_settings(settings))
         # The mode's law hears whether the limit bound lately: the bulkhead, built for the mode.
         self.adaptive = build_adaptive(settings, self._pressed)
         self.slo = build_slo(settings, self._pressed, clock, self._demand, self._starting)
