@@ -603,13 +603,64 @@ def test_the_picker_is_llm_ds_router_at_a_pinned_release() -> None:
 
 
 def test_the_refusal_alert_and_panel_count_every_capacity_refusal() -> None:
-    """SidecarRejectingSustained and the dashboard's refusals panel match exactly the outcomes
-    the scale-out signal counts as refusals, the connection caps included."""
+    """SidecarRejectingSustained, the dashboard's refusals panel and its SLO attainment (where a
+    refusal is a miss) match exactly the outcomes the scale-out signal counts as refusals, the
+    connection caps included."""
     (rule,) = (
         r for r in d.alert_rules(d.render("overlays/device-plugin-keda"))
         if r["alert"] == "SidecarRejectingSustained"
     )  # fmt: skip
-    (panel_expr,) = (e for t, e in d.dashboard_targets(d.dashboard()) if t == "Refusals by kind")
-    for expr in (rule["expr"], panel_expr):
+    panel_exprs = [
+        e
+        for t, e in d.dashboard_targets(d.dashboard())
+        if t in {"Refusals by reason", "SLO attainment"}
+    ]
+    assert len(panel_exprs) == 2
+    for expr in (rule["expr"], *panel_exprs):
         (regex,) = re.findall(r'outcome=~"([^"]+)"', expr)
         assert set(regex.split("|")) == CAPACITY_REFUSALS, expr
+
+
+def rows(board: Doc) -> dict[str, list[Doc]]:
+    """Row title -> the panels under it, in order (the dashboard's rows are not collapsed)."""
+    found: dict[str, list[Doc]] = {}
+    current: list[Doc] = []
+    for panel in board["panels"]:
+        if panel["type"] == "row":
+            current = found.setdefault(panel["title"], [])
+        else:
+            current.append(panel)
+    return found
+
+
+def test_the_dashboard_answers_are_users_served_first() -> None:
+    """The first row: SLO attainment, SLO goodput beside raw throughput, refusals, TTFT and TPOT
+    each with its objective line; the second: the SLO law's limits and the ends rate."""
+    board = d.dashboard()
+    (served, law, *_) = rows(board).items()
+    assert [p["title"] for p in served[1]] == [
+        "SLO attainment",
+        "SLO goodput beside raw throughput",
+        "Refusals by reason",
+        "Time to first token (p50, p99) and its objective",
+        "Time per output token (p50, p99) and its objective",
+    ]
+    exprs = {p["title"]: [t["expr"] for t in p["targets"]] for p in served[1]}
+    goodput = " ".join(exprs["SLO goodput beside raw throughput"])
+    assert 'sidecar_slo_tokens_total{namespace="$namespace", pod=~"$pod", result="met"}' in goodput
+    assert "vllm:generation_tokens_total" in goodput
+    assert "vector($ttft_objective)" in exprs["Time to first token (p50, p99) and its objective"]
+    assert "vector($tpot_objective)" in exprs["Time per output token (p50, p99) and its objective"]
+    law_metrics = set().union(*(d.metric_names(t["expr"]) for p in law[1] for t in p["targets"]))
+    assert {
+        "sidecar_slo_limit", "sidecar_slo_starts_limit", "sidecar_slo_drain_limit",
+        "sidecar_slo_ends_per_second",
+    } <= law_metrics  # fmt: skip
+
+
+def test_the_objective_lines_default_to_the_sidecars_objectives() -> None:
+    """The dashboard's objective variables start at SIDECAR_SLO_TTFT_MS and _TPOT_MS defaults."""
+    defaults = load_settings({})
+    variables = {v["name"]: v for v in d.dashboard()["templating"]["list"]}
+    assert float(variables["ttft_objective"]["query"]) == defaults.slo_ttft_ms / 1000
+    assert float(variables["tpot_objective"]["query"]) == defaults.slo_tpot_ms / 1000

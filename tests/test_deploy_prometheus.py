@@ -62,7 +62,13 @@ EMPTY_HERE = {
         "adaptive admission only; this stack runs the default (slo)",
     ),
 }
-DASHBOARD_VALUES = {"namespace": POD["namespace"], "pod": ".+", "__rate_interval": "10s"}
+DASHBOARD_VALUES = {
+    "namespace": POD["namespace"],
+    "pod": ".+",
+    "__rate_interval": "10s",
+    "ttft_objective": "2",
+    "tpot_objective": "0.1",
+}
 PROMETHEUS_KEY = {  # metric an autoscaler reads -> the /capacity field it must equal
     "sidecar_utilisation": "utilisation",
 }
