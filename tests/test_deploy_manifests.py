@@ -274,6 +274,7 @@ def test_vllm_caches_have_their_own_sized_tmp(target: str) -> None:
     env = {e["name"]: e.get("value") for e in engine["env"]}
     assert env["XDG_CACHE_HOME"].startswith("/tmp/")
     assert env["VLLM_CACHE_ROOT"].startswith("/tmp/")
+    assert env["USER"]  # getpass.getuser() without a passwd entry for the pod's UID
     (side_tmp,) = [m["name"] for m in side["volumeMounts"] if m["mountPath"] == "/tmp"]
     assert side_tmp != mounts["/tmp"]
 
