@@ -22,7 +22,9 @@ PYTHON="${PYTHON:-python3}"
 STAMP="$VENV/.sidecar-stamp"
 SCRIPT_SHA="$(sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1)"
 # This script and its earlier versions whose build steps (build_venv below) are the same: a venv
-# any of them stamped is reused. Leave only the first line when the build steps change.
+# any of them stamped is reused. Editing the script without touching build_venv: add the sha256
+# of the version before the edit (`git show HEAD:scripts/vllm_env.sh | sha256sum`), or every
+# venv is built again. Changing build_venv: leave only the first line.
 SAME_BUILD=(
     "$SCRIPT_SHA"
     d4098b5a6fbc01365bd102317c6c612909ff822193b1c385816669484ac9d25d # commits c41b670..298503f
