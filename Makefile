@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check docs bench bench-venv bench-overload bench-burst bench-cold-start soak test-vllm test-gpu plan clean lock
+.PHONY: demo test check docs bench bench-venv bench-overload bench-burst bench-capacity bench-cold-start soak test-vllm test-image test-gpu plan clean lock
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -88,6 +88,12 @@ bench-cold-start: $(STAMP)
 
 test-vllm: $(STAMP)
 	bash scripts/test_vllm.sh
+
+# The Dockerfile's image built without Docker (a Debian base from debootstrap, podman with runc)
+# and run as uid 10001 with a read-only root: `sidecar --version`, one chat completion through it
+# to the emulated engine. Root, podman, runc and debootstrap; about a minute (docs/deploy.md).
+test-image: $(STAMP)
+	bash scripts/test_image.sh
 
 # The `gpu`-marked tests and a real-GPU scenario (a process holding memory as vLLM lays it out, a
 # neighbour coming and going, the engine's process gone), under 3 minutes, on any machine with an

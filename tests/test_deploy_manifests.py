@@ -7,7 +7,9 @@ of the fields their controllers require, no more than that.
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import subprocess
 import tomllib
 from pathlib import Path
@@ -16,13 +18,16 @@ from typing import Any
 import aiohttp
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
+import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from sidecar.core.errors import RequestError
 from sidecar.core.model_spec import load_model, load_model_spec
 from sidecar.core.parallelism import check_tensor_parallel
 from sidecar.core.saturation import CAPACITY_REFUSALS
 from sidecar.core.tenancy import parse_priorities
+from sidecar.edge.proxy.routes import ProxyPaths, parse_forward_paths, parse_free_paths, route
 from sidecar.entry.settings import load_settings
 from tests import deploy_files as d
 from tests.servers import StartSidecar, admin_url
@@ -109,19 +114,33 @@ def test_client_service_exposes_the_proxy_port_only(target: str) -> None:
     assert [p["targetPort"] for p in d.only(docs, "Service", "llm")["spec"]["ports"]] == ["proxy"]
     admin = d.only(docs, "Service", "llm-admin")["spec"]
     assert [p["targetPort"] for p in admin["ports"]] == ["admin"]
-    assert d.container(docs, "vllm").get("ports") is None  # the engine is loopback-only
-    assert "--host=127.0.0.1" in d.container(docs, "vllm")["args"]
+    engine = d.container(docs, "vllm")
+    assert engine["ports"] == [{"name": "engine", "containerPort": 8000}]  # for Prometheus only
+    assert settings.upstream_url == "http://127.0.0.1:8000"
+    for service in (doc for doc in docs if doc["kind"] == "Service"):
+        assert "engine" not in [p["targetPort"] for p in service["spec"]["ports"]]
+
+
+PROMETHEUS = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+}
+CLIENTS = [
+    {"podSelector": {}},
+    {"namespaceSelector": {"matchLabels": {"gpu-admission-sidecar/client": "true"}}},
+]
 
 
 @pytest.mark.parametrize("target", d.RENDERINGS)
-def test_admin_port_is_open_to_monitoring_alone(target: str) -> None:
-    """The NetworkPolicy opens the proxy port to all, the admin port to Prometheus only."""
-    rules = d.only(rendered(target), "NetworkPolicy", "llm")["spec"]["ingress"]
-    by_port = {rule["ports"][0]["port"]: rule.get("from") for rule in rules}
-    assert by_port["proxy"] is None
-    (peer,) = by_port["admin"]
-    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
-    assert peer["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+def test_each_port_is_open_to_those_it_serves_alone(target: str) -> None:
+    """The proxy port to this namespace and namespaces labelled as clients; the admin port and
+    vLLM's own port to Prometheus only; no other port of the pod."""
+    docs = rendered(target)
+    rules = d.only(docs, "NetworkPolicy", "llm")["spec"]["ingress"]
+    peers = {p["port"]: rule["from"] for rule in rules for p in rule["ports"]}
+    assert peers == {"proxy": CLIENTS, "admin": [PROMETHEUS], "engine": [PROMETHEUS]}
+    named = {p["name"] for c in d.pod_spec(docs)["containers"] for p in c.get("ports", [])}
+    assert named == set(peers)
 
 
 @pytest.mark.parametrize("target", d.RENDERINGS)
@@ -131,6 +150,14 @@ def test_sidecar_probes_use_the_admin_endpoints(target: str) -> None:
     assert side["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
     assert side["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
     assert side["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
+
+
+@pytest.mark.parametrize("target", d.RENDERINGS)
+def test_one_slow_readiness_answer_keeps_the_pod_in_the_service(target: str) -> None:
+    """Three failed /readyz in a row take the pod out, each given less than its period."""
+    ready = d.container(rendered(target), "sidecar")["readinessProbe"]
+    assert ready["failureThreshold"] >= 3
+    assert ready["timeoutSeconds"] < ready["periodSeconds"]
 
 
 @pytest.mark.parametrize("target", d.RENDERINGS)
@@ -244,9 +271,10 @@ def test_vllm_caches_have_their_own_sized_tmp(target: str) -> None:
     assert size_bytes(engine["resources"]["requests"]["ephemeral-storage"]) >= size_bytes(
         tmp["sizeLimit"]
     )
-    env = {e["name"]: e["value"] for e in engine["env"]}
+    env = {e["name"]: e.get("value") for e in engine["env"]}
     assert env["XDG_CACHE_HOME"].startswith("/tmp/")
     assert env["VLLM_CACHE_ROOT"].startswith("/tmp/")
+    assert env["USER"]  # getpass.getuser() without a passwd entry for the pod's UID
     (side_tmp,) = [m["name"] for m in side["volumeMounts"] if m["mountPath"] == "/tmp"]
     assert side_tmp != mounts["/tmp"]
 
@@ -261,10 +289,11 @@ def test_sidecar_requests_the_full_core_the_performance_page_asks_for(target: st
     assert "give its container a full CPU" in advice
 
 
-def test_model_cache_on_a_claim_that_holds_the_model() -> None:
-    """The PVC component mounts a ReadWriteMany claim at /models, rendered beside the pod, large
-    enough for the served model's weights twice (a new revision beside the old)."""
-    docs = rendered("overlays/tensor-parallel")
+@pytest.mark.parametrize("target", d.RENDERINGS)
+def test_model_cache_on_a_claim_that_holds_the_model(target: str) -> None:
+    """Every rendering mounts a ReadWriteMany claim at /models (never an emptyDir: a new pod must
+    not download the weights again), large enough for the served model's weights twice."""
+    docs = rendered(target)
     volumes = {v["name"]: v for v in d.pod_spec(docs)["volumes"]}
     models = volumes["models"]
     assert "emptyDir" not in models
@@ -308,6 +337,115 @@ def test_keda_queries_select_the_rendered_namespace(overlay: str) -> None:
     namespace = d.only(docs, "Deployment", "llm")["metadata"]["namespace"]
     for query in d.keda_queries(docs).values():
         assert f'namespace="{namespace}"' in query, query
+
+
+@pytest.mark.parametrize("overlay", ["overlays/device-plugin-keda", "overlays/inference-gateway"])
+def test_the_overlays_namespace_line_is_the_one_place(overlay: str, tmp_path: Path) -> None:
+    """Another `namespace:` in the overlay reaches the KEDA query and the EPP's pool flag too."""
+    shutil.copytree(d.ROOT / "deploy", tmp_path / "deploy")
+    kustomization = tmp_path / "deploy" / "k8s" / overlay / "kustomization.yaml"
+    text = kustomization.read_text()
+    assert text.count("\nnamespace: llm") == 1
+    kustomization.write_text(text.replace("\nnamespace: llm", "\nnamespace: inference-prod"))
+    done = subprocess.run(
+        [d.require_tool("kubectl"), "kustomize", str(kustomization.parent)],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    docs = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    assert d.only(docs, "Deployment", "llm")["metadata"]["namespace"] == "inference-prod"
+    for query in d.keda_queries(docs).values():
+        assert 'namespace="inference-prod"' in query, query
+    if overlay.endswith("inference-gateway"):
+        assert d.epp_metric_flags(docs)["pool-namespace"] == "inference-prod"
+
+
+# What kube-prometheus-stack selects on by default (podMonitorSelectorNilUsesHelmValues and
+# ruleSelectorNilUsesHelmValues: true -> release: <Helm release>), and its Grafana's dashboard
+# sidecar (label grafana_dashboard: "1").
+SELECTOR_LABELS = {"release": "kube-prometheus-stack"}
+DASHBOARD_LABELS = {"grafana_dashboard": "1"}
+
+
+@pytest.mark.parametrize("overlay", d.OVERLAYS)
+def test_monitoring_objects_carry_the_labels_prometheus_selects(overlay: str) -> None:
+    """The PodMonitor and the PrometheusRule carry the release label; the pod does not."""
+    docs = rendered(overlay)
+    for kind in ("PodMonitor", "PrometheusRule"):
+        labels = d.only(docs, kind)["metadata"]["labels"]
+        assert labels.items() >= SELECTOR_LABELS.items(), kind
+    pod_labels = d.only(docs, "Deployment", "llm")["spec"]["template"]["metadata"]["labels"]
+    assert "release" not in pod_labels
+
+
+@pytest.mark.parametrize("overlay", d.OVERLAYS)
+def test_every_overlay_ships_the_dashboard_where_grafana_looks(overlay: str) -> None:
+    """The dashboard ConfigMap, labelled for Grafana's sidecar, in the monitoring namespace
+    (the one the NetworkPolicy admits Prometheus from), whatever the overlay's namespace."""
+    docs = rendered(overlay)
+    board = d.only(docs, "ConfigMap", "llm-sidecar-dashboard")
+    assert board["metadata"]["labels"].items() >= DASHBOARD_LABELS.items()
+    monitoring = PROMETHEUS["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+    assert board["metadata"]["namespace"] == monitoring
+    assert json.loads(board["data"]["sidecar-dashboard.json"]) == d.dashboard()
+
+
+@pytest.mark.parametrize("overlay", d.OVERLAYS)
+def test_prometheus_reads_vllm_on_its_own_port_not_through_the_proxy(overlay: str) -> None:
+    """The PodMonitor scrapes the admin port and vLLM's port; the proxy port would refuse it."""
+    docs = rendered(overlay)
+    endpoints = d.only(docs, "PodMonitor")["spec"]["podMetricsEndpoints"]
+    assert {(e["port"], e["path"]) for e in endpoints} == {
+        ("admin", "/metrics"), ("engine", "/metrics"),
+    }  # fmt: skip
+    settings = load_settings(d.sidecar_env(docs))
+    paths = ProxyPaths(
+        parse_free_paths(settings.free_paths), parse_forward_paths(settings.forward_paths)
+    )
+    with pytest.raises(RequestError) as refused:
+        route("GET", "/metrics", paths)
+    assert refused.value.status == 404
+
+
+@pytest.mark.parametrize(
+    ("target", "required"),
+    [
+        pytest.param("base", False, id="base-open-model"),
+        pytest.param("overlays/device-plugin-keda", False, id="device-plugin-keda"),
+        pytest.param("overlays/dra-hpa", False, id="dra-hpa"),
+        pytest.param("overlays/inference-gateway", False, id="inference-gateway"),
+        pytest.param("overlays/tensor-parallel", True, id="tensor-parallel-gated-llama"),
+    ],
+)
+def test_hf_token_comes_from_a_secret(target: str, *, required: bool) -> None:
+    """vLLM's HF_TOKEN is a Secret reference, optional where the model is open, required for the
+    gated Llama; never a literal value."""
+    docs = rendered(target)
+    env = {e["name"]: e for e in d.container(docs, "vllm")["env"]}
+    ref = env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert (ref["name"], ref["key"]) == ("hf-token", "token")
+    assert ref["optional"] is not required
+    assert "value" not in env["HF_TOKEN"]
+    (source,) = d.container(docs, "vllm")["envFrom"]
+    model = d.only(docs, "ConfigMap", source["configMapRef"]["name"])["data"]["MODEL_ID"]
+    assert required is model.startswith("meta-llama/"), model  # Meta's models are gated
+
+
+@pytest.mark.parametrize("target", d.RENDERINGS)
+def test_replicas_spread_and_outrank_batch_work(target: str) -> None:
+    """Replicas spread over nodes and zones (never blocking a pod that cannot), and the pod's
+    PriorityClass is shipped beside it."""
+    docs = rendered(target)
+    pod = d.pod_spec(docs)
+    labels = d.only(docs, "Deployment", "llm")["spec"]["template"]["metadata"]["labels"]
+    spread = {c["topologyKey"]: c for c in pod["topologySpreadConstraints"]}
+    assert set(spread) == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}
+    for constraint in spread.values():
+        assert constraint["labelSelector"]["matchLabels"].items() <= labels.items()
+        assert constraint["whenUnsatisfiable"] == "ScheduleAnyway"
+    priority = d.only(docs, "PriorityClass", pod["priorityClassName"])
+    assert priority["value"] > 0
+    assert priority["globalDefault"] is False
+    assert "namespace" not in priority["metadata"]  # cluster-scoped
 
 
 def test_inference_pool_targets_the_proxy_and_its_picker_reads_the_admin_port() -> None:
@@ -466,13 +604,64 @@ def test_the_picker_is_llm_ds_router_at_a_pinned_release() -> None:
 
 
 def test_the_refusal_alert_and_panel_count_every_capacity_refusal() -> None:
-    """SidecarRejectingSustained and the dashboard's refusals panel match exactly the outcomes
-    the scale-out signal counts as refusals, the connection caps included."""
+    """SidecarRejectingSustained, the dashboard's refusals panel and its SLO attainment (where a
+    refusal is a miss) match exactly the outcomes the scale-out signal counts as refusals, the
+    connection caps included."""
     (rule,) = (
         r for r in d.alert_rules(d.render("overlays/device-plugin-keda"))
         if r["alert"] == "SidecarRejectingSustained"
     )  # fmt: skip
-    (panel_expr,) = (e for t, e in d.dashboard_targets(d.dashboard()) if t == "Refusals by kind")
-    for expr in (rule["expr"], panel_expr):
+    panel_exprs = [
+        e
+        for t, e in d.dashboard_targets(d.dashboard())
+        if t in {"Refusals by reason", "SLO attainment"}
+    ]
+    assert len(panel_exprs) == 2
+    for expr in (rule["expr"], *panel_exprs):
         (regex,) = re.findall(r'outcome=~"([^"]+)"', expr)
         assert set(regex.split("|")) == CAPACITY_REFUSALS, expr
+
+
+def rows(board: Doc) -> dict[str, list[Doc]]:
+    """Row title -> the panels under it, in order (the dashboard's rows are not collapsed)."""
+    found: dict[str, list[Doc]] = {}
+    current: list[Doc] = []
+    for panel in board["panels"]:
+        if panel["type"] == "row":
+            current = found.setdefault(panel["title"], [])
+        else:
+            current.append(panel)
+    return found
+
+
+def test_the_dashboard_answers_are_users_served_first() -> None:
+    """The first row: SLO attainment, SLO goodput beside raw throughput, refusals, TTFT and TPOT
+    each with its objective line; the second: the SLO law's limits and the ends rate."""
+    board = d.dashboard()
+    (served, law, *_) = rows(board).items()
+    assert [p["title"] for p in served[1]] == [
+        "SLO attainment",
+        "SLO goodput beside raw throughput",
+        "Refusals by reason",
+        "Time to first token (p50, p99) and its objective",
+        "Time per output token (p50, p99) and its objective",
+    ]
+    exprs = {p["title"]: [t["expr"] for t in p["targets"]] for p in served[1]}
+    goodput = " ".join(exprs["SLO goodput beside raw throughput"])
+    assert 'sidecar_slo_tokens_total{namespace="$namespace", pod=~"$pod", result="met"}' in goodput
+    assert "vllm:generation_tokens_total" in goodput
+    assert "vector($ttft_objective)" in exprs["Time to first token (p50, p99) and its objective"]
+    assert "vector($tpot_objective)" in exprs["Time per output token (p50, p99) and its objective"]
+    law_metrics = set().union(*(d.metric_names(t["expr"]) for p in law[1] for t in p["targets"]))
+    assert {
+        "sidecar_slo_limit", "sidecar_slo_starts_limit", "sidecar_slo_drain_limit",
+        "sidecar_slo_ends_per_second",
+    } <= law_metrics  # fmt: skip
+
+
+def test_the_objective_lines_default_to_the_sidecars_objectives() -> None:
+    """The dashboard's objective variables start at SIDECAR_SLO_TTFT_MS and _TPOT_MS defaults."""
+    defaults = load_settings({})
+    variables = {v["name"]: v for v in d.dashboard()["templating"]["list"]}
+    assert float(variables["ttft_objective"]["query"]) == defaults.slo_ttft_ms / 1000
+    assert float(variables["tpot_objective"]["query"]) == defaults.slo_tpot_ms / 1000

@@ -62,7 +62,13 @@ EMPTY_HERE = {
         "adaptive admission only; this stack runs the default (slo)",
     ),
 }
-DASHBOARD_VALUES = {"namespace": POD["namespace"], "pod": ".+", "__rate_interval": "10s"}
+DASHBOARD_VALUES = {
+    "namespace": POD["namespace"],
+    "pod": ".+",
+    "__rate_interval": "10s",
+    "ttft_objective": "2",
+    "tpot_objective": "0.1",
+}
 PROMETHEUS_KEY = {  # metric an autoscaler reads -> the /capacity field it must equal
     "sidecar_utilisation": "utilisation",
 }
@@ -148,25 +154,31 @@ def hold_stream(port: int) -> socket.socket:
     return sock
 
 
-def prometheus_config(admin_port: int, proxy_port: int, rules: Path) -> dict[str, Any]:
-    """The scrape the PodMonitor describes: admin /metrics, and vLLM's through the proxy port."""
-    target = {"labels": POD}
+def prometheus_config(admin_port: int, engine_port: int, rules: Path) -> dict[str, Any]:
+    """The scrapes the rendered PodMonitor describes, one per endpoint (the admin port, vLLM's
+    own port), with its metric relabelings, on the local ports standing in for the pod's."""
+    ports = {"admin": admin_port, "engine": engine_port}
+    monitor = d.only(d.render("overlays/device-plugin-keda"), "PodMonitor")
+    scrapes = []
+    for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+        relabel = [
+            {"source_labels": r["sourceLabels"], "regex": r["regex"], "action": r["action"]}
+            for r in endpoint.get("metricRelabelings", [])
+        ]
+        scrapes.append(
+            {
+                "job_name": endpoint["port"],
+                "metrics_path": endpoint["path"],
+                "static_configs": [
+                    {"labels": POD, "targets": [f"127.0.0.1:{ports[endpoint['port']]}"]}
+                ],
+                "metric_relabel_configs": relabel,
+            }
+        )
     return {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(rules)],
-        "scrape_configs": [
-            {
-                "job_name": "sidecar-admin",
-                "static_configs": [{**target, "targets": [f"127.0.0.1:{admin_port}"]}],
-            },
-            {
-                "job_name": "engine-through-proxy",
-                "static_configs": [{**target, "targets": [f"127.0.0.1:{proxy_port}"]}],
-                "metric_relabel_configs": [
-                    {"source_labels": ["__name__"], "regex": "vllm:.*", "action": "keep"}
-                ],
-            },
-        ],
+        "scrape_configs": scrapes,
     }
 
 
@@ -245,7 +257,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         )
         config = tmp / "prometheus.yml"
         config.write_text(
-            yaml.safe_dump(prometheus_config(admin, proxy, write_rules(tmp / "r.yml")))
+            yaml.safe_dump(prometheus_config(admin, engine, write_rules(tmp / "r.yml")))
         )
         processes.start(
             [
@@ -353,7 +365,7 @@ def test_alerts_stay_quiet_on_a_healthy_sidecar(stack: Stack) -> None:
     """Every alert expr evaluates; while permits are in use, the engine runs and requests queue
     at the sidecar, only the saturation alert's condition holds (it would fire after its `for`)."""
     running = stack.query('sum(vllm:num_requests_running{namespace="llm"})')
-    assert value(running) > 0  # the engine's metrics arrive through the proxy port
+    assert value(running) > 0  # the engine's metrics arrive from its own port
     assert stack.capacity()["queued"] > 0
     holding = {
         rule["alert"]

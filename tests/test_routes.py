@@ -7,7 +7,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.core.errors import RequestError
-from sidecar.edge.proxy.routes import DEFAULT_FREE_PATHS, normalise_path, parse_free_paths, route
+from sidecar.edge.proxy.routes import (
+    DEFAULT_FREE_PATHS,
+    ProxyPaths,
+    normalise_path,
+    parse_forward_paths,
+    parse_free_paths,
+    route,
+)
 
 FREE = frozenset(DEFAULT_FREE_PATHS)
 
@@ -67,7 +74,6 @@ def test_ambiguous_spellings_are_refused(raw: str) -> None:
         pytest.param("PUT", "/v1/chat/completions", "admitted", "/v1/chat/completions", id="put"),
         pytest.param("GET", "/v1/models", "free", "/v1/models", id="get"),
         pytest.param("POST", "/x/../tokenize", "free", "/tokenize", id="free-path"),
-        pytest.param("POST", "/tokenize/", "admitted", "/tokenize/", id="free-path-exact-only"),
     ],
 )
 def test_route_admits_every_generating_request(
@@ -112,3 +118,41 @@ def test_any_text_normalises_or_is_refused_cleanly(text: str) -> None:
         assert path.startswith("/")
         assert normalise_path(path) == path
     assert status in (200, 400)
+
+
+@pytest.mark.parametrize(
+    ("path", "forwarded"),
+    [
+        pytest.param("/v1/chat/completions", True, id="chat"),
+        pytest.param("/v1/models", True, id="models"),
+        pytest.param("/v1/audio/speech", True, id="other-api"),
+        pytest.param("/health", True, id="health"),
+        pytest.param("/tokenize", True, id="free-path"),
+        pytest.param("/metrics", False, id="engine-metrics"),
+        pytest.param("/v1", False, id="v1-itself"),
+        pytest.param("/v1x/models", False, id="v1-lookalike"),
+        pytest.param("/health/x", False, id="health-exact-only"),
+        pytest.param("/tokenize/", False, id="free-path-exact-only"),
+        pytest.param("/sleep", False, id="engine-admin"),
+        pytest.param("/", False, id="root"),
+    ],
+)
+def test_only_the_engines_api_is_forwarded_by_default(path: str, *, forwarded: bool) -> None:
+    """/v1/..., /health and the free paths reach the engine; any other path is a 404."""
+    if forwarded:
+        assert route("GET", path, FREE).path == path
+    else:
+        with pytest.raises(RequestError) as caught:
+            route("GET", path, FREE)
+        assert (caught.value.status, caught.value.code) == (404, "not_found")
+
+
+def test_forward_paths_add_exact_paths_and_prefixes() -> None:
+    """SIDECAR_FORWARD_PATHS replaces the default: exact entries, and prefixes ending in '/'."""
+    paths = ProxyPaths(FREE, parse_forward_paths("/metrics, //pooling/ ,"))
+    assert paths.forwarded == ("/metrics", "/pooling/")
+    assert route("GET", "/metrics", paths).kind == "free"
+    assert route("POST", "/pooling/x", paths).kind == "admitted"
+    assert route("POST", "/tokenize", paths).kind == "free"
+    with pytest.raises(RequestError):
+        route("POST", "/v1/completions", paths)

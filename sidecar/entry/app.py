@@ -23,7 +23,7 @@ from sidecar.edge.proxy.handler import Proxy, ProxyConfig, proxy_handler
 from sidecar.edge.proxy.in_flight import InFlight
 from sidecar.edge.proxy.intake import BodyLimits, Gate
 from sidecar.edge.proxy.prompt_count import EnginePromptCounter
-from sidecar.edge.proxy.routes import parse_free_paths
+from sidecar.edge.proxy.routes import ProxyPaths, parse_forward_paths, parse_free_paths
 from sidecar.entry.event_loop import running_loop_name
 from sidecar.entry.listen import SHUTDOWN_TIMEOUT_S, bind, reserve_descriptors, serve
 from sidecar.entry.logs import OncePer
@@ -35,6 +35,7 @@ from sidecar.entry.wiring import (
     build_controller,
     build_mode,
     build_slo,
+    objectives_of_settings,
 )
 from sidecar.limiter.events import AdmissionEvent
 from sidecar.live.control_loop import CapacityController
@@ -63,7 +64,7 @@ class SidecarServer:
     ) -> None:
         self.settings, self.clock = settings, clock
         self.registry = CollectorRegistry(auto_describe=True)
-        self.metrics = RequestMetrics(self.registry)
+        self.metrics = RequestMetrics(self.registry, objectives_of_settings(settings))
         # The mode's law hears whether the limit bound lately: the bulkhead, built for the mode.
         self.adaptive = build_adaptive(settings, self._pressed)
         self.slo = build_slo(settings, self._pressed, clock, self._demand, self._starting)
@@ -175,7 +176,9 @@ class SidecarServer:
         s = self.settings
         config = ProxyConfig(
             reject_mode=s.reject_mode,
-            free_paths=parse_free_paths(s.free_paths),
+            free_paths=ProxyPaths(
+                parse_free_paths(s.free_paths), parse_forward_paths(s.forward_paths)
+            ),
             body=BodyLimits(s.body_timeout_ms / 1000, s.body_min_rate, s.body_rate_grace_ms / 1000),
             write_timeout_s=s.client_write_timeout_ms / 1000,
         )

@@ -17,12 +17,13 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from sidecar.core.claims import parse_claim_trust
 from sidecar.core.compartments import parse_compartments
-from sidecar.core.errors import ConfigError
+from sidecar.core.errors import ConfigError, RequestError
 from sidecar.core.estimator import EstimatorConfig
 from sidecar.core.objectives import Objectives
 from sidecar.core.overcommit import AimdConfig
 from sidecar.core.sizes import parse_size
 from sidecar.core.tenancy import parse_priorities
+from sidecar.edge.proxy.routes import parse_forward_paths
 from sidecar.entry.event_loop import EventLoop
 
 ENV_PREFIX = "SIDECAR_"
@@ -114,6 +115,13 @@ class Settings(BaseSettings):
     free_paths: str = Field(
         "/tokenize,/detokenize",
         description="Comma-separated POST paths forwarded without a permit (cheap engine calls).",
+    )
+    forward_paths: str = Field(
+        "/v1/,/health",
+        description="Comma-separated paths the proxy port forwards to the engine at all (an entry "
+        "ending in '/' forwards everything below it), besides SIDECAR_FREE_PATHS; any other path "
+        "is a 404 that never reaches the engine. The engine's own /metrics is for Prometheus, on "
+        "the engine's port; add it here only to read it through the proxy.",
     )
     client_write_timeout_ms: PositiveInt = Field(
         30_000, description="A write to a client that does not drain in this time ends the stream."
@@ -392,6 +400,15 @@ class Settings(BaseSettings):
     @classmethod
     def _claims_from(cls, value: str) -> str:
         parse_claim_trust(value)  # ValueError names the bad entry
+        return value
+
+    @field_validator("free_paths", "forward_paths")
+    @classmethod
+    def _paths(cls, value: str) -> str:
+        try:
+            parse_forward_paths(value)
+        except RequestError as exc:  # a path no request could be normalised to
+            raise ValueError(exc.message) from exc
         return value
 
     @field_validator("compartments")

@@ -56,10 +56,18 @@ def build_slo(
     are in flight and queued, ``starting`` how many are starting and queued."""
     if admission_mode(settings) != "slo":
         return None
-    objectives = Objectives(settings.slo_ttft_ms / 1000, settings.slo_tpot_ms / 1000)
     return SloControl(
-        objectives=objectives, binding=binding, demand=demand, starting=starting, clock=clock
+        objectives=objectives_of_settings(settings),
+        binding=binding,
+        demand=demand,
+        starting=starting,
+        clock=clock,
     )
+
+
+def objectives_of_settings(settings: Settings) -> Objectives:
+    """The default objectives: SIDECAR_SLO_TTFT_MS and SIDECAR_SLO_TPOT_MS, in seconds."""
+    return Objectives(settings.slo_ttft_ms / 1000, settings.slo_tpot_ms / 1000)
 
 
 def build_bulkhead(

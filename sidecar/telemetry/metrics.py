@@ -4,12 +4,14 @@ bulkhead's state (read at scrape time). Every metric lives in the registry it is
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sidecar.core.decisions import LIMIT_UNITS, CompartmentSnapshot
+from sidecar.core.objectives import Objectives
 from sidecar.core.outcomes import REQUEST_OUTCOMES
 from sidecar.core.stream_timing import StreamTiming
 from sidecar.limiter.events import BulkheadSnapshot
@@ -27,13 +29,28 @@ TPOT_BUCKETS = (
     20.0, 40.0, 80.0,
 )  # fmt: skip
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+SloResult = Literal["met", "missed", "unfinished"]
+SLO_RESULTS: tuple[SloResult, ...] = ("met", "missed", "unfinished")
+
+
+def slo_result(
+    timing: StreamTiming, arrived: float, objectives: Objectives, *, completed: bool
+) -> SloResult:
+    """DistServe's test of one stream: completed, its first token within the TTFT objective of
+    its arrival (what the client felt) and its mean time per output token within TPOT's."""
+    if not completed:
+        return "unfinished"
+    tpot = timing.tpot_s()
+    on_time = timing.first is not None and timing.first - arrived <= objectives.ttft_s
+    return "met" if on_time and (tpot is None or tpot <= objectives.tpot_s) else "missed"
 
 
 class RequestMetrics:
     """Counters and histograms fed by the proxy and by the bulkhead's decision events; every
     outcome is exported from the start, at 0."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, objectives: Objectives | None = None) -> None:
+        self.objectives = objectives or Objectives()
         self.requests = Counter(
             "sidecar_requests",
             "Completion requests by how they ended (completed, rejected by reason, errors).",
@@ -73,6 +90,24 @@ class RequestMetrics:
             buckets=TPOT_BUCKETS,
             registry=registry,
         )
+        self.slo_streams = Counter(
+            "sidecar_slo_streams",
+            "Relayed streams by result against the default objectives (SIDECAR_SLO_TTFT_MS from "
+            "arrival, SIDECAR_SLO_TPOT_MS): met, missed (completed late), unfinished (cancelled "
+            "or failed). SLO attainment: met over these and the capacity refusals.",
+            ["result"],
+            registry=registry,
+        )
+        self.slo_tokens = Counter(
+            "sidecar_slo_tokens",
+            "Token events relayed, by their stream's result: met is SLO goodput, all of them the "
+            "raw throughput.",
+            ["result"],
+            registry=registry,
+        )
+        for result in SLO_RESULTS:
+            self.slo_streams.labels(result)
+            self.slo_tokens.labels(result)
         self.shadow = Counter(
             "sidecar_shadow_rejections",
             "Requests shadow mode let through that enforcement would have rejected.",
@@ -92,7 +127,11 @@ class RequestMetrics:
         self.queue_wait.observe(wait_s)
 
     def streamed(self, timing: StreamTiming, arrived: float, completed: bool) -> None:
-        """A relayed stream's timing: its TTFTs once a token came, its TPOT if it completed."""
+        """A relayed stream's timing: its SLO result and tokens; its TTFTs once a token came, its
+        TPOT if it completed."""
+        result = slo_result(timing, arrived, self.objectives, completed=completed)
+        self.slo_streams.labels(result).inc()
+        self.slo_tokens.labels(result).inc(timing.tokens)
         if timing.first is None:
             return
         self.ttft.observe(max(0.0, timing.first - arrived))

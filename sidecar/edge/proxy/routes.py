@@ -5,16 +5,19 @@ slashes collapsed, dot segments removed) and that exact form is both what admiss
 what is forwarded. Encodings a server could read two ways (``%2F``, ``%5C``, ``%00``, a backslash,
 a bad ``%`` escape) are refused rather than guessed.
 
-Every method that may generate (anything but GET, HEAD and OPTIONS) passes admission: the three
-OpenAI generating routes priced by their token budget, any other path at one request's price,
-except the configured free paths (cheap engine calls such as ``/tokenize``).
+Only the engine's API is forwarded: paths under ``/v1/`` and ``/health`` by default, the free
+paths, and what SIDECAR_FORWARD_PATHS adds; anything else (the engine's ``/metrics``, its admin
+routes) is a 404 that never reaches it. Every method that may generate (anything but GET, HEAD and
+OPTIONS) passes admission: the three OpenAI generating routes priced by their token budget, any
+other path at one request's price, except the configured free paths (cheap engine calls such as
+``/tokenize``).
 """
 
 from __future__ import annotations
 
 import re
 import string
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,6 +33,8 @@ PRICED: Mapping[str, Endpoint] = {
 }
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 DEFAULT_FREE_PATHS = ("/tokenize", "/detokenize")
+# The OpenAI API and the engine's health; an entry ending in "/" forwards everything below it.
+DEFAULT_FORWARD_PATHS = ("/v1/", "/health")
 
 _UNRESERVED = frozenset(string.ascii_letters + string.digits + "-._~")
 _ESCAPE = re.compile(r"%(.{0,2})", re.DOTALL)
@@ -52,16 +57,44 @@ class Target:
         return f"{self.path}?{self.query}" if self.query else self.path
 
 
+class ProxyPaths(frozenset[str]):
+    """The free paths (the set's members) and the paths forwarded at all (``forwarded``).
+
+    A frozenset of the free paths so that it travels in the proxy config's ``free_paths`` field
+    as it is; a plain frozenset there forwards :data:`DEFAULT_FORWARD_PATHS`.
+    """
+
+    forwarded: tuple[str, ...]
+
+    def __new__(cls, free: Iterable[str], forwarded: Iterable[str]) -> ProxyPaths:
+        paths = super().__new__(cls, free)
+        paths.forwarded = tuple(forwarded)
+        return paths
+
+
 def route(method: str, raw_target: str, free_paths: frozenset[str]) -> Target:
-    """The target of ``method raw_target``; RequestError (400) for an ambiguous spelling."""
+    """The target of ``method raw_target``; RequestError 400 for an ambiguous spelling, 404 for a
+    path the engine is not reached on."""
     raw_path, _, query = raw_target.partition("?")
     path = normalise_path(raw_path)
+    if not is_forwarded(path, free_paths):
+        raise RequestError(
+            f"{path} is not served on this port", status=404, param="path", code="not_found"
+        )
     if method.upper() in SAFE_METHODS or path in free_paths:
         return Target(path, query, "free")
     endpoint = PRICED.get(path)
     if endpoint is not None and method.upper() == "POST":
         return Target(path, query, "priced", endpoint)
     return Target(path, query, "admitted")
+
+
+def is_forwarded(path: str, free_paths: frozenset[str]) -> bool:
+    """Whether the normalised ``path`` may reach the engine: a free path, or a forwarded one."""
+    forwarded = getattr(free_paths, "forwarded", DEFAULT_FORWARD_PATHS)
+    return path in free_paths or any(
+        path.startswith(entry) if entry.endswith("/") else path == entry for entry in forwarded
+    )
 
 
 def normalise_path(raw_path: str) -> str:
@@ -101,3 +134,9 @@ def _ambiguous(message: str) -> RequestError:
 def parse_free_paths(spec: str) -> frozenset[str]:
     """SIDECAR_FREE_PATHS: comma-separated paths, each normalised like a request's."""
     return frozenset(normalise_path(part.strip()) for part in spec.split(",") if part.strip())
+
+
+def parse_forward_paths(spec: str) -> tuple[str, ...]:
+    """SIDECAR_FORWARD_PATHS: comma-separated paths, each normalised like a request's; a trailing
+    "/" forwards everything below."""
+    return tuple(normalise_path(part.strip()) for part in spec.split(",") if part.strip())
