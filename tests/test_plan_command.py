@@ -58,7 +58,7 @@ def test_8gib_example_at_vllms_default_fraction(capsys: pytest.CaptureFixture[st
 
 
 # vLLM's rule (vllm/v1/worker/gpu_worker.py): KV = total x gpu_memory_utilization - weights -
-# the rest (activations, non-torch memory), here the default 2 GiB overhead. Hand-computed:
+# the rest (activations, non-torch memory), here a declared 2 GiB overhead. Hand-computed:
 VLLM_RULE = [
     # 80 GiB = 85,899,345,920 B; x 0.9 = 77,309,411,328; - 16,060,522,496 - 2,147,483,648
     pytest.param("llama-3.1-8b", "80GiB", 59_101_405_184, id="llama-3.1-8b-h100"),
@@ -73,8 +73,8 @@ VLLM_RULE = [
 def test_plan_sizes_the_pool_as_vllm_does(
     capsys: pytest.CaptureFixture[str], model: str, vram: str, rule: int
 ) -> None:
-    """`sidecar plan` with its defaults sizes the pool on vLLM's own rule, to the byte."""
-    out = plan_json(capsys, "--model", model, "--vram", vram)
+    """With a declared overhead, `sidecar plan` sizes the pool on vLLM's own rule, to the byte."""
+    out = plan_json(capsys, "--model", model, "--vram", vram, "--overhead", "2GiB")
     assert out["kv_pool_bytes_per_gpu"] == rule
 
 
@@ -192,7 +192,7 @@ def test_bad_model_is_one_clear_line(
 def test_missing_memory_is_one_clear_line(capsys: pytest.CaptureFixture[str]) -> None:
     """Without --vram or --kv-pool the user is told what to give."""
     assert main(["plan", "--model", "qwen2.5-7b"]) == 2
-    assert "give --vram (and --overhead), or --kv-pool" in capsys.readouterr().err
+    assert "give --vram or --gpu (and --overhead), or --kv-pool" in capsys.readouterr().err
 
 
 def test_argparse_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -225,14 +225,16 @@ def test_python_m_sidecar_plan_runs_without_traceback() -> None:
 
 
 def test_preset_weights_need_no_weights_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    """`--model llama-3.1-8b --vram 80GiB` plans with the preset's published weights, and says so.
+    """`--model llama-3.1-8b --vram 80GiB` plans with the preset's published weights, and says so
+    (here beside a declared 2 GiB overhead).
 
     80 GiB x 0.9 - 16,060,522,496 B - 2 GiB = 59,101,405,184 B; 4,000 x 131,072 B =
     524,288,000 B per request; 59,101,405,184 / 524,288,000 x 0.8 = 90.18 -> 90."""
-    assert main(["plan", "--model", "llama-3.1-8b", "--vram", "80GiB"]) == 0
+    args = ["--model", "llama-3.1-8b", "--vram", "80GiB", "--overhead", "2GiB"]
+    assert main(["plan", *args]) == 0
     out = capsys.readouterr().out
     assert "- weights                  14.96 GiB (16,060,522,496 B)  preset" in out
-    assert "- overhead                   2.00 GiB (2,147,483,648 B)  default" in out
+    assert "- overhead                   2.00 GiB (2,147,483,648 B)  declared" in out
     assert "weights: model.safetensors.index.json total_size of meta-llama/Llama-3.1-8B" in out
     assert "x 0.9 = engine_share       72.00 GiB (77,309,411,328 B)  derived" in out
     assert "floor(59,101,405,184 / 524,288,000 x 0.8) = floor(90.18) = 90" in out
@@ -244,8 +246,8 @@ def test_preset_weights_need_no_weights_flag(capsys: pytest.CaptureFixture[str])
     [
         pytest.param(
             [],
-            {"weights": "preset", "overhead": "default", "neighbours": "default"},
-            id="preset-weights-default-overhead",
+            {"weights": "preset", "overhead": "estimated", "neighbours": "default"},
+            id="preset-weights-estimated-overhead",
         ),
         pytest.param(
             ["--weights", "15GB", "--overhead", "2GiB"],

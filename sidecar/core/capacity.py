@@ -26,6 +26,7 @@ class Source(StrEnum):
     MEASURED = "measured"  # read from this machine: NVML, or the model's files on disk
     ENGINE = "engine"  # the inference engine reported it
     DERIVED = "derived"  # computed from other terms
+    ESTIMATED = "estimated"  # modelled from the model's shape and the engine's settings
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,8 @@ class MemoryInputs:
     overhead: Term
     neighbours: Term = _NO_NEIGHBOURS
     fraction: MemoryFraction = WHOLE_GPU
+    # What `overhead` adds up, when it was estimated part by part: shown, not subtracted again.
+    overhead_parts: tuple[Term, ...] = ()
 
     def engine_share(self) -> Term:
         """vram_total x the memory fraction: what the engine sizes weights, overhead and KV in."""
@@ -260,6 +263,7 @@ class MemoryInputs:
             self.weights,
             weights_per_gpu,
             self.overhead,
+            *self.overhead_parts,
             self.neighbours,
             pool,
         )
