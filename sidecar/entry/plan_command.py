@@ -91,6 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--alpha", type=float, help=f"safety factor in (0, 1] ({DEFAULT_ALPHA})")
     parser.add_argument("--kv-dtype", help=f"auto, fp16, bf16, fp32, fp8... ({DEFAULT_KV_DTYPE})")
     parser.add_argument("--tp", type=int, help=f"tensor-parallel GPUs ({DEFAULT_TP})")
+    parser.add_argument(
+        "--pp", type=int, help="pipeline-parallel stages, each holding its share of the layers (1)"
+    )
     parser.add_argument("--block-size", type=int, help="tokens per KV block, e.g. 16 for vLLM")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -159,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         }
         print(json.dumps(document, indent=2))  # noqa: T201
     else:
-        print(render(plan, model, inputs))  # noqa: T201
+        print(render(plan, model, inputs.defaulted()))  # noqa: T201
     return 0
 
 
@@ -170,6 +173,7 @@ def plan_for(model: Model, args: argparse.Namespace, inputs: Inputs) -> Plan:
         kv_dtype=inputs.take("kv_dtype", args.kv_dtype, DEFAULT_KV_DTYPE),
         tp=inputs.take("tensor_parallel_size", args.tp, DEFAULT_TP),
         block_size=args.block_size,
+        pp=1 if args.pp is None else args.pp,  # rare enough not to list among the defaults
     )
     budget = _budget(args, inputs)
     alpha = inputs.take("alpha", args.alpha, DEFAULT_ALPHA)

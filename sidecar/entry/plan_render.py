@@ -2,44 +2,44 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 from sidecar.core.capacity import Plan, Source
 from sidecar.core.config_json import LayerKind
+from sidecar.core.model_spec import Model
 from sidecar.core.sizes import format_size
 
-if TYPE_CHECKING:
-    from sidecar.core.model_spec import Model
-    from sidecar.entry.plan_command import Inputs
 
-
-def render(plan: Plan, model: Model | None = None, inputs: Inputs | None = None) -> str:
-    """The derivation, line by line, as a reader checks it by hand."""
+def render(plan: Plan, model: Model | None = None, defaulted: Sequence[str] = ()) -> str:
+    """The derivation, line by line, as a reader checks it by hand; `defaulted` lists the
+    inputs nobody gave ("--tp 1")."""
     lines = [*_model_lines(plan), *_memory_lines(plan), *_permit_lines(plan)]
     if model is not None and model.directory is not None:
         lines.insert(1, f"found        {model.found}")
-    if inputs is not None and inputs.defaulted():
-        lines.append(f"defaults     {', '.join(inputs.defaulted())} (not given)")
+    if defaulted:
+        lines.append(f"defaults     {', '.join(defaulted)} (not given)")
     return "\n".join(lines)
 
 
 def _model_lines(plan: Plan) -> list[str]:
     cost, spec = plan.cost, plan.cost.spec
-    gpu = " per GPU" if cost.tp > 1 else ""
+    gpu = " per GPU" if cost.tp * cost.pp > 1 else ""
+    layers = cost.attention_layers_per_gpu  # the fullest pipeline stage's
     if spec.mla_latent_dim is not None:
         shape = f"latent {spec.mla_latent_dim} (MLA, no K/V factor, replicated over TP)"
-        factors = f"{spec.attention_layers} layers x {spec.mla_latent_dim}"
+        factors = f"{layers} layers x {spec.mla_latent_dim}"
     else:
         heads = max(1, -(-spec.num_kv_heads // cost.tp))
         shape = f"{spec.num_kv_heads} KV heads x head_dim {spec.head_dim}"
-        factors = f"2 (K and V) x {spec.attention_layers} layers x {heads} heads x {spec.head_dim}"
+        factors = f"2 (K and V) x {layers} layers x {heads} heads x {spec.head_dim}"
     lines = [
         f"model        {spec.name} ({spec.model_type}): {spec.attention_layers} attention layers"
         f" of {len(spec.layers)}, {shape}, dtype {spec.dtype}",
         f"KV cache     dtype {cost.kv_dtype} = {cost.element_bytes} B/element, TP {cost.tp}, "
+        + (f"PP {cost.pp} (the fullest stage: {layers} layers), " if cost.pp > 1 else "")
         + (f"blocks of {cost.block_size} tokens" if cost.block_size else "no block rounding"),
         f"per token    {factors} x {cost.element_bytes} B = {cost.bytes_per_token_per_gpu:,} B{gpu}"
-        + (f"; whole group {cost.bytes_per_token:,} B" if cost.tp > 1 else ""),
+        + (f"; whole group {cost.bytes_per_token:,} B" if cost.tp * cost.pp > 1 else ""),
     ]
     sliding = spec.layers.count(LayerKind.SLIDING)
     if sliding:
@@ -67,7 +67,8 @@ _PARTS = ("activation_peak", "sampler_logits", "non_torch", "cuda_graphs")
 
 def _memory_lines(plan: Plan) -> list[str]:
     signs = {"vram_total": " ", "kv_pool_per_gpu": "="} | dict.fromkeys(_PARTS, " ·")
-    hidden = "weights" if plan.cost.tp > 1 else "weights_per_gpu"  # tp 1: they are the same
+    # One GPU: weights and weights_per_gpu are the same.
+    hidden = "weights" if plan.cost.tp * plan.cost.pp > 1 else "weights_per_gpu"
     lines: list[str] = []
     for term in plan.terms:
         if term.name == hidden:
@@ -88,11 +89,10 @@ def _detail_lines(plan: Plan) -> list[str]:
     terms = {term.name: term for term in plan.terms}
     weights = terms.get("weights")
     lines = []
-    if weights is not None and plan.cost.tp > 1:
-        lines.append(
-            f"             (weights {format_size(weights.bytes)} {weights.source}, "
-            f"split over TP {plan.cost.tp})"
-        )
+    if weights is not None and plan.cost.tp * plan.cost.pp > 1:
+        split = f"TP {plan.cost.tp}" + (f" x PP {plan.cost.pp}" if plan.cost.pp > 1 else "")
+        size = format_size(weights.bytes)
+        lines.append(f"             (weights {size} {weights.source}, split over {split})")
     for name in ("vram_total", "weights", "overhead", *_PARTS):
         term = terms.get(name)
         if term is None or not term.detail or term.source is Source.DERIVED:
