@@ -78,6 +78,53 @@ def test_plan_sizes_the_pool_as_vllm_does(
     assert out["kv_pool_bytes_per_gpu"] == rule
 
 
+def test_gpu_preset_and_estimated_overhead(capsys: pytest.CaptureFixture[str]) -> None:
+    """--gpu h100-80gb is 79.22 GiB as CUDA reports it; with no --overhead the parts are
+    estimated from Llama-3.1-8B's widths at vLLM's H100 serve defaults (8,192 tokens, 1,024
+    sequences) and add up to the overhead the pool subtracts."""
+    out = plan_json(capsys, "--model", "llama-3.1-8b", "--gpu", "h100-80gb")
+    terms = {t["name"]: t for t in out["terms"]}
+    assert (terms["vram_total"]["bytes"], terms["vram_total"]["source"]) == (
+        85_061_827_297,
+        "preset",
+    )
+    parts = ("activation_peak", "sampler_logits", "non_torch", "cuda_graphs")
+    assert terms["activation_peak"]["bytes"] == 8192 * 102_400
+    assert terms["sampler_logits"]["bytes"] == 1024 * 128_256 * 8
+    assert terms["overhead"]["bytes"] == sum(terms[name]["bytes"] for name in parts)
+    assert terms["overhead"]["source"] == "estimated"
+    assert out["input_sources"]["max_num_batched_tokens"] == "default"
+    share, weights = terms["engine_share"]["bytes"], terms["weights"]["bytes"]
+    assert out["kv_pool_bytes_per_gpu"] == share - weights - terms["overhead"]["bytes"]
+
+
+def test_declared_settings_and_graph_memory_reach_the_estimate(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--max-num-batched-tokens, --max-num-seqs and --cuda-graph-memory are used as given."""
+    out = plan_json(
+        capsys,
+        *["--model", "llama-3.1-8b", "--vram", "24GiB", "--max-num-batched-tokens", "4096"],
+        *["--max-num-seqs", "16", "--cuda-graph-memory", "0"],
+    )
+    terms = {t["name"]: (t["bytes"], t["source"]) for t in out["terms"]}
+    assert terms["activation_peak"] == (4096 * 102_400, "estimated")
+    assert terms["sampler_logits"] == (16 * 128_256 * 8, "estimated")
+    assert terms["cuda_graphs"] == (0, "declared")
+    assert out["input_sources"]["max_num_seqs"] == "declared"
+
+
+def test_a_config_without_widths_keeps_the_stated_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """GPT-2's config names no hidden_size/intermediate_size: 2 GiB stands in, and says why."""
+    args = ["--model", str(CONFIGS / "gpt2.json"), "--vram", "24GiB", "--weights", "1GiB"]
+    out = plan_json(capsys, *args)
+    overhead = next(t for t in out["terms"] if t["name"] == "overhead")
+    assert (overhead["bytes"], overhead["source"]) == (2 * GIB, "default")
+    assert "tells no widths" in overhead["detail"]
+
+
 def test_brief_example_json(capsys: pytest.CaptureFixture[str]) -> None:
     """--json prints one object with the numbers and the inputs with their sources."""
     out = plan_json(capsys, *QWEN_8GIB)
@@ -156,6 +203,10 @@ BAD_INPUTS = [
         id="fraction-above-one",
     ),
     pytest.param(["--memory-fraction", "0"], "must be in (0, 1], got 0.0", id="fraction-zero"),
+    pytest.param(["--gpu", "h100-80gb"], "give --vram or --gpu, not both", id="vram-and-gpu"),
+    pytest.param(
+        ["--max-num-seqs", "64"], "--overhead is the whole overhead", id="overhead-and-settings"
+    ),
 ]
 
 
