@@ -47,6 +47,8 @@ def shape(name: str) -> ModelShape:
         pytest.param("qwen3-30b-a3b", 1, 34_816, 77_824, id="moe-qwen3-30b"),
         # 8 x (3 x 192 + 2,048) = 20,992; 2 x (4,096 + 20,992) = 50,176
         pytest.param("qwen3-30b-a3b", 4, 20_992, 50_176, id="moe-tp4"),
+        # gpt-oss names its expert width intermediate_size: 4 x (3 x 2,880 + 2,880) = 46,080
+        pytest.param("gpt-oss-120b", 1, 46_080, 103_680, id="moe-width-in-intermediate-size"),
         # first layer dense (3 x 5,472 = 16,416) under the experts' 6 x (3 x 704 + 2,048)
         pytest.param("deepseek-v2-lite", 2, 24_960, 58_112, id="mla-moe-dense-first-tp2"),
     ],

@@ -47,13 +47,20 @@ class ModelShape:
 
 def shape_from_config(cfg: dict[str, Any]) -> ModelShape | None:
     """A ModelShape from a parsed config.json; None when it lacks the hidden size, MLP width or
-    vocabulary (the estimate then cannot be made and a declared overhead stands in)."""
+    vocabulary (the estimate then cannot be made and a stated default stands in)."""
     text = text_part(cfg)
     hidden, vocab = _int(text, "hidden_size"), _int(text, "vocab_size")
-    expert = _int(text, "moe_intermediate_size")
-    per_token = _int(text, "num_experts_per_tok") or 0
-    if not per_token:
-        expert = None
+    per_token = _int(text, "num_experts_per_tok") or _int(text, "experts_per_token")
+    routed = any(
+        _int(text, key) for key in ("num_experts", "num_local_experts", "n_routed_experts")
+    )
+    # Qwen-MoE and DeepSeek name the expert width apart; Mixtral, gpt-oss and Jamba use
+    # intermediate_size for it.
+    expert = (
+        (_int(text, "moe_intermediate_size") or _int(text, "intermediate_size"))
+        if (routed and per_token)
+        else None
+    )
     dense = _int(text, "intermediate_size") if _has_dense_layers(text, expert) else None
     if hidden is None or vocab is None or (dense is None and expert is None):
         return None
@@ -62,7 +69,7 @@ def shape_from_config(cfg: dict[str, Any]) -> ModelShape | None:
         hidden=hidden,
         dense_intermediate=dense,
         expert_intermediate=expert,
-        experts_per_token=per_token,
+        experts_per_token=per_token or 0,
         vocab=vocab,
         dtype_bytes=DTYPE_BYTES.get(dtype, DEFAULT_ACTIVATION_BYTES),
     )
@@ -70,10 +77,11 @@ def shape_from_config(cfg: dict[str, Any]) -> ModelShape | None:
 
 def _has_dense_layers(cfg: dict[str, Any], expert: int | None) -> bool:
     """A dense MLP runs somewhere: no experts at all, DeepSeek's first_k_dense_replace layers,
-    or Qwen-MoE's mlp_only_layers."""
-    return (
-        expert is None or bool(cfg.get("first_k_dense_replace")) or bool(cfg.get("mlp_only_layers"))
-    )
+    Qwen-MoE's mlp_only_layers, or Jamba's layers between expert layers."""
+    if expert is None:
+        return True
+    period = _int(cfg, "expert_layer_period") or 1
+    return bool(cfg.get("first_k_dense_replace") or cfg.get("mlp_only_layers")) or period > 1
 
 
 def _int(cfg: dict[str, Any], key: str) -> int | None:
