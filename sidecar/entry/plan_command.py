@@ -55,7 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     memory.add_argument(
         "--gpu",
         choices=sorted(GPUS),
-        help="a GPU by name, instead of --vram: the memory CUDA reports for it",
+        metavar="NAME",
+        help="a GPU by name, instead of --vram: the memory CUDA reports for it "
+        f"({', '.join(GPUS)})",
     )
     memory.add_argument(
         "--weights", help="weights of the whole model (default: the preset's or the files')"
@@ -81,8 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs captured")
     engine.add_argument(
         "--cuda-graph-memory",
-        help="per GPU, instead of the estimate (0 for vLLM before 0.11, which sized its pool "
-        "before capturing graphs)",
+        help="per GPU, instead of the estimate (0 for a vLLM that sizes its pool before "
+        "capturing graphs: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0, and releases before it)",
     )
     budget = parser.add_argument_group("token budget of one request")
     budget.add_argument("--max-tokens", type=int, help="prompt + completion together")
