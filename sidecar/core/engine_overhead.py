@@ -22,9 +22,12 @@ MIB = 1024**2
 # run; the CUDA context predates the baseline): 0.13 to 0.35 GiB in the published logs, with
 # TP 1 and TP 2 alike (docs/capacity-math.md). A middle figure, not fitted to any one log.
 NON_TORCH_BYTES = 256 * MIB
-# The sampler's dummy run holds float32 logits for every sequence and the float32 probabilities
-# it derives from them.
-SAMPLER_BYTES_PER_LOGIT = 4 + 4
+# The sampler's dummy run (top-k and top-p on, vllm/v1/worker/gpu_model_runner.py,
+# _dummy_sampler_run) holds per logit: float32 logits and their temperature-scaled copy (4 + 4 B),
+# the top-k/top-p sort's values and int64 indices (4 + 8 B), the softmax and cumulative sum over
+# them (4 + 4 B), and masks and the scattered result (~4 B). One log shows 34 B: the rank that
+# samples held 1.23 GiB more than the one that does not, for 256 x 152,064 logits (vllm#13061).
+SAMPLER_BYTES_PER_LOGIT = 32
 # vLLM captures CUDA graphs for batches up to 512 tokens unless max_num_seqs is smaller
 # (vllm/config/compilation.py, max_cudagraph_capture_size).
 MAX_CAPTURE_TOKENS = 512
@@ -38,6 +41,7 @@ class EngineSettings:
     max_num_seqs: int
     tp: int = 1
     cuda_graphs: bool = True  # False: --enforce-eager, no graphs captured
+    sampler: bool = True  # False: the priced GPU is in a pipeline stage before the last
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "tp"):
@@ -46,31 +50,37 @@ class EngineSettings:
 
 
 def overhead_parts(shape: ModelShape, settings: EngineSettings) -> tuple[Term, ...]:
-    """The estimated parts of one GPU's overhead: activation peak, sampler, non-torch memory
-    and CUDA graphs (0 under --enforce-eager)."""
-    per_token = shape.forward_bytes_per_token(settings.tp)
-    tokens, seqs = settings.max_num_batched_tokens, settings.max_num_seqs
-    widths = f"2 x hidden {shape.hidden:,} + MLP {shape.mlp_width(settings.tp):,}"
-    activation = Term(
-        "activation_peak",
-        tokens * per_token,
-        Source.ESTIMATED,
-        detail=f"{tokens:,} batched tokens x {per_token:,} B ({widths}, x {shape.dtype_bytes} B)",
-    )
-    sampler = Term(
-        "sampler_logits",
-        seqs * shape.vocab * SAMPLER_BYTES_PER_LOGIT,
-        Source.ESTIMATED,
-        detail=f"{seqs:,} sequences x vocab {shape.vocab:,} x "
-        f"{SAMPLER_BYTES_PER_LOGIT} B (float32 logits and probabilities)",
-    )
+    """The estimated parts of one GPU's overhead: the profiling run's activation peak, non-torch
+    memory and CUDA graphs (0 under --enforce-eager)."""
     non_torch = Term(
         "non_torch",
         NON_TORCH_BYTES,
         Source.ESTIMATED,
         detail="NCCL and cuBLAS memory the profile adds: 0.13-0.35 GiB in vLLM's logs",
     )
-    return (activation, sampler, non_torch, graph_memory(shape, settings))
+    return (activation_peak(shape, settings), non_torch, graph_memory(shape, settings))
+
+
+def activation_peak(shape: ModelShape, settings: EngineSettings) -> Term:
+    """Torch's peak over the profiling run: the forward over max_num_batched_tokens, or the
+    sampler's run over max_num_seqs rows beside the forward's kept output, whichever is larger
+    (the forward's transients are freed before the sampler runs)."""
+    tokens, seqs = settings.max_num_batched_tokens, settings.max_num_seqs
+    per_token = shape.forward_bytes_per_token(settings.tp)
+    forward = tokens * per_token
+    widths = f"3 x hidden {shape.hidden:,} + MLP {shape.mlp_width(settings.tp):,}"
+    detail = (
+        f"forward: {tokens:,} batched tokens x {per_token:,} B ({widths}, x {shape.dtype_bytes} B)"
+    )
+    if not settings.sampler:
+        return Term("activation_peak", forward, Source.ESTIMATED, detail=f"{detail}; no sampler")
+    logits = seqs * shape.vocab * SAMPLER_BYTES_PER_LOGIT
+    sampler = tokens * shape.hidden * shape.dtype_bytes + logits
+    detail += (
+        f" = {forward:,} B, or sampler: {seqs:,} sequences x vocab {shape.vocab:,} x "
+        f"{SAMPLER_BYTES_PER_LOGIT} B beside the kept output = {sampler:,} B; the larger"
+    )
+    return Term("activation_peak", max(forward, sampler), Source.ESTIMATED, detail=detail)
 
 
 def graph_memory(shape: ModelShape, settings: EngineSettings) -> Term:

@@ -40,9 +40,10 @@ class ModelShape:
         return max(widths)
 
     def forward_bytes_per_token(self, tp: int) -> int:
-        """Bytes one batched token holds at the forward's peak on one GPU: the residual stream and
-        the normed input (2 x hidden) beside the widest MLP transient."""
-        return self.dtype_bytes * (2 * self.hidden + self.mlp_width(tp))
+        """Bytes one batched token holds at the forward's peak on one GPU: three hidden-wide
+        tensors (the residual stream, the normed input, the layer's output before it joins the
+        residual) beside the widest MLP transient."""
+        return self.dtype_bytes * (3 * self.hidden + self.mlp_width(tp))
 
 
 def shape_from_config(cfg: dict[str, Any]) -> ModelShape | None:

@@ -69,10 +69,25 @@ def pipeline_stages(layers: int, pp: int) -> list[int]:
     return sizes
 
 
-def fullest_pipeline_stage(layers: tuple[LayerKind, ...], pp: int) -> tuple[LayerKind, ...]:
-    """The layers of the stage whose KV cache grows fastest per token (its GPUs fill first)."""
+def _stages(layers: tuple[LayerKind, ...], pp: int) -> list[tuple[LayerKind, ...]]:
     stages, start = [], 0
     for size in pipeline_stages(len(layers), pp):
         stages.append(layers[start : start + size])
         start += size
-    return max(stages, key=lambda stage: sum(kind in _CACHED for kind in stage))
+    return stages
+
+
+def _cached(stage: tuple[LayerKind, ...]) -> int:
+    return sum(kind in _CACHED for kind in stage)
+
+
+def fullest_pipeline_stage(layers: tuple[LayerKind, ...], pp: int) -> tuple[LayerKind, ...]:
+    """The layers of the stage whose KV cache grows fastest per token (its GPUs fill first)."""
+    return max(_stages(layers, pp), key=_cached)
+
+
+def last_stage_is_fullest(layers: tuple[LayerKind, ...], pp: int) -> bool:
+    """Whether the last stage, the one that samples, holds as many cached layers as any: its
+    GPUs then price the sampler's run too (with one stage, always)."""
+    stages = _stages(layers, pp)
+    return _cached(stages[-1]) == max(map(_cached, stages))

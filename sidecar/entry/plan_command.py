@@ -28,6 +28,7 @@ from sidecar.core.errors import ConfigError
 from sidecar.core.gpu_presets import GPUS, GpuPreset, vllm_serve_defaults
 from sidecar.core.hub_cache import hub_cache_dir
 from sidecar.core.model_spec import Model, load_model, preset_names, weights_in
+from sidecar.core.parallelism import last_stage_is_fullest
 from sidecar.core.preset_ids import HUB_IDS
 from sidecar.core.sizes import parse_size
 from sidecar.entry.plan_render import render
@@ -179,7 +180,7 @@ def plan_for(model: Model, args: argparse.Namespace, inputs: Inputs) -> Plan:
     )
     budget = _budget(args, inputs)
     alpha = inputs.take("alpha", args.alpha, DEFAULT_ALPHA)
-    return make_plan(cost, _memory(args, model, inputs, cost.tp), budget, alpha)
+    return make_plan(cost, _memory(args, model, inputs, cost), budget, alpha)
 
 
 def _budget(args: argparse.Namespace, inputs: Inputs) -> Budget:
@@ -206,7 +207,9 @@ def _budget(args: argparse.Namespace, inputs: Inputs) -> Budget:
     )
 
 
-def _memory(args: argparse.Namespace, model: Model, inputs: Inputs, tp: int) -> MemoryInputs | Term:
+def _memory(
+    args: argparse.Namespace, model: Model, inputs: Inputs, cost: KvCost
+) -> MemoryInputs | Term:
     if args.kv_pool is not None:
         if any(v is not None for v in (args.vram, args.gpu, args.weights)):
             raise ConfigError("give either --kv-pool or --vram/--gpu (with --weights), not both")
@@ -223,7 +226,9 @@ def _memory(args: argparse.Namespace, model: Model, inputs: Inputs, tp: int) -> 
         fraction = MemoryFraction(value, inputs.sources["memory_fraction"])
     except ConfigError as exc:
         raise ConfigError(f"--memory-fraction: {exc}") from exc
-    parts = _overhead_parts(args, model, inputs, EngineGpu(vram.bytes, preset, tp))
+    samples = last_stage_is_fullest(model.spec.layers, cost.pp)
+    gpu = EngineGpu(vram.bytes, preset, cost.tp, samples)
+    parts = _overhead_parts(args, model, inputs, gpu)
     overhead = overhead_total(parts) if parts else _fixed_overhead(args)
     return MemoryInputs(
         vram_total=vram, weights=weights, overhead=overhead, fraction=fraction, overhead_parts=parts
@@ -249,6 +254,7 @@ class EngineGpu:
     total_bytes: int
     preset: GpuPreset | None
     tp: int
+    samples: bool  # the priced GPU runs the sampler (the last pipeline stage does)
 
 
 def _fixed_overhead(args: argparse.Namespace) -> Term:
@@ -279,6 +285,7 @@ def _overhead_parts(
         max_num_seqs=inputs.take("max_num_seqs", args.max_num_seqs, defaults.max_num_seqs),
         tp=gpu.tp,
         cuda_graphs=not args.enforce_eager,
+        sampler=gpu.samples,
     )
     parts = overhead_parts(model.shape, settings)
     if args.cuda_graph_memory is None:

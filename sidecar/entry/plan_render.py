@@ -62,7 +62,7 @@ def _model_lines(plan: Plan) -> list[str]:
 
 
 # The parts of an estimated overhead: shown under it, not subtracted again.
-_PARTS = ("activation_peak", "sampler_logits", "non_torch", "cuda_graphs")
+_PARTS = ("activation_peak", "non_torch", "cuda_graphs")
 
 
 def _memory_lines(plan: Plan) -> list[str]:
