@@ -74,6 +74,17 @@ def test_plan_agrees_with_vllms_log(
     assert abs(error) <= BOUND, f"{error:+.1%} off vLLM's {theirs} {unit} ({row['url']})"
 
 
+def test_the_docs_table_is_what_the_planner_says(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/capacity-math.md's table gives each row's error as the planner computes it now."""
+    doc = (ROOT / "docs" / "capacity-math.md").read_text(encoding="utf-8")
+    table = [line for line in doc.splitlines() if line.startswith("| [vllm#")]
+    assert len(table) == len(ROWS)
+    for row, line in zip(ROWS, table, strict=True):
+        ours, theirs, _ = planned_against_logged(row, capsys)
+        assert row["url"] in line
+        assert f"| {(ours / theirs - 1) * 100:+.1f} %" in line, (row["id"], line)
+
+
 def test_the_logs_cover_what_the_planner_must_get_right() -> None:
     """Eight logs or more: dense, MoE and MLA models, TP > 1, at least three kinds of GPU."""
     assert len(ROWS) >= 8
