@@ -209,6 +209,13 @@ BAD_INPUTS = [
 ]
 
 
+def test_a_declared_pool_takes_no_vllm_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    """--kv-pool is the pool itself: a vLLM setting beside it would size nothing."""
+    args = ["--model", "qwen2.5-7b", "--kv-pool", "1GiB", "--enforce-eager"]
+    assert main(["plan", *args]) == 2
+    assert "--kv-pool is the pool" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("extra", "message"), BAD_INPUTS)
 def test_bad_input_is_one_clear_line(
     capsys: pytest.CaptureFixture[str], extra: list[str], message: str

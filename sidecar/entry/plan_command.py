@@ -215,6 +215,8 @@ def _memory(
             raise ConfigError("give either --kv-pool or --vram/--gpu (with --weights), not both")
         if args.memory_fraction is not None:
             raise ConfigError("--memory-fraction sizes the pool from --vram; --kv-pool is the pool")
+        if _engine_flags_given(args):
+            raise ConfigError("--kv-pool is the pool; the vLLM settings size an estimated overhead")
         return Term("kv_pool_per_gpu", _size("--kv-pool", args.kv_pool), Source.DECLARED)
     weights = _weights(args, model)
     vram, preset = _vram(args)
@@ -227,7 +229,7 @@ def _memory(
     except ConfigError as exc:
         raise ConfigError(f"--memory-fraction: {exc}") from exc
     samples = last_stage_is_fullest(model.spec.layers, cost.pp)
-    gpu = EngineGpu(vram.bytes, preset, cost.tp, samples)
+    gpu = EngineGpu(total_bytes=vram.bytes, preset=preset, tp=cost.tp, samples=samples)
     parts = _overhead_parts(args, model, inputs, gpu)
     overhead = overhead_total(parts) if parts else _fixed_overhead(args)
     return MemoryInputs(
@@ -247,7 +249,7 @@ def _vram(args: argparse.Namespace) -> tuple[Term, GpuPreset | None]:
     return Term("vram_total", _size("--vram", args.vram), Source.DECLARED), None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineGpu:
     """What the overhead estimate needs to know about the GPUs it runs on."""
 
@@ -269,9 +271,8 @@ def _overhead_parts(
 ) -> tuple[Term, ...]:
     """The estimated parts of the overhead; none when --overhead is declared (it wins) or the
     model's config cannot tell its widths."""
-    engine_flags = (args.max_num_batched_tokens, args.max_num_seqs, args.cuda_graph_memory)
     if args.overhead is not None:
-        if any(flag is not None for flag in engine_flags) or args.enforce_eager:
+        if _engine_flags_given(args):
             msg = "--overhead is the whole overhead; the vLLM settings size its estimate instead"
             raise ConfigError(msg)
         return ()
@@ -292,6 +293,11 @@ def _overhead_parts(
         return parts
     declared = _size("--cuda-graph-memory", args.cuda_graph_memory)
     return (*parts[:-1], Term("cuda_graphs", declared, Source.DECLARED))
+
+
+def _engine_flags_given(args: argparse.Namespace) -> bool:
+    flags = (args.max_num_batched_tokens, args.max_num_seqs, args.cuda_graph_memory)
+    return args.enforce_eager or any(flag is not None for flag in flags)
 
 
 def _weights(args: argparse.Namespace, model: Model) -> Term | None:
