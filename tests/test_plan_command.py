@@ -58,7 +58,7 @@ def test_8gib_example_at_vllms_default_fraction(capsys: pytest.CaptureFixture[st
 
 
 # vLLM's rule (vllm/v1/worker/gpu_worker.py): KV = total x gpu_memory_utilization - weights -
-# the rest (activations, non-torch memory), here the default 2 GiB overhead. Hand-computed:
+# the rest (activations, non-torch memory), here a declared 2 GiB overhead. Hand-computed:
 VLLM_RULE = [
     # 80 GiB = 85,899,345,920 B; x 0.9 = 77,309,411,328; - 16,060,522,496 - 2,147,483,648
     pytest.param("llama-3.1-8b", "80GiB", 59_101_405_184, id="llama-3.1-8b-h100"),
@@ -73,9 +73,55 @@ VLLM_RULE = [
 def test_plan_sizes_the_pool_as_vllm_does(
     capsys: pytest.CaptureFixture[str], model: str, vram: str, rule: int
 ) -> None:
-    """`sidecar plan` with its defaults sizes the pool on vLLM's own rule, to the byte."""
-    out = plan_json(capsys, "--model", model, "--vram", vram)
+    """With a declared overhead, `sidecar plan` sizes the pool on vLLM's own rule, to the byte."""
+    out = plan_json(capsys, "--model", model, "--vram", vram, "--overhead", "2GiB")
     assert out["kv_pool_bytes_per_gpu"] == rule
+
+
+def test_gpu_preset_and_estimated_overhead(capsys: pytest.CaptureFixture[str]) -> None:
+    """--gpu h100-80gb is 79.22 GiB as CUDA reports it; with no --overhead the parts are
+    estimated from Llama-3.1-8B's widths at vLLM's H100 serve defaults (8,192 tokens, 1,024
+    sequences) and add up to the overhead the pool subtracts."""
+    out = plan_json(capsys, "--model", "llama-3.1-8b", "--gpu", "h100-80gb")
+    terms = {t["name"]: t for t in out["terms"]}
+    assert (terms["vram_total"]["bytes"], terms["vram_total"]["source"]) == (
+        85_061_827_297,
+        "preset",
+    )
+    parts = ("activation_peak", "non_torch", "cuda_graphs")
+    # the sampler's 1,024 x 128,256 x 32 B beside the kept 8,192 x 4,096 x 2 B output
+    assert terms["activation_peak"]["bytes"] == 1024 * 128_256 * 32 + 8192 * 4096 * 2
+    assert terms["overhead"]["bytes"] == sum(terms[name]["bytes"] for name in parts)
+    assert terms["overhead"]["source"] == "estimated"
+    assert out["input_sources"]["max_num_batched_tokens"] == "default"
+    share, weights = terms["engine_share"]["bytes"], terms["weights"]["bytes"]
+    assert out["kv_pool_bytes_per_gpu"] == share - weights - terms["overhead"]["bytes"]
+
+
+def test_declared_settings_and_graph_memory_reach_the_estimate(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--max-num-batched-tokens, --max-num-seqs and --cuda-graph-memory are used as given."""
+    out = plan_json(
+        capsys,
+        *["--model", "llama-3.1-8b", "--vram", "24GiB", "--max-num-batched-tokens", "4096"],
+        *["--max-num-seqs", "16", "--cuda-graph-memory", "0"],
+    )
+    terms = {t["name"]: (t["bytes"], t["source"]) for t in out["terms"]}
+    assert terms["activation_peak"] == (4096 * 110_592, "estimated")  # over 16 x 128,256 x 32 B
+    assert terms["cuda_graphs"] == (0, "declared")
+    assert out["input_sources"]["max_num_seqs"] == "declared"
+
+
+def test_a_config_without_widths_keeps_the_stated_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """GPT-2's config names no hidden_size/intermediate_size: 2 GiB stands in, and says why."""
+    args = ["--model", str(CONFIGS / "gpt2.json"), "--vram", "24GiB", "--weights", "1GiB"]
+    out = plan_json(capsys, *args)
+    overhead = next(t for t in out["terms"] if t["name"] == "overhead")
+    assert (overhead["bytes"], overhead["source"]) == (2 * GIB, "default")
+    assert "tells no widths" in overhead["detail"]
 
 
 def test_brief_example_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -156,7 +202,18 @@ BAD_INPUTS = [
         id="fraction-above-one",
     ),
     pytest.param(["--memory-fraction", "0"], "must be in (0, 1], got 0.0", id="fraction-zero"),
+    pytest.param(["--gpu", "h100-80gb"], "give --vram or --gpu, not both", id="vram-and-gpu"),
+    pytest.param(
+        ["--max-num-seqs", "64"], "--overhead is the whole overhead", id="overhead-and-settings"
+    ),
 ]
+
+
+def test_a_declared_pool_takes_no_vllm_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    """--kv-pool is the pool itself: a vLLM setting beside it would size nothing."""
+    args = ["--model", "qwen2.5-7b", "--kv-pool", "1GiB", "--enforce-eager"]
+    assert main(["plan", *args]) == 2
+    assert "--kv-pool is the pool" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("extra", "message"), BAD_INPUTS)
@@ -192,7 +249,7 @@ def test_bad_model_is_one_clear_line(
 def test_missing_memory_is_one_clear_line(capsys: pytest.CaptureFixture[str]) -> None:
     """Without --vram or --kv-pool the user is told what to give."""
     assert main(["plan", "--model", "qwen2.5-7b"]) == 2
-    assert "give --vram (and --overhead), or --kv-pool" in capsys.readouterr().err
+    assert "give --vram or --gpu (and --overhead), or --kv-pool" in capsys.readouterr().err
 
 
 def test_argparse_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -225,14 +282,16 @@ def test_python_m_sidecar_plan_runs_without_traceback() -> None:
 
 
 def test_preset_weights_need_no_weights_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    """`--model llama-3.1-8b --vram 80GiB` plans with the preset's published weights, and says so.
+    """`--model llama-3.1-8b --vram 80GiB` plans with the preset's published weights, and says so
+    (here beside a declared 2 GiB overhead).
 
     80 GiB x 0.9 - 16,060,522,496 B - 2 GiB = 59,101,405,184 B; 4,000 x 131,072 B =
     524,288,000 B per request; 59,101,405,184 / 524,288,000 x 0.8 = 90.18 -> 90."""
-    assert main(["plan", "--model", "llama-3.1-8b", "--vram", "80GiB"]) == 0
+    args = ["--model", "llama-3.1-8b", "--vram", "80GiB", "--overhead", "2GiB"]
+    assert main(["plan", *args]) == 0
     out = capsys.readouterr().out
     assert "- weights                  14.96 GiB (16,060,522,496 B)  preset" in out
-    assert "- overhead                   2.00 GiB (2,147,483,648 B)  default" in out
+    assert "- overhead                   2.00 GiB (2,147,483,648 B)  declared" in out
     assert "weights: model.safetensors.index.json total_size of meta-llama/Llama-3.1-8B" in out
     assert "x 0.9 = engine_share       72.00 GiB (77,309,411,328 B)  derived" in out
     assert "floor(59,101,405,184 / 524,288,000 x 0.8) = floor(90.18) = 90" in out
@@ -244,8 +303,8 @@ def test_preset_weights_need_no_weights_flag(capsys: pytest.CaptureFixture[str])
     [
         pytest.param(
             [],
-            {"weights": "preset", "overhead": "default", "neighbours": "default"},
-            id="preset-weights-default-overhead",
+            {"weights": "preset", "overhead": "estimated", "neighbours": "default"},
+            id="preset-weights-estimated-overhead",
         ),
         pytest.param(
             ["--weights", "15GB", "--overhead", "2GiB"],

@@ -14,7 +14,7 @@ from typing import Any
 from sidecar.core.config_json import DTYPE_BYTES, LayerKind, ModelSpec
 from sidecar.core.errors import ConfigError, PlanError
 from sidecar.core.exact import exact
-from sidecar.core.parallelism import check_tensor_parallel
+from sidecar.core.parallelism import check_tensor_parallel, fullest_pipeline_stage
 
 
 class Source(StrEnum):
@@ -26,6 +26,7 @@ class Source(StrEnum):
     MEASURED = "measured"  # read from this machine: NVML, or the model's files on disk
     ENGINE = "engine"  # the inference engine reported it
     DERIVED = "derived"  # computed from other terms
+    ESTIMATED = "estimated"  # modelled from the model's shape and the engine's settings
 
 
 @dataclass(frozen=True)
@@ -94,17 +95,20 @@ class KvCost:
     """What tokens cost in KV cache for one model, cache dtype, TP degree and block size.
 
     "Whole model" figures add up every GPU of the tensor-parallel group, replicas included.
+    With pipeline stages (pp > 1), "per GPU" is a GPU of the stage holding the most layers.
     """
 
     spec: ModelSpec
     kv_dtype: str = "auto"
     tp: int = 1
     block_size: int | None = None
+    pp: int = 1
     element_bytes: int = field(init=False)
-    # How many layers of each attention kind: every layer of a kind holds the same per token, so
-    # a request is priced per kind, not per layer.
+    # How many layers of each attention kind the fullest GPU holds: every layer of a kind holds
+    # the same per token, so a request is priced per kind, not per layer.
     _full_layers: int = field(init=False, repr=False, compare=False)
     _sliding_layers: int = field(init=False, repr=False, compare=False)
+    _state_share: Fraction = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.tp < 1:
@@ -112,9 +116,13 @@ class KvCost:
         if self.block_size is not None and self.block_size < 1:
             raise ConfigError(f"block size must be at least 1 token, got {self.block_size}")
         check_tensor_parallel(self.spec, self.tp)
+        stage = fullest_pipeline_stage(self.spec.layers, self.pp)
+        states = self.spec.layers.count(LayerKind.STATE)
+        share = Fraction(stage.count(LayerKind.STATE), states) if states else Fraction(0)
         object.__setattr__(self, "element_bytes", kv_dtype_bytes(self.kv_dtype, self.spec))
-        object.__setattr__(self, "_full_layers", self.spec.layers.count(LayerKind.FULL))
-        object.__setattr__(self, "_sliding_layers", self.spec.layers.count(LayerKind.SLIDING))
+        object.__setattr__(self, "_full_layers", stage.count(LayerKind.FULL))
+        object.__setattr__(self, "_sliding_layers", stage.count(LayerKind.SLIDING))
+        object.__setattr__(self, "_state_share", share)
 
     @property
     def layer_bytes_per_token_per_gpu(self) -> int:
@@ -125,19 +133,24 @@ class KvCost:
         return 2 * heads_per_gpu * self.spec.head_dim * self.element_bytes
 
     @property
+    def attention_layers_per_gpu(self) -> int:
+        """Attention layers on the fullest GPU: all of them, or the fullest pipeline stage's."""
+        return self._full_layers + self._sliding_layers
+
+    @property
     def bytes_per_token_per_gpu(self) -> int:
         """One token across every attention layer, on the fullest GPU."""
-        return self.spec.attention_layers * self.layer_bytes_per_token_per_gpu
+        return self.attention_layers_per_gpu * self.layer_bytes_per_token_per_gpu
 
     @property
     def bytes_per_token(self) -> int:
         """One token across every attention layer, all GPUs of the group together."""
-        return self.bytes_per_token_per_gpu * self.tp
+        return self.spec.attention_layers * self.layer_bytes_per_token_per_gpu * self.tp
 
     @property
     def state_bytes_per_gpu(self) -> int:
         """Constant mamba / linear-attention state of one request on one GPU."""
-        return math.ceil(self.spec.state_bytes_per_request / self.tp)
+        return math.ceil(self.spec.state_bytes_per_request * self._state_share / self.tp)
 
     def tokens_held(self, kind: LayerKind, tokens: int) -> int:
         """Token slots a request of `tokens` occupies in one layer of `kind`, in whole blocks."""
@@ -159,7 +172,10 @@ class KvCost:
 
     def request_bytes(self, tokens: int) -> int:
         """Worst case of one request of `tokens`, all GPUs of the group together."""
-        return self.request_bytes_per_gpu(tokens) * self.tp
+        if self.pp == 1:
+            return self.request_bytes_per_gpu(tokens) * self.tp
+        whole = KvCost(self.spec, self.kv_dtype, self.tp, self.block_size)
+        return whole.request_bytes(tokens)
 
     def usable_pool_bytes_per_gpu(self, pool_bytes_per_gpu: int) -> int:
         """The part of a GPU's pool that whole blocks can use."""
@@ -231,6 +247,8 @@ class MemoryInputs:
     overhead: Term
     neighbours: Term = _NO_NEIGHBOURS
     fraction: MemoryFraction = WHOLE_GPU
+    # What `overhead` adds up, when it was estimated part by part: shown, not subtracted again.
+    overhead_parts: tuple[Term, ...] = ()
 
     def engine_share(self) -> Term:
         """vram_total x the memory fraction: what the engine sizes weights, overhead and KV in."""
@@ -260,6 +278,7 @@ class MemoryInputs:
             self.weights,
             weights_per_gpu,
             self.overhead,
+            *self.overhead_parts,
             self.neighbours,
             pool,
         )
@@ -319,6 +338,7 @@ class Plan:
             "kv_dtype": self.cost.kv_dtype,
             "kv_dtype_bytes": self.cost.element_bytes,
             "tensor_parallel_size": self.cost.tp,
+            "pipeline_parallel_size": self.cost.pp,
             "block_size_tokens": self.cost.block_size,
             "memory_fraction": None if self.memory_fraction is None else self.memory_fraction.value,
         }
@@ -363,7 +383,7 @@ def make_plan(cost: KvCost, memory: MemoryInputs | Term, budget: Budget, alpha: 
     """Work out the permits: floor(usable pool per GPU / request bytes per GPU x alpha)."""
     if not 0 < alpha <= 1:  # also rejects NaN
         raise ConfigError(f"alpha (safety factor) must be in (0, 1], got {alpha}")
-    terms = (memory,) if isinstance(memory, Term) else memory.pool_terms(cost.tp)
+    terms = (memory,) if isinstance(memory, Term) else memory.pool_terms(cost.tp * cost.pp)
     pool = terms[-1].bytes
     if pool <= 0:
         raise PlanError(f"the KV pool must be positive, got {pool:,} B")

@@ -72,7 +72,7 @@ class ModelSpec:
 
 def spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
     """Read a ModelSpec from a parsed config.json; ModelConfigError names what is missing."""
-    text = _text_part(cfg)
+    text = text_part(cfg)
     heads = _int(text, ("num_attention_heads", "n_head", "num_heads"), name)
     n_layers = _int(text, ("num_hidden_layers", "n_layer", "num_layers"), name)
     window = _sliding_window(text)
@@ -99,7 +99,7 @@ def spec_from_config(cfg: dict[str, Any], name: str) -> ModelSpec:
     )
 
 
-def _text_part(cfg: dict[str, Any]) -> dict[str, Any]:
+def text_part(cfg: dict[str, Any]) -> dict[str, Any]:
     """The decoder's settings: multimodal configs nest them under text_config."""
     nested = cfg.get("text_config")
     if not isinstance(nested, dict):

@@ -17,6 +17,7 @@ from sidecar.core.capacity import Source, Term
 from sidecar.core.config_json import ModelSpec, spec_from_config
 from sidecar.core.errors import ModelConfigError
 from sidecar.core.hub_cache import cached_snapshot, is_hub_id
+from sidecar.core.model_shape import ModelShape, shape_from_config
 from sidecar.core.preset_ids import preset_for_hub_id
 
 WEIGHT_SUFFIXES = ((".safetensors",), (".bin", ".pt"), (".gguf",))
@@ -32,6 +33,7 @@ class Model:
     weights: Term | None  # whole-model weight bytes: from a preset or measured from files
     found: str  # "preset qwen2.5-7b", "local Hugging Face cache: <dir>", "<path>"
     directory: Path | None = None  # where its files are; None for a preset
+    shape: ModelShape | None = None  # the forward's widths, for the overhead estimate
 
 
 def preset_names() -> list[str]:
@@ -52,16 +54,16 @@ def load_model(ref: str, hub_cache: Path | None = None) -> Model:
     at `hub_cache` (when given), or a preset (by name, or by an id it answers to)."""
     path = Path(ref)
     if path.is_dir():
-        return Model(_spec_in(path, path.name), _weights_or_none(path), str(path), path)
+        return _in_folder(path, path.name, str(path))
     if path.is_file() and path.name == "config.json":  # a model directory's own config
-        name = path.parent.name or path.stem
-        return Model(_spec_in(path.parent, name), _weights_or_none(path.parent), ref, path.parent)
+        return _in_folder(path.parent, path.parent.name or path.stem, ref)
     if path.is_file():
-        return Model(spec_from_config(_read_json(path), path.stem), None, ref, path.parent)
+        cfg = _read_json(path)
+        spec = spec_from_config(cfg, path.stem)
+        return Model(spec, None, ref, path.parent, shape_from_config(cfg))
     snapshot = cached_snapshot(ref, hub_cache) if hub_cache and is_hub_id(ref) else None
     if snapshot is not None:
-        found = f"local Hugging Face cache: {snapshot}"
-        return Model(_spec_in(snapshot, ref), _weights_or_none(snapshot), found, snapshot)
+        return _in_folder(snapshot, ref, f"local Hugging Face cache: {snapshot}")
     key = _preset_key(ref)
     if key in preset_names():
         return _preset(key)
@@ -70,9 +72,9 @@ def load_model(ref: str, hub_cache: Path | None = None) -> Model:
     raise ModelConfigError(msg)
 
 
-def _spec_in(folder: Path, name: str) -> ModelSpec:
-    """A model directory's spec. Where config.json names no dtype (gpt-oss), the weights' own
-    dtypes stand in, as vLLM reads them (vllm/config/model.py, _find_dtype)."""
+def _in_folder(folder: Path, name: str, found: str) -> Model:
+    """A model directory's spec, weights and shape. Where config.json names no dtype (gpt-oss),
+    the weights' own dtypes stand in, as vLLM reads them (vllm/config/model.py, _find_dtype)."""
     cfg = _read_json(folder / "config.json")
     nested = cfg.get("text_config")
     parts = (cfg, nested) if isinstance(nested, dict) else (cfg,)
@@ -80,7 +82,8 @@ def _spec_in(folder: Path, name: str) -> ModelSpec:
         dtype = _safetensors_dtype(folder)
         if dtype is not None:
             cfg["torch_dtype"] = dtype
-    return spec_from_config(cfg, name)
+    spec = spec_from_config(cfg, name)
+    return Model(spec, _weights_or_none(folder), found, folder, shape_from_config(cfg))
 
 
 def _preset_key(ref: str) -> str:
@@ -100,7 +103,8 @@ def _preset(key: str) -> Model:
     meta = cfg.pop(PRESET_META, {})
     if not any(cfg.get(k) for k in ("torch_dtype", "dtype")) and "dtype" in meta:
         cfg["torch_dtype"] = meta["dtype"]  # e.g. gpt-oss: config.json names none
-    return Model(spec_from_config(cfg, key), preset_weights(meta), f"preset {key}")
+    spec = spec_from_config(cfg, key)
+    return Model(spec, preset_weights(meta), f"preset {key}", None, shape_from_config(cfg))
 
 
 def preset_weights(meta: Mapping[str, Any]) -> Term | None:

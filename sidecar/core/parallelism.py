@@ -13,8 +13,10 @@ vLLM's two rules, as its source states them:
 
 from __future__ import annotations
 
-from sidecar.core.config_json import ModelSpec
+from sidecar.core.config_json import LayerKind, ModelSpec
 from sidecar.core.errors import ConfigError
+
+_CACHED = (LayerKind.FULL, LayerKind.SLIDING)
 
 
 def tensor_parallel_problems(spec: ModelSpec, tp: int) -> list[str]:
@@ -54,3 +56,38 @@ def check_tensor_parallel(spec: ModelSpec, tp: int) -> None:
             f"Sizes it accepts: {sizes}"
         )
         raise ConfigError(msg)
+
+
+def pipeline_stages(layers: int, pp: int) -> list[int]:
+    """Layers per pipeline stage as vLLM splits them (vllm/distributed/utils.py, get_pp_indices):
+    an even share each, the remainder one apiece to the stages before the last."""
+    if not 1 <= pp <= layers:
+        raise ConfigError(f"pipeline parallel size must be 1 to {layers} (the layers), got {pp}")
+    sizes = [layers // pp] * pp
+    for i in range(2, layers % pp + 2):
+        sizes[-i] += 1
+    return sizes
+
+
+def _stages(layers: tuple[LayerKind, ...], pp: int) -> list[tuple[LayerKind, ...]]:
+    stages, start = [], 0
+    for size in pipeline_stages(len(layers), pp):
+        stages.append(layers[start : start + size])
+        start += size
+    return stages
+
+
+def _cached(stage: tuple[LayerKind, ...]) -> int:
+    return sum(kind in _CACHED for kind in stage)
+
+
+def fullest_pipeline_stage(layers: tuple[LayerKind, ...], pp: int) -> tuple[LayerKind, ...]:
+    """The layers of the stage whose KV cache grows fastest per token (its GPUs fill first)."""
+    return max(_stages(layers, pp), key=_cached)
+
+
+def last_stage_is_fullest(layers: tuple[LayerKind, ...], pp: int) -> bool:
+    """Whether the last stage, the one that samples, holds as many cached layers as any: its
+    GPUs then price the sampler's run too (with one stage, always)."""
+    stages = _stages(layers, pp)
+    return _cached(stages[-1]) == max(map(_cached, stages))

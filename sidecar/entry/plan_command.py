@@ -19,12 +19,19 @@ from sidecar.core.capacity import (
     Term,
     make_plan,
 )
-from sidecar.core.config_json import LayerKind
+from sidecar.core.engine_overhead import (
+    EngineSettings,
+    overhead_parts,
+    overhead_total,
+)
 from sidecar.core.errors import ConfigError
+from sidecar.core.gpu_presets import GPUS, GpuPreset, vllm_serve_defaults
 from sidecar.core.hub_cache import hub_cache_dir
 from sidecar.core.model_spec import Model, load_model, preset_names, weights_in
+from sidecar.core.parallelism import last_stage_is_fullest
 from sidecar.core.preset_ids import HUB_IDS
-from sidecar.core.sizes import format_size, parse_size
+from sidecar.core.sizes import parse_size
+from sidecar.entry.plan_render import render
 
 DEFAULT_PROMPT_TOKENS = 3000
 DEFAULT_COMPLETION_TOKENS = 1000
@@ -45,11 +52,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     memory = parser.add_argument_group(
         "memory (sizes: 24GiB or 24Gi = 24 x 1024^3 B, 24GB or 24G = 24 x 1000^3 B, or bytes)"
     )
-    memory.add_argument("--vram", help="total memory of one GPU")
+    memory.add_argument("--vram", help="total memory of one GPU, as CUDA reports it")
+    memory.add_argument(
+        "--gpu",
+        choices=sorted(GPUS),
+        metavar="NAME",
+        help="a GPU by name, instead of --vram: the memory CUDA reports for it "
+        f"({', '.join(GPUS)})",
+    )
     memory.add_argument(
         "--weights", help="weights of the whole model (default: the preset's or the files')"
     )
-    memory.add_argument("--overhead", help=f"per GPU: CUDA context etc. ({DEFAULT_OVERHEAD})")
+    memory.add_argument(
+        "--overhead",
+        help="per GPU: activations, non-torch memory, CUDA graphs (default: estimated from the "
+        f"model and the vLLM settings below; {DEFAULT_OVERHEAD} where the config cannot tell)",
+    )
     memory.add_argument(
         "--memory-fraction",
         type=float,
@@ -58,6 +76,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "1: the whole GPU)",
     )
     memory.add_argument("--kv-pool", help="the KV pool of one GPU, instead of --vram")
+    engine = parser.add_argument_group(
+        "vLLM settings the overhead estimate depends on (default: `vllm serve`'s for the GPU)"
+    )
+    engine.add_argument("--max-num-batched-tokens", type=int, help="tokens of the profiling run")
+    engine.add_argument("--max-num-seqs", type=int, help="sequences of the sampler's run")
+    engine.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs captured")
+    engine.add_argument(
+        "--cuda-graph-memory",
+        help="per GPU, instead of the estimate (0 for a vLLM that sizes its pool before "
+        "capturing graphs: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0, and releases before it)",
+    )
     budget = parser.add_argument_group("token budget of one request")
     budget.add_argument("--max-tokens", type=int, help="prompt + completion together")
     budget.add_argument("--max-prompt-tokens", type=int, help=f"({DEFAULT_PROMPT_TOKENS})")
@@ -65,6 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--alpha", type=float, help=f"safety factor in (0, 1] ({DEFAULT_ALPHA})")
     parser.add_argument("--kv-dtype", help=f"auto, fp16, bf16, fp32, fp8... ({DEFAULT_KV_DTYPE})")
     parser.add_argument("--tp", type=int, help=f"tensor-parallel GPUs ({DEFAULT_TP})")
+    parser.add_argument(
+        "--pp", type=int, help="pipeline-parallel stages, each holding its share of the layers (1)"
+    )
     parser.add_argument("--block-size", type=int, help="tokens per KV block, e.g. 16 for vLLM")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -93,6 +125,8 @@ FLAGS = {
     "max_completion_tokens": "--max-completion-tokens",
     "alpha": "--alpha",
     "memory_fraction": "--memory-fraction",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "max_num_seqs": "--max-num-seqs",
 }
 
 
@@ -131,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         }
         print(json.dumps(document, indent=2))  # noqa: T201
     else:
-        print(render(plan, model, inputs))  # noqa: T201
+        print(render(plan, model, inputs.defaulted()))  # noqa: T201
     return 0
 
 
@@ -142,10 +176,11 @@ def plan_for(model: Model, args: argparse.Namespace, inputs: Inputs) -> Plan:
         kv_dtype=inputs.take("kv_dtype", args.kv_dtype, DEFAULT_KV_DTYPE),
         tp=inputs.take("tensor_parallel_size", args.tp, DEFAULT_TP),
         block_size=args.block_size,
+        pp=1 if args.pp is None else args.pp,  # rare enough not to list among the defaults
     )
     budget = _budget(args, inputs)
     alpha = inputs.take("alpha", args.alpha, DEFAULT_ALPHA)
-    return make_plan(cost, _memory(args, model, inputs), budget, alpha)
+    return make_plan(cost, _memory(args, model, inputs, cost), budget, alpha)
 
 
 def _budget(args: argparse.Namespace, inputs: Inputs) -> Budget:
@@ -172,29 +207,97 @@ def _budget(args: argparse.Namespace, inputs: Inputs) -> Budget:
     )
 
 
-def _memory(args: argparse.Namespace, model: Model, inputs: Inputs) -> MemoryInputs | Term:
+def _memory(
+    args: argparse.Namespace, model: Model, inputs: Inputs, cost: KvCost
+) -> MemoryInputs | Term:
     if args.kv_pool is not None:
-        if args.vram is not None or args.weights is not None:
-            raise ConfigError("give either --kv-pool or --vram (with --weights), not both")
+        if any(v is not None for v in (args.vram, args.gpu, args.weights)):
+            raise ConfigError("give either --kv-pool or --vram/--gpu (with --weights), not both")
         if args.memory_fraction is not None:
             raise ConfigError("--memory-fraction sizes the pool from --vram; --kv-pool is the pool")
+        if _engine_flags_given(args):
+            raise ConfigError("--kv-pool is the pool; the vLLM settings size an estimated overhead")
         return Term("kv_pool_per_gpu", _size("--kv-pool", args.kv_pool), Source.DECLARED)
     weights = _weights(args, model)
-    if args.vram is None:
-        raise ConfigError("give --vram (and --overhead), or --kv-pool")
+    vram, preset = _vram(args)
     if weights is None:
         msg = f"give --weights: {model.found} tells no weight size (or give --kv-pool)"
         raise ConfigError(msg)
-    overhead = Term("overhead", _size("--overhead", DEFAULT_OVERHEAD), Source.DEFAULT)
-    if args.overhead is not None:
-        overhead = Term("overhead", _size("--overhead", args.overhead), Source.DECLARED)
-    vram = Term("vram_total", _size("--vram", args.vram), Source.DECLARED)
     value = inputs.take("memory_fraction", args.memory_fraction, DEFAULT_MEMORY_FRACTION)
     try:
         fraction = MemoryFraction(value, inputs.sources["memory_fraction"])
     except ConfigError as exc:
         raise ConfigError(f"--memory-fraction: {exc}") from exc
-    return MemoryInputs(vram_total=vram, weights=weights, overhead=overhead, fraction=fraction)
+    samples = last_stage_is_fullest(model.spec.layers, cost.pp)
+    gpu = EngineGpu(total_bytes=vram.bytes, preset=preset, tp=cost.tp, samples=samples)
+    parts = _overhead_parts(args, model, inputs, gpu)
+    overhead = overhead_total(parts) if parts else _fixed_overhead(args)
+    return MemoryInputs(
+        vram_total=vram, weights=weights, overhead=overhead, fraction=fraction, overhead_parts=parts
+    )
+
+
+def _vram(args: argparse.Namespace) -> tuple[Term, GpuPreset | None]:
+    """--vram as declared, or --gpu's preset figure."""
+    if args.vram is not None and args.gpu is not None:
+        raise ConfigError("give --vram or --gpu, not both")
+    if args.gpu is not None:
+        preset = GPUS[args.gpu]
+        return Term("vram_total", preset.total_bytes, Source.PRESET, detail=preset.seen), preset
+    if args.vram is None:
+        raise ConfigError("give --vram or --gpu (and --overhead), or --kv-pool")
+    return Term("vram_total", _size("--vram", args.vram), Source.DECLARED), None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineGpu:
+    """What the overhead estimate needs to know about the GPUs it runs on."""
+
+    total_bytes: int
+    preset: GpuPreset | None
+    tp: int
+    samples: bool  # the priced GPU runs the sampler (the last pipeline stage does)
+
+
+def _fixed_overhead(args: argparse.Namespace) -> Term:
+    if args.overhead is not None:
+        return Term("overhead", _size("--overhead", args.overhead), Source.DECLARED)
+    detail = "the model's config.json tells no widths to estimate it from"
+    return Term("overhead", _size("--overhead", DEFAULT_OVERHEAD), Source.DEFAULT, detail=detail)
+
+
+def _overhead_parts(
+    args: argparse.Namespace, model: Model, inputs: Inputs, gpu: EngineGpu
+) -> tuple[Term, ...]:
+    """The estimated parts of the overhead; none when --overhead is declared (it wins) or the
+    model's config cannot tell its widths."""
+    if args.overhead is not None:
+        if _engine_flags_given(args):
+            msg = "--overhead is the whole overhead; the vLLM settings size its estimate instead"
+            raise ConfigError(msg)
+        return ()
+    if model.shape is None:
+        return ()
+    defaults = vllm_serve_defaults(gpu.total_bytes, gpu.preset)
+    settings = EngineSettings(
+        max_num_batched_tokens=inputs.take(
+            "max_num_batched_tokens", args.max_num_batched_tokens, defaults.max_num_batched_tokens
+        ),
+        max_num_seqs=inputs.take("max_num_seqs", args.max_num_seqs, defaults.max_num_seqs),
+        tp=gpu.tp,
+        cuda_graphs=not args.enforce_eager,
+        sampler=gpu.samples,
+    )
+    parts = overhead_parts(model.shape, settings)
+    if args.cuda_graph_memory is None:
+        return parts
+    declared = _size("--cuda-graph-memory", args.cuda_graph_memory)
+    return (*parts[:-1], Term("cuda_graphs", declared, Source.DECLARED))
+
+
+def _engine_flags_given(args: argparse.Namespace) -> bool:
+    flags = (args.max_num_batched_tokens, args.max_num_seqs, args.cuda_graph_memory)
+    return args.enforce_eager or any(flag is not None for flag in flags)
 
 
 def _weights(args: argparse.Namespace, model: Model) -> Term | None:
@@ -215,96 +318,3 @@ def _size(flag: str, text: str) -> int:
         return parse_size(text)
     except ConfigError as exc:
         raise ConfigError(f"{flag}: {exc}") from exc
-
-
-def render(plan: Plan, model: Model | None = None, inputs: Inputs | None = None) -> str:
-    """The derivation, line by line, as a reader checks it by hand."""
-    lines = [*_model_lines(plan), *_memory_lines(plan), *_permit_lines(plan)]
-    if model is not None and model.directory is not None:
-        lines.insert(1, f"found        {model.found}")
-    if inputs is not None and inputs.defaulted():
-        lines.append(f"defaults     {', '.join(inputs.defaulted())} (not given)")
-    return "\n".join(lines)
-
-
-def _model_lines(plan: Plan) -> list[str]:
-    cost, spec = plan.cost, plan.cost.spec
-    gpu = " per GPU" if cost.tp > 1 else ""
-    if spec.mla_latent_dim is not None:
-        shape = f"latent {spec.mla_latent_dim} (MLA, no K/V factor, replicated over TP)"
-        factors = f"{spec.attention_layers} layers x {spec.mla_latent_dim}"
-    else:
-        heads = max(1, -(-spec.num_kv_heads // cost.tp))
-        shape = f"{spec.num_kv_heads} KV heads x head_dim {spec.head_dim}"
-        factors = f"2 (K and V) x {spec.attention_layers} layers x {heads} heads x {spec.head_dim}"
-    lines = [
-        f"model        {spec.name} ({spec.model_type}): {spec.attention_layers} attention layers"
-        f" of {len(spec.layers)}, {shape}, dtype {spec.dtype}",
-        f"KV cache     dtype {cost.kv_dtype} = {cost.element_bytes} B/element, TP {cost.tp}, "
-        + (f"blocks of {cost.block_size} tokens" if cost.block_size else "no block rounding"),
-        f"per token    {factors} x {cost.element_bytes} B = {cost.bytes_per_token_per_gpu:,} B{gpu}"
-        + (f"; whole group {cost.bytes_per_token:,} B" if cost.tp > 1 else ""),
-    ]
-    sliding = spec.layers.count(LayerKind.SLIDING)
-    if sliding:
-        lines.append(f"window       {sliding} layers hold at most {spec.sliding_window:,} tokens")
-    if spec.state_bytes_per_request:
-        lines.append(
-            f"state        {spec.layers.count(LayerKind.STATE)} mamba/linear layers: "
-            f"{format_size(spec.state_bytes_per_request)} per request, whatever its length"
-        )
-    budget = plan.budget
-    split = f"{budget.prompt_tokens:,} prompt + {budget.completion_tokens:,} completion = "
-    lines.append(
-        f"per request  {split if budget.completion_tokens else ''}{budget.total:,} tokens -> "
-        f"{format_size(cost.request_bytes_per_gpu(budget.total))}{gpu}"
-    )
-    limit = spec.max_position_embeddings
-    if limit is not None and budget.total > limit:
-        lines.append(f"note         the budget exceeds the model's context of {limit:,} tokens")
-    return lines
-
-
-def _memory_lines(plan: Plan) -> list[str]:
-    signs = {"vram_total": " ", "kv_pool_per_gpu": "="}
-    hidden = "weights" if plan.cost.tp > 1 else "weights_per_gpu"  # tp 1: they are the same
-    lines: list[str] = []
-    for term in plan.terms:
-        if term.name == hidden:
-            continue
-        head = "" if lines else "memory"
-        label = f"{signs.get(term.name, '-')} {term.name}"
-        if term.name == "engine_share" and plan.memory_fraction is not None:
-            label = f"x {plan.memory_fraction.value} = {term.name}"
-        lines.append(f"{head:<11}{label:<20} {format_size(term.bytes):>34}  {term.source}")
-    if plan.memory_fraction is not None:
-        said = _FRACTION_SAID_BY.get(plan.memory_fraction.source, str(plan.memory_fraction.source))
-        lines.append(f"             (the engine sizes itself to vram_total x {said})")
-    weights = next((term for term in plan.terms if term.name == "weights"), None)
-    if weights is not None and plan.cost.tp > 1:
-        lines.append(
-            f"             (weights {format_size(weights.bytes)} {weights.source}, "
-            f"split over TP {plan.cost.tp})"
-        )
-    if weights is not None and weights.detail:
-        lines.append(f"             weights: {weights.detail}")
-    return lines
-
-
-_FRACTION_SAID_BY = {
-    Source.DEFAULT: "vLLM's default --gpu-memory-utilization",
-    Source.DECLARED: "--memory-fraction",
-}
-
-
-def _permit_lines(plan: Plan) -> list[str]:
-    usable = plan.cost.usable_pool_bytes_per_gpu(plan.kv_pool_bytes_per_gpu)
-    request = plan.cost.request_bytes_per_gpu(plan.budget.total)
-    lines = [f"pool         holds {plan.kv_pool_tokens:,} tokens per GPU"]
-    if usable != plan.kv_pool_bytes_per_gpu:
-        lines.append(f"             whole blocks use {usable:,} B of it")
-    lines.append(
-        f"permits      floor({usable:,} / {request:,} x {plan.alpha}) = "
-        f"floor({float(plan.permits_exact):.2f}) = {plan.permits}"
-    )
-    return lines
