@@ -81,6 +81,12 @@ bench-burst: $(STAMP)
 	$(E2E_VLLM_PYTHON) scripts/build_tiny_model.py $(E2E_TINY_MODEL)
 	$(BIN)/python -m benchmarks.burst
 
+# Does the sidecar let a GPU-shaped emulated engine serve what it serves alone within SLO? A sweep
+# of closed-loop users straight at it finds its capacity, then users step through 25-150 % of it
+# through a sidecar and straight at the engine. About 8 min (docs/lab/burst.md).
+bench-capacity: $(STAMP)
+	$(BIN)/python -m benchmarks.capacity_sweep
+
 # 96 clients without max_tokens through a fresh sidecar to an H200-sized emulated engine: how many
 # run at the engine within 5 s (target >= 48). About 20 s.
 bench-cold-start: $(STAMP)
