@@ -436,3 +436,36 @@ def test_no_hurried_steps_once_the_limit_in_flight_was_cut() -> None:
     assert slo.starts is not None
     assert slo.starts.slow_start
     assert not slo.grows_fast(5)
+
+
+def slow_tokens(slo: SloControl, clock: FakeClock, sent: float, count: int = 3) -> None:
+    """``count`` streams sent at ``sent`` that end now after 5 tokens 0.2 s apart: twice the
+    TPOT objective."""
+    for _ in range(count):
+        timing = StreamTiming(sent=sent)
+        slo.track(timing, NO_CLAIMS)
+        for i in range(5):
+            timing.saw(1, sent + 0.01 + 0.2 * i)
+        slo.ended(timing, completed=True)
+
+
+def test_slow_tokens_of_streams_sent_before_a_cut_do_not_cut_again() -> None:
+    """A burst's prefills stall every decode: the streams that ran through it end with slow
+    tokens after the cut they caused, and cut no further; slow tokens from streams sent since
+    the cut do."""
+    clock = FakeClock()
+    slo = control(clock)
+    slo.observe(reading())
+    assert slo.limit_of(PLAN) == 10
+    before = clock()
+    clock.advance(1.0)
+    slow_tokens(slo, clock, before)
+    slo.observe(reading())
+    assert slo.limit_of(PLAN) == 5  # the cut: 10 x 1 / 2
+    clock.advance(1.0)
+    slow_tokens(slo, clock, before)
+    slo.observe(reading())
+    assert slo.limit_of(PLAN) == 5  # the same burst's victims: no second cut
+    slow_tokens(slo, clock, clock())
+    slo.observe(reading())
+    assert slo.limit_of(PLAN) == 2  # sent after the cut, and still slow: 5 x 1 / 2

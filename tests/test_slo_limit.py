@@ -278,3 +278,21 @@ def test_a_restart_never_lowers_the_limit(
     before = law.limit
     after = law.update(quiet(gap, start=fresh))
     assert before <= after <= config.ceiling
+
+
+@pytest.mark.parametrize(
+    ("tpot", "expected"),
+    [
+        pytest.param(0.4, 25, id="well-within-grows"),
+        pytest.param(0.9, 20, id="between-aim-and-objective-holds"),
+        pytest.param(1.0, 20, id="on-the-objective-holds"),
+        pytest.param(1.25, 16, id="past-the-objective-cuts-back-to-it"),
+    ],
+)
+def test_time_per_token_cuts_only_past_its_objective(tpot: float, expected: int) -> None:
+    """TPOT's p90 below the aim grows a pressed limit, between the aim and the objective holds
+    it, past the objective cuts it by objective / p90 (20 x 1 / 1.25 = 16)."""
+    law = SloLimit(20)
+    law.slow_start = False
+    evidence = LimitEvidence(ttft=(), tpot=(tpot,) * 3, pressed=True, ttft_judges=False)
+    assert law.update(evidence) == expected

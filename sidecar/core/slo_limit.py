@@ -158,10 +158,8 @@ class SloLimit:
             return self.limit
         ttft, tpot = self._pending
         self._pending = ([], [])
-        heard = [tpot, ttft] if evidence.ttft_judges else [tpot]
-        observed = max((quantile(p, config.quantile) for p in heard if p), default=0.0)
         top = config.slow_start_gradient if self.slow_start else config.max_gradient
-        gradient = top if observed <= 0 else config.aim / observed
+        gradient = min(self._ttft_gradient(ttft, evidence, top), self._tpot_gradient(tpot, top))
         gradient = min(top, max(config.min_gradient, gradient))
         if gradient < 1:
             self.slow_start = False
@@ -181,6 +179,28 @@ class SloLimit:
                     grown = max(self._limit, min(grown, evidence.fits))
         self._limit = float(self._bounded(grown))
         return self.limit
+
+    def _ttft_gradient(self, ttft: list[float], evidence: LimitEvidence, top: float) -> float:
+        """``aim`` over the TTFT samples' quantile, where late first tokens judge this limit."""
+        if not ttft or not evidence.ttft_judges:
+            return top
+        observed = quantile(ttft, self.config.quantile)
+        return top if observed <= 0 else self.config.aim / observed
+
+    def _tpot_gradient(self, tpot: list[float], top: float) -> float:
+        """Grow below ``aim``, hold between it and the objective, cut only past the objective
+        (to bring the quantile back to it). Time per token grows slowly with the requests a
+        decode batch runs (each step reads the weights once for all of them), so steering its
+        quantile to ``aim`` like a queue's latency held the engine to about half of what it
+        serves within the objectives (the GPU-shaped engine of docs/lab/burst.md)."""
+        if not tpot:
+            return top
+        observed = quantile(tpot, self.config.quantile)
+        if observed <= 0:
+            return top
+        if observed > 1.0:
+            return 1.0 / observed
+        return max(1.0, self.config.aim / observed)
 
     def _restart_when_quiet(self, evidence: LimitEvidence) -> None:
         """Slow start again, from at least ``evidence.start``, once nobody pressed against the
