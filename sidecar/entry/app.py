@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from sidecar.core.claims import parse_claim_trust
 from sidecar.core.compartments import parse_compartments
 from sidecar.core.outcomes import EDGE_FAULTS, EdgeFault
+from sidecar.core.redaction import redact_url
 from sidecar.edge.admin import Admin, admin_handler
 from sidecar.edge.engine.pool import EnginePool
 from sidecar.edge.http.limits import ConnectionCount, EdgeLimits
@@ -259,7 +260,7 @@ class SidecarServer:
             "sidecar_listening",
             proxy_port=self.proxy_port,
             admin_port=self.admin_port,
-            upstream=s.upstream_url,
+            upstream=redact_url(s.upstream_url),
             admission=s.admission,
             mode=self.mode.name,
             shadow=s.shadow,
