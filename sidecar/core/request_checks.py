@@ -82,6 +82,7 @@ class CheckedRequest:
 def check_request(raw: bytes, endpoint: Endpoint, budget: TokenPolicy) -> CheckedRequest:
     """Validate ``raw`` and return it with a bounded token budget; RequestError otherwise."""
     body = parse_object(raw)
+    refuse_unpriced(body, endpoint, counted=budget.count_from_engine)
     stream = _optional_bool(body, "stream")
     prompt_tokens, prompts, param = estimate_prompt(body, endpoint, budget.rates)
     tokenize = _tokenize_payload(body, endpoint) if budget.count_from_engine else None
@@ -112,6 +113,34 @@ def with_prompt_tokens(checked: CheckedRequest, tokens: int, budget: TokenPolicy
     counted = replace(checked, prompt_tokens=min(tokens, budget.context_tokens or tokens))
     enforce_pool(counted, budget, "n")
     return counted
+
+
+def refuse_unpriced(body: dict[str, Any], endpoint: Endpoint, *, counted: bool) -> None:
+    """RequestError for what the engine renders into a prompt that the sidecar cannot price:
+    prompt embeddings (a tensor whose length only the engine can read), and a request's own chat
+    template unless the engine counts the prompt (a template's loops render any length)."""
+    if body.get("prompt_embeds") is not None:
+        raise RequestError(
+            "'prompt_embeds' cannot be priced here (only the engine can tell how many tokens the "
+            "embeddings hold): send the prompt as text or token ids",
+            param="prompt_embeds",
+            code="unsupported_parameter",
+        )
+    if body.get("chat_template") is None or endpoint == "completions":
+        return  # no template, or none rendered
+    if not (counted and endpoint == "chat"):  # only chat prompts go to the engine's count
+        raise template_unpriced()
+
+
+def template_unpriced() -> RequestError:
+    """A request's own chat template, with no engine count of what it renders."""
+    return RequestError(
+        "a request's own 'chat_template' renders a prompt of any length, which this server "
+        "cannot estimate: leave it out (the model's template applies), or have the engine count "
+        "prompts (SIDECAR_PROMPT_TOKENS=engine)",
+        param="chat_template",
+        code="unsupported_parameter",
+    )
 
 
 def _sequences_per_prompt(body: dict[str, Any], endpoint: Endpoint) -> tuple[int, str]:

@@ -19,6 +19,7 @@ from sidecar.core.request_checks import (
     TokenPolicy,
     check_request,
     enforce_prompt_budget,
+    template_unpriced,
     with_prompt_tokens,
 )
 from sidecar.edge.http.request import Request
@@ -104,6 +105,8 @@ async def checked_request(
         return checked
     tokens = await counter.count(checked.tokenize, headers)
     if tokens is None:  # the engine could not say: the estimate prices it, and bounds it
+        if "chat_template" in checked.tokenize:
+            raise template_unpriced()  # which no estimate can
         enforce_prompt_budget(checked.prompt_tokens, checked.prompt_param, budget)
         return checked
     return with_prompt_tokens(checked, tokens, budget)
