@@ -96,7 +96,7 @@ class SidecarServer:
         )
         self.draining = False
         self.in_flight = InFlight()
-        self.gate = Gate(settings.max_pre_admission)
+        self.gate = Gate(settings.max_pre_admission, clock)
         self.proxy_connections: ConnectionCount | None = None
         self._door_log = OncePer(clock=clock)
         self.proxy_server: HttpServer | None = None
@@ -240,6 +240,7 @@ class SidecarServer:
             admin_sock,
             self._edge_limits(64, 64, 64 * 1024, 64 * 1024),
             max_body_bytes=1024,
+            clock=self.clock,
         )
         self.admin_port = int(admin_sock.getsockname()[1])  # the real port, also when 0 asked
         self.proxy_server = await serve(
@@ -253,6 +254,7 @@ class SidecarServer:
             ),
             max_body_bytes=int(s.max_body_bytes),
             refused=self._refused_at_door,
+            clock=self.clock,
         )
         self.proxy_connections = self.proxy_server.count
         self.proxy_port = int(proxy_sock.getsockname()[1])

@@ -166,7 +166,7 @@ class Connection(asyncio.Protocol):
         port's cap."""
         port = self._port
         port.refused(fault)
-        self.transport.write(raw_answer(fault))
+        self.transport.write(raw_answer(fault, retry_after_s=port.connections.room_s()))
         if port.lingering < MAX_LINGERING:
             port.lingering += 1  # one more REFUSED: counted out when it is lost
             self._move(Event.REFUSE)
