@@ -36,6 +36,8 @@ BOTH_LOOPS = frozenset(
         "tests.test_proxy_functional",
         "tests.test_proxy_http1",
         "tests.test_proxy_server",
+        "tests.test_flow",
+        "tests.test_pipelining_functional",
     }
 )
 
