@@ -38,6 +38,7 @@ BOTH_LOOPS = frozenset(
         "tests.test_proxy_server",
         "tests.test_flow",
         "tests.test_pipelining_functional",
+        "tests.test_slow_reader_functional",
     }
 )
 
