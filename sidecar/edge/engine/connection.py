@@ -7,8 +7,8 @@ for a slow reader before reading is paused (FlowControl), and the socket is read
 the reader comes back with none left. A reader may instead attach a :data:`Sink`: each read's
 body bytes then go to it from ``data_received``, with no task woken, until it declines some (its
 client's buffer is full: they stay the next read's, it is detached and reading pauses at once)
-or the body ends (its last bytes are the next read's). One read timer per connection (:mod:`read_deadline`), re-armed lazily:
-a relayed chunk costs no timer handle.
+or the body ends (its last bytes are the next read's). One read timer per connection
+(:mod:`read_deadline`), re-armed lazily: a relayed chunk costs no timer handle.
 
 Failures are raised as the errors ``client.translated`` maps: ``OSError`` (a reset, an
 answer cut short: ``ConnectionResetError``; ``StaleConnectionError`` when not one byte of it
