@@ -36,6 +36,9 @@ BOTH_LOOPS = frozenset(
         "tests.test_proxy_functional",
         "tests.test_proxy_http1",
         "tests.test_proxy_server",
+        "tests.test_flow",
+        "tests.test_pipelining_functional",
+        "tests.test_slow_reader_functional",
     }
 )
 

@@ -634,7 +634,8 @@ async def test_bytes_on_an_idle_connection_never_reach_the_next_request(
 
 async def test_a_slow_reader_stops_the_engine_socket(engine: Engine, upstream: EnginePool) -> None:
     """Bytes the relay has not taken yet are bounded: past the high-water mark the socket stops
-    reading and the engine's own send buffer fills, instead of the sidecar's memory."""
+    reading and the engine's own send buffer fills, instead of the sidecar's memory; and it
+    stays stopped until the reader comes back for more."""
     size = 16 * 1024 * 1024
     engine.answers = [answer(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size + b"x" * size)]
     response = await send(upstream, "POST", "/v1/x", {}, b"{}")
@@ -651,7 +652,8 @@ async def test_a_slow_reader_stops_the_engine_socket(engine: Engine, upstream: E
     first = await read_chunk(response)
     # What was held when reading stopped: the mark, plus at most one socket read past it.
     assert HIGH_WATER <= len(first) < HIGH_WATER + 1024 * 1024
-    assert transport.is_reading()  # reading it resumed the socket
+    # Taken, not yet written on: the socket is read again only when the reader comes back.
+    assert not transport.is_reading()
     total = len(first) + len(await read_all(response))
     assert total == size
     release(response)

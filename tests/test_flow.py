@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator
 
@@ -40,25 +41,57 @@ async def test_writers_wait_while_writing_is_paused(transport: asyncio.Transport
     await asyncio.wait_for(waiting, 1)
 
 
-async def test_the_next_request_waits_for_the_client_to_read(
-    transport: asyncio.Transport,
-) -> None:
-    """when_writable runs its step at once if writable, else only when writing resumes; a
-    connection that goes meanwhile runs it never, and wakes its writers."""
-    flow, ran = FlowControl(transport), []
-    flow.when_writable(lambda: ran.append("now"))
-    flow.pause_writing()
-    flow.when_writable(lambda: ran.append("later"))
-    assert ran == ["now"]
-    flow.resume_writing()
-    assert ran == ["now", "later"]
-    flow.pause_writing()
-    flow.when_writable(lambda: ran.append("never"))
-    waiting = asyncio.create_task(flow.drain())
-    flow.release()
-    await asyncio.wait_for(waiting, 1)
-    flow.resume_writing()
-    assert ran == ["now", "later"]
+class Flowing(asyncio.Protocol):
+    """A protocol whose writing pauses and resumes reach its FlowControl, as a Connection's do."""
+
+    flow: FlowControl
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.flow = FlowControl(transport)  # type: ignore[arg-type]
+
+    def pause_writing(self) -> None:
+        self.flow.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.flow.resume_writing()
+
+
+async def test_the_next_request_waits_until_the_answer_has_left() -> None:
+    """when_flushed runs its step at once with nothing unwritten; with an answer still in the
+    buffer (its client not reading), only once the client has read it all, the limits then
+    as they were; a connection that goes meanwhile runs it never, and wakes its writers."""
+    ours, theirs = socket.socketpair()
+    theirs.setblocking(False)
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.create_connection(Flowing, sock=ours)
+    flow, ran = protocol.flow, []
+    limits = transport.get_write_buffer_limits()
+    try:
+        assert flow.when_flushed(lambda: ran.append("now"))
+        transport.write(b"x" * 4_000_000)  # more than the socket pair's buffers: some unwritten
+        assert not flow.when_flushed(
+            lambda: ran.append(f"later at {transport.get_write_buffer_size()}")
+        )
+        assert flow.writing_paused
+        assert transport.get_write_buffer_limits() == (0, 0)
+        assert ran == ["now"]
+        while transport.get_write_buffer_size():
+            await asyncio.sleep(0.001)
+            with contextlib.suppress(BlockingIOError):
+                while theirs.recv(1 << 20):
+                    pass
+        await turns()
+        assert ran == ["now", "later at 0"]
+        assert transport.get_write_buffer_limits() == limits
+        transport.write(b"x" * 4_000_000)
+        assert not flow.when_flushed(lambda: ran.append("never"))
+        waiting = asyncio.create_task(flow.drain())
+        flow.release()
+        await asyncio.wait_for(waiting, 1)
+        assert ran == ["now", "later at 0"]
+    finally:
+        transport.abort()
+        theirs.close()
 
 
 async def test_reading_is_paused_and_resumed_once(transport: asyncio.Transport) -> None:

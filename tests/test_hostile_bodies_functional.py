@@ -88,6 +88,14 @@ RENDERS = [
         id="responses-function-call"),
     pytest.param("/v1/responses", {"input": "hi", "instructions": BIG},
                  id="responses-instructions"),
+    pytest.param("/v1/chat/completions", {"messages": [
+        {"role": "user", "content": [{"type": "x-unknown", "payload": BIG}]}]},
+        id="unknown-part-type"),
+    pytest.param("/v1/chat/completions", {"messages": [
+        {"role": "user", "content": [{"payload": BIG}]}]}, id="part-without-type"),
+    pytest.param("/v1/chat/completions", {"messages": [
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": BIG}]}, USER]},
+        id="thinking-part"),
 ]  # fmt: skip
 
 
@@ -103,6 +111,51 @@ async def test_a_render_over_the_prompt_budget_is_refused(
     assert error_of(answer)["code"] == "prompt_over_budget"
     assert double.generating() == 0
     assert await in_use(server) == 0
+
+
+UNPRICED = [
+    pytest.param("/v1/chat/completions", {"messages": [USER], "chat_template": BIG}, "estimate",
+                 id="chat-template"),
+    pytest.param("/v1/responses", {"input": "hi", "chat_template": BIG}, "estimate",
+                 id="responses-chat-template"),
+    pytest.param("/v1/responses", {"input": "hi", "chat_template": BIG}, "engine",
+                 id="responses-chat-template-engine-count"),
+    pytest.param("/v1/completions", {"prompt": "hi", "prompt_embeds": BIG}, "estimate",
+                 id="prompt-embeds"),
+    pytest.param("/v1/completions", {"prompt_embeds": BIG}, "estimate", id="prompt-embeds-alone"),
+    pytest.param("/v1/completions", {"prompt": "hi", "prompt_embeds": BIG}, "engine",
+                 id="prompt-embeds-engine-count"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "body", "count"), UNPRICED)
+async def test_what_cannot_be_priced_is_refused_by_name(
+    edge: Start, double: EngineDouble, path: str, body: dict[str, object], count: str
+) -> None:
+    """A request's own chat template (a loop renders any length) with no engine count of it,
+    and prompt embeddings (only the engine reads their length): 400 unsupported_parameter
+    naming the field, OpenAI-shaped, the engine untouched."""
+    server = await edge(**BUDGET_3000, SIDECAR_PROMPT_TOKENS=count)
+    status, answer = await post(server, path, json.dumps({"model": "m", **body}).encode())
+    assert status == 400
+    error = error_of(answer)
+    param = "prompt_embeds" if "prompt_embeds" in body else "chat_template"
+    assert (error["code"], error["param"]) == ("unsupported_parameter", param)
+    assert error["type"] == "invalid_request_error"
+    assert double.generating() == 0
+    assert await in_use(server) == 0
+
+
+async def test_a_chat_template_the_engine_counts_is_priced_by_its_count(
+    edge: Start, double: EngineDouble
+) -> None:
+    """SIDECAR_PROMPT_TOKENS=engine: a request's own template goes to /tokenize with the
+    messages, and the request is priced (and served) by the engine's count."""
+    server = await edge(**BUDGET_3000, SIDECAR_PROMPT_TOKENS="engine")
+    body = {"model": "m", "messages": [USER], "chat_template": "{{ messages }}"}
+    status, _ = await post(server, "/v1/chat/completions", json.dumps(body).encode())
+    assert status == 200
+    assert [path for _, path in double.seen] == ["/tokenize", "/v1/chat/completions"]
 
 
 def image_chat(images: int) -> bytes:

@@ -60,6 +60,14 @@ class Clock:
         ),
         pytest.param({"path": "/v1/models"}, {"path": "/v1/models"}, id="untouched"),
         pytest.param({"note": "ſk-abcdefgh"}, {"note": "[redacted]"}, id="unicode-case"),
+        pytest.param(
+            {"upstream": "http://u:pw@h:1"}, {"upstream": "http://[redacted]@h:1"}, id="userinfo"
+        ),
+        pytest.param(
+            {"error": "GET http://h/m?token=abc failed"},
+            {"error": "GET http://h/m?token=[redacted] failed"},
+            id="query-token",
+        ),
     ],
 )
 def test_secrets_are_redacted(event: dict[str, str], expected: dict[str, str]) -> None:
@@ -69,7 +77,8 @@ def test_secrets_are_redacted(event: dict[str, str], expected: dict[str, str]) -
 
 @given(st.text(max_size=80) | st.builds(
     "".join, st.lists(st.sampled_from(["Authorization: ", "api_key=", "Cookie:", "bearer ", "sk-",
-                                       "SK-abcdefg", "ſk-abcdefg", "authorızation: x", "x", " "]),
+                                       "SK-abcdefg", "ſk-abcdefg", "authorızation: x", "x", " ",
+                                       "http://", "u:p@", "?token=", "&KEY=", "/"]),
                       max_size=6)))  # fmt: skip
 def test_text_passed_over_holds_nothing_to_scrub(text: str) -> None:
     """The fast check skips only text the scrubbing pattern leaves as it is."""

@@ -94,11 +94,32 @@ def responses(**body: Any) -> int:
             ),
             id="responses-tools",
         ),
+        pytest.param(
+            lambda: chat(messages=[{"role": "user", "content": [{"type": "x", "data": BIG}]}]),
+            id="unknown-part-type",
+        ),
+        pytest.param(
+            lambda: chat(messages=[{"role": "user", "content": [{"data": {"nested": [BIG]}}]}]),
+            id="part-without-type-nested",
+        ),
+        pytest.param(
+            lambda: chat(
+                messages=[{"role": "assistant", "content": [{"type": "thinking", "thinking": BIG}]}]
+            ),
+            id="thinking-part",
+        ),
     ],
 )
 def test_every_rendered_field_is_priced(tokens: Any) -> None:
     """100 KB in any field the template renders is priced as 100 KB (25,000 tokens), not 4-14."""
     assert tokens() >= 25_000
+
+
+def test_an_unknown_part_holding_media_prices_the_media_not_its_bytes() -> None:
+    """A part of an unknown type wrapping an image is priced as the image (and its strings)."""
+    wrapped = {"type": "x-wrapper", "caption": "abcd", "items": [IMAGE]}
+    tokens = chat(messages=[{"role": "user", "content": [wrapped]}])
+    assert tokens == MESSAGE_OVERHEAD_TOKENS + 1 + 1600
 
 
 def test_a_tools_schema_is_priced_as_its_json() -> None:

@@ -9,7 +9,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.core.errors import RequestError
-from sidecar.core.request_checks import MESSAGE_OVERHEAD_TOKENS, TokenPolicy, check_request
+from sidecar.core.request_checks import (
+    MESSAGE_OVERHEAD_TOKENS,
+    TokenPolicy,
+    check_request,
+    with_prompt_tokens,
+)
 
 BUDGET = TokenPolicy(max_prompt_tokens=100, max_completion_tokens=50)
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
@@ -173,6 +178,9 @@ def test_clamp_mode_lowers_each_field_over_budget() -> None:
         pytest.param({"prompt": ["abcd", "abcdefgh"]}, 2, 2, id="batch-of-texts"),
         pytest.param({"prompt": [[1], [1, 2, 3, 4]]}, 2, 4, id="batch-of-token-ids"),
         pytest.param({"prompt": "abcd", "n": 3}, 3, 1, id="n-choices"),
+        pytest.param({"prompt": "abcd", "n": 2, "best_of": 5}, 5, 1, id="best-of-above-n"),
+        pytest.param({"prompt": "abcd", "n": 3, "best_of": 2}, 3, 1, id="best-of-below-n"),
+        pytest.param({"prompt": ["abcd"] * 2, "best_of": 3}, 6, 1, id="best-of-per-prompt"),
     ],
 )
 def test_sequences_and_prompt_estimate(
@@ -182,6 +190,61 @@ def test_sequences_and_prompt_estimate(
     checked = check_request(raw({"model": "m", **body}), "completions", BUDGET)
     assert (checked.sequences, checked.prompt_tokens) == (sequences, prompt_tokens)
     assert checked.total_tokens == (prompt_tokens + 50) * sequences
+
+
+POOL = TokenPolicy(max_prompt_tokens=100, max_completion_tokens=50, pool_tokens=510)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        pytest.param({"prompt": "abcd", "n": 11}, "n", id="n"),  # 11 x 51 = 561
+        pytest.param({"prompt": "abcd", "best_of": 11}, "best_of", id="best-of"),
+        pytest.param({"prompt": ["abcd"] * 11}, "prompt", id="batch"),
+        pytest.param({"prompt": [[1]] * 11}, "prompt", id="batch-of-ids"),
+        pytest.param({"prompt": "abcd", "n": 2**63}, "n", id="n-2^63"),
+        pytest.param({"prompt": "abcd", "n": 2, "max_tokens": 255}, "n", id="long-ones"),
+    ],
+)
+def test_sequences_past_the_pool_are_too_large(body: dict[str, object], param: str) -> None:
+    """Every sequence at its worst case, together past the engine's pool: 400 too_large, naming
+    the field that multiplied them."""
+    policy = TokenPolicy(max_prompt_tokens=100, max_completion_tokens=300, pool_tokens=510)
+    budget = policy if "max_tokens" in body else POOL
+    with pytest.raises(RequestError) as caught:
+        check_request(raw({"model": "m", "max_tokens": 50, **body}), "completions", budget)
+    assert (caught.value.status, caught.value.code, caught.value.param) == (400, "too_large", param)
+
+
+@pytest.mark.parametrize(
+    ("body", "budget"),
+    [
+        pytest.param({"prompt": "abcd", "n": 10}, POOL, id="n-filling-the-pool"),  # 10 x 51
+        pytest.param({"prompt": "abcd", "n": 10**6}, BUDGET, id="no-pool-known"),
+        pytest.param(
+            {"prompt": "x" * 400},
+            TokenPolicy(max_prompt_tokens=100, max_completion_tokens=50, pool_tokens=10),
+            id="one-sequence-is-admissions",
+        ),
+    ],
+)
+def test_sequences_the_pool_holds_pass(body: dict[str, object], budget: TokenPolicy) -> None:
+    """Within the pool, without a pool to compare, or a single sequence (admission decides it:
+    it waits, or the plan holds no request at all): passed on."""
+    check_request(raw({"model": "m", "max_tokens": 50, **body}), "completions", budget)
+
+
+def test_an_estimate_the_engine_will_count_prices_each_prompt_at_one_token() -> None:
+    """With the engine's count to come, only the completions are certain: 10 x (1 + 50) fits."""
+    budget = TokenPolicy(100, 50, count_from_engine=True, pool_tokens=510)
+    checked = check_request(
+        raw({"model": "m", "prompt": "x" * 400, "n": 10, "max_tokens": 50}), "completions", budget
+    )
+    assert checked.prompt_tokens == 100
+    with pytest.raises(RequestError) as caught:
+        with_prompt_tokens(checked, 2, budget)  # 10 x (2 + 50) = 520
+    assert (caught.value.code, caught.value.param) == ("too_large", "n")
+    assert with_prompt_tokens(checked, 1, budget).prompt_tokens == 1
 
 
 def test_chat_prompt_counts_message_overhead_and_parts() -> None:

@@ -211,3 +211,56 @@ def test_the_startup_heap_leaves_the_collectors_reach() -> None:
     finally:
         gc.unfreeze()
         gc.set_threshold(*threshold)
+
+
+PASSWORD = "s3cret-pw-0123"
+TOKEN = "tok-9876543210"
+
+
+async def test_no_secret_of_the_engine_url_reaches_any_log_line(
+    held_port: Callable[[], int],
+) -> None:
+    """An engine URL with ``user:password@`` and a key in its query: neither the start-up line
+    nor the failing probe's lines print them, while they still name the host."""
+    proxy, admin, dead = held_port(), held_port(), held_port()
+    env = {
+        **BASE_ENV,
+        "SIDECAR_UPSTREAM_URL": f"http://admin:{PASSWORD}@127.0.0.1:{dead}",
+        "SIDECAR_ENGINE_METRICS_URL": f"http://u:{PASSWORD}@127.0.0.1:{dead}/metrics?token={TOKEN}",
+        "SIDECAR_CAPACITY_SOURCE": "vllm",
+        "SIDECAR_REFRESH_MS": "100",
+        "SIDECAR_PORT": str(proxy),
+        "SIDECAR_ADMIN_PORT": str(admin),
+        "SIDECAR_DRAIN_GRACE_S": "0",
+    }
+    process = serve(env)
+    try:
+        async with aiohttp.ClientSession() as session:
+            assert await until(
+                lambda: _status(session, f"http://127.0.0.1:{admin}/healthz", 200), 20
+            )
+            async with session.get(f"http://127.0.0.1:{admin}/capacity") as capacity:
+                shown = await capacity.text()
+        process.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(process.wait, 20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        out, err = process.communicate()
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    listening = [e for e in events if e["event"] == "sidecar_listening"]
+    assert [e["upstream"] for e in listening] == [f"http://[redacted]@127.0.0.1:{dead}"]
+    assert any(f"127.0.0.1:{dead}" in json.dumps(e) for e in events if e is not listening[0])
+    for text in (out, err, shown):
+        assert PASSWORD not in text
+        assert TOKEN not in text
+
+
+def test_a_bad_url_setting_is_named_without_its_password() -> None:
+    """Start-up refuses a URL it cannot use in one line that quotes it, its password redacted."""
+    process = serve({**BASE_ENV, URL: f"ftp://admin:{PASSWORD}@engine:21"})
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 2
+    assert URL in stderr
+    assert "ftp://[redacted]@engine:21" in stderr
+    assert PASSWORD not in stderr

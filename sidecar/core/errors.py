@@ -90,10 +90,11 @@ class RequestError(SidecarError):
 class EdgeRefusedError(SidecarError):
     """The edge's own bounds refused the request; ``fault`` is its row in the outcome table."""
 
-    def __init__(self, fault: EdgeFault) -> None:
+    def __init__(self, fault: EdgeFault, retry_after_s: float = 1.0) -> None:
         self.refusal = EDGE_FAULTS[fault]
         super().__init__(self.refusal.message)
         self.fault: EdgeFault = fault
+        self.retry_after_s = retry_after_s  # when the edge expects room (a 503's Retry-After)
 
 
 class IllegalTransitionError(SidecarError):

@@ -25,6 +25,9 @@ MEDIA_TYPES = frozenset(
     {"image_url", "input_image", "image", "image_pil", "image_embeds", "video_url", "video",
      "input_audio", "audio_url", "audio"}
 )  # fmt: skip
+# A content part rendered as its text (an assistant's refusal part as its refusal); a part of any
+# other type that is not media is priced by every string it holds, as if rendered whole.
+TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text", "refusal"})
 # A message's structure, which the per-message overhead prices; every other string is rendered.
 STRUCTURAL_KEYS = frozenset({"role", "type", "content"})
 # Request fields a chat template renders as JSON (tool schemas, RAG documents, template inputs).
@@ -86,44 +89,53 @@ def _responses_tokens(body: dict[str, Any], rates: PromptRates) -> int:
 def _item_tokens(item: dict[str, Any], param: str, rates: PromptRates) -> int:
     """A message or input item: its content, every other string it holds (name, tool calls and
     their arguments, a call's output...), its media, and the template's overhead."""
-    text, media = _content(item.get("content"), param)
+    size, media = _content(item.get("content"), param)
     others = {key: value for key, value in item.items() if key not in STRUCTURAL_KEYS}
     rest, more_media = _strings_and_media(others)
-    tokens = text_tokens(text, rates) + text_tokens_of_bytes(rest, rates)
+    tokens = text_tokens_of_bytes(size, rates) + text_tokens_of_bytes(rest, rates)
     return MESSAGE_OVERHEAD_TOKENS + tokens + (media + more_media) * rates.media_tokens
 
 
-def _content(content: object, param: str) -> tuple[str, int]:
-    """A message's text and how many media parts it holds."""
+def _content(content: object, param: str) -> tuple[int, int]:
+    """The UTF-8 bytes a message's content renders and how many media parts it holds."""
     if content is None or isinstance(content, str):
-        return content or "", 0
+        return _utf8_size(content or ""), 0
     if not isinstance(content, list):
         raise RequestError("message 'content' must be a string or an array", param=param)
-    texts, media = [], 0
+    size, media = 0, 0
     for part in content:
         if isinstance(part, dict) and _is_media(part):
             media += 1
         else:
-            texts.append(_part_text(part, param))
-    return "".join(texts), media
+            part_size, part_media = _part_size(part, param)
+            size, media = size + part_size, media + part_media
+    return size, media
 
 
-def _part_text(part: object, param: str) -> str:
+def _part_size(part: object, param: str) -> tuple[int, int]:
     """A content part is an object (``{"type": "text", "text": ...}``...); vLLM also takes a bare
-    string as a text part. Anything else never reaches the engine."""
+    string as a text part. Anything else never reaches the engine. A part of a type the estimate
+    does not know costs every string (and media part) it holds: the engine may render it all."""
     if isinstance(part, str):
-        return part
+        return _utf8_size(part), 0
     if not isinstance(part, dict):
         raise RequestError(
             "each item of a message's 'content' array must be an object (a content part)",
             param=param,
             code="invalid_type",
         )
+    if part.get("type") not in TEXT_PART_TYPES:
+        return _strings_and_media({k: v for k, v in part.items() if k != "type"})
     text = part.get("text")
     if text is not None and not isinstance(text, str):
         raise RequestError("a content part's 'text' must be a string", param=param)
     refusal = part.get("refusal")  # an assistant's refusal part is rendered as its text
-    return (text or "") + (refusal if isinstance(refusal, str) else "")
+    return _utf8_size((text or "") + (refusal if isinstance(refusal, str) else "")), 0
+
+
+def _utf8_size(text: str) -> int:
+    # surrogatepass: a lone surrogate was refused already, but pricing must never crash on one.
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def _is_media(part: dict[str, Any]) -> bool:
@@ -199,8 +211,7 @@ def _is_token_id(item: object) -> bool:
 
 def text_tokens(text: str, rates: PromptRates) -> int:
     """Estimated tokens of ``text``."""
-    # surrogatepass: a lone surrogate was refused already, but pricing must never crash on one.
-    return text_tokens_of_bytes(len(text.encode("utf-8", "surrogatepass")), rates)
+    return text_tokens_of_bytes(_utf8_size(text), rates)
 
 
 def text_tokens_of_bytes(size: int, rates: PromptRates) -> int:

@@ -49,6 +49,9 @@ class TokenPolicy:
     # Where the prompt budget is the engine's own, only an exact count refuses (an estimate might
     # refuse what the engine would serve; the engine refuses what does not fit itself).
     prompt_budget_exact_only: bool = False
+    # The engine's KV pool in tokens, where a plan says it: a request whose sequences, each at
+    # its worst case, need more is refused (too_large) in every admission mode.
+    pool_tokens: int | None = None
 
     @property
     def rates(self) -> PromptRates:
@@ -79,6 +82,7 @@ class CheckedRequest:
 def check_request(raw: bytes, endpoint: Endpoint, budget: TokenPolicy) -> CheckedRequest:
     """Validate ``raw`` and return it with a bounded token budget; RequestError otherwise."""
     body = parse_object(raw)
+    refuse_unpriced(body, endpoint, counted=budget.count_from_engine)
     stream = _optional_bool(body, "stream")
     prompt_tokens, prompts, param = estimate_prompt(body, endpoint, budget.rates)
     tokenize = _tokenize_payload(body, endpoint) if budget.count_from_engine else None
@@ -86,22 +90,91 @@ def check_request(raw: bytes, endpoint: Endpoint, budget: TokenPolicy) -> Checke
     if tokenize is None and not budget.prompt_budget_exact_only:
         enforce_prompt_budget(prompt_tokens, param, budget)
     keys = RESPONSES_TOKEN_KEYS if endpoint == "responses" else TOKEN_KEYS
-    n = 1 if endpoint == "responses" else _positive_int(body, "n", default=1)
+    per_prompt, many = _sequences_per_prompt(body, endpoint)
     completion, changed, clamped = _completion_tokens(body, budget, keys)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise RequestError("'model' must be a string", param="model", code="invalid_type")
     forwarded = serialise(body) if changed else raw
     prompt_tokens, completion = _within_context(prompt_tokens, completion, budget)
-    return CheckedRequest(
-        forwarded, stream, completion, prompt_tokens, n * prompts, model, param, tokenize, clamped
-    )
+    checked = CheckedRequest(
+        forwarded, stream, completion, prompt_tokens, per_prompt * prompts, model, param, tokenize,
+        clamped,
+    )  # fmt: skip
+    # An estimate the engine's count replaces (or may not refuse) prices each prompt at 1 token.
+    trusted = tokenize is None and not budget.prompt_budget_exact_only
+    enforce_pool(checked, budget, many if per_prompt > 1 else param, trusted=trusted)
+    return checked
 
 
 def with_prompt_tokens(checked: CheckedRequest, tokens: int, budget: TokenPolicy) -> CheckedRequest:
     """The request priced with the engine's own prompt count; RequestError if over the budget."""
     enforce_prompt_budget(tokens, checked.prompt_param, budget, exact=True)
-    return replace(checked, prompt_tokens=min(tokens, budget.context_tokens or tokens))
+    counted = replace(checked, prompt_tokens=min(tokens, budget.context_tokens or tokens))
+    enforce_pool(counted, budget, "n")
+    return counted
+
+
+def refuse_unpriced(body: dict[str, Any], endpoint: Endpoint, *, counted: bool) -> None:
+    """RequestError for what the engine renders into a prompt that the sidecar cannot price:
+    prompt embeddings (a tensor whose length only the engine can read), and a request's own chat
+    template unless the engine counts the prompt (a template's loops render any length)."""
+    if body.get("prompt_embeds") is not None:
+        raise RequestError(
+            "'prompt_embeds' cannot be priced here (only the engine can tell how many tokens the "
+            "embeddings hold): send the prompt as text or token ids",
+            param="prompt_embeds",
+            code="unsupported_parameter",
+        )
+    if body.get("chat_template") is None or endpoint == "completions":
+        return  # no template, or none rendered
+    if not (counted and endpoint == "chat"):  # only chat prompts go to the engine's count
+        raise template_unpriced()
+
+
+def template_unpriced() -> RequestError:
+    """A request's own chat template, with no engine count of what it renders."""
+    return RequestError(
+        "a request's own 'chat_template' renders a prompt of any length, which this server "
+        "cannot estimate: leave it out (the model's template applies), or have the engine count "
+        "prompts (SIDECAR_PROMPT_TOKENS=engine)",
+        param="chat_template",
+        code="unsupported_parameter",
+    )
+
+
+def _sequences_per_prompt(body: dict[str, Any], endpoint: Endpoint) -> tuple[int, str]:
+    """How many sequences the engine runs for each prompt (``n``, or ``best_of`` where more: it
+    generates that many and returns the best ``n``), and the field that says so."""
+    if endpoint == "responses":
+        return 1, "n"
+    n = _positive_int(body, "n", default=1)
+    best_of = _positive_int(body, "best_of", default=n)
+    return (best_of, "best_of") if best_of > n else (n, "n")
+
+
+def enforce_pool(
+    checked: CheckedRequest, budget: TokenPolicy, param: str, *, trusted: bool = True
+) -> None:
+    """RequestError ``too_large`` where the request's sequences, each at its worst case, need
+    more tokens than the engine's whole KV pool: no admission mode could ever run it at once.
+
+    One sequence is left to admission (it waits, or the plan holds no request at all: 503).
+    ``trusted=False``: the prompt estimate is not the count, so each sequence's prompt is 1 token.
+    """
+    pool = budget.pool_tokens
+    prompt = checked.prompt_tokens if trusted else 1
+    worst = (prompt + checked.completion_tokens) * checked.sequences
+    if pool is None or checked.sequences == 1 or worst <= pool:
+        return
+    raise RequestError(
+        f"{_shown(checked.sequences)} sequences of up to {prompt + checked.completion_tokens} "
+        f"tokens each need {_shown(worst)} tokens of KV cache, more than this server's pool of "
+        f"{pool} tokens can ever hold at once: lower n, best_of, the batch, the prompt or "
+        "max_tokens",
+        param=param,
+        code="too_large",
+    )
 
 
 def _within_context(prompt: int, completion: int, budget: TokenPolicy) -> tuple[int, int]:

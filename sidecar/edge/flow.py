@@ -1,7 +1,8 @@
 """Flow control of one client connection, both ways: reading paused while a pipelined request
-waits its turn, and writers held while the client's socket buffer is full (asyncio's
-``pause_writing``/``resume_writing``) until it drains. An engine connection uses its reading
-side: paused while body bytes wait for a slow reader."""
+waits its turn, writers held while the client's socket buffer is full (asyncio's
+``pause_writing``/``resume_writing``) until it drains, and the next pipelined request held until
+the answer before it has left the buffer entirely. An engine connection uses its reading side:
+paused while body bytes wait for a slow reader."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ class FlowControl:
         self._writable = asyncio.Event()
         self._writable.set()
         self._when_writable: Callable[[], None] | None = None
+        self._limits: tuple[int, int] | None = None  # (low, high) to restore, once flushed
 
     def pause_reading(self) -> None:
         if not self.reading_paused:
@@ -37,6 +39,10 @@ class FlowControl:
     def resume_writing(self) -> None:
         self.writing_paused = False
         self._writable.set()
+        if self._limits is not None:
+            low, high = self._limits
+            self._limits = None
+            self._transport.set_write_buffer_limits(high=high, low=low)
         then, self._when_writable = self._when_writable, None
         if then is not None:
             then()
@@ -45,12 +51,18 @@ class FlowControl:
         """Wait until the client's socket buffer has room (or the connection is gone)."""
         await self._writable.wait()
 
-    def when_writable(self, then: Callable[[], None]) -> None:
-        """Call ``then`` now if writing is not paused, else once it resumes."""
-        if self.writing_paused:
-            self._when_writable = then
-        else:
+    def when_flushed(self, then: Callable[[], None]) -> bool:
+        """Call ``then`` once the transport holds nothing unwritten: now (True), or once its
+        buffer has drained to empty (False): until then the limits are 0, so that the transport
+        pauses writing now and resumes only when empty, as asyncio's flow control says."""
+        if self._transport.get_write_buffer_size() == 0 and not self.writing_paused:
             then()
+            return True
+        self._when_writable = then
+        if self._limits is None:
+            self._limits = self._transport.get_write_buffer_limits()
+            self._transport.set_write_buffer_limits(high=0, low=0)
+        return False
 
     def release(self) -> None:
         """The connection is gone: nothing waits for room any more."""

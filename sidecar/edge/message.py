@@ -6,6 +6,7 @@ head and body, with no request to frame it for."""
 from __future__ import annotations
 
 import json
+import math
 from http import HTTPStatus
 
 from sidecar.core.outcomes import EDGE_FAULTS, EdgeFault, refusal_body
@@ -38,10 +39,11 @@ def encode_head(lines: list[str]) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
 
 
-def raw_answer(fault: EdgeFault, message: str | None = None) -> bytes:
+def raw_answer(fault: EdgeFault, message: str | None = None, retry_after_s: float = 1.0) -> bytes:
     """A complete HTTP/1.1 answer for ``fault``: OpenAI-shaped JSON, then the connection closes.
 
-    ``message`` (our own words, never the client's bytes) says more than the fault's own."""
+    ``message`` (our own words, never the client's bytes) says more than the fault's own; a 503
+    says to retry after ``retry_after_s`` (whole seconds, rounded up)."""
     refusal = EDGE_FAULTS[fault]
     body = json.dumps(refusal_body(refusal, message)).encode()
     lines = [
@@ -51,7 +53,7 @@ def raw_answer(fault: EdgeFault, message: str | None = None) -> bytes:
         "Connection: close",
     ]
     if refusal.status == 503:
-        lines.append("Retry-After: 1")
+        lines.append(f"Retry-After: {max(1, math.ceil(retry_after_s))}")
     return encode_head(lines) + body
 
 

@@ -71,7 +71,9 @@ def error_response(exc: SidecarError) -> Response:
     if isinstance(exc, UpstreamError):
         return _refusal_response(exc.refusal, str(exc), {})
     if isinstance(exc, EdgeRefusedError):
-        retry = retry_headers(1.0, should_retry=True) if exc.refusal.status == 503 else {}
+        retry = (
+            retry_headers(exc.retry_after_s, should_retry=True) if exc.refusal.status == 503 else {}
+        )
         return _refusal_response(exc.refusal, exc.refusal.message, retry)
     return internal_error()
 

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from sidecar.core.claims import parse_claim_trust
 from sidecar.core.compartments import parse_compartments
 from sidecar.core.outcomes import EDGE_FAULTS, EdgeFault
+from sidecar.core.redaction import redact_url
 from sidecar.edge.admin import Admin, admin_handler
 from sidecar.edge.engine.pool import EnginePool
 from sidecar.edge.http.limits import ConnectionCount, EdgeLimits
@@ -96,7 +97,7 @@ class SidecarServer:
         )
         self.draining = False
         self.in_flight = InFlight()
-        self.gate = Gate(settings.max_pre_admission)
+        self.gate = Gate(settings.max_pre_admission, clock)
         self.proxy_connections: ConnectionCount | None = None
         self._door_log = OncePer(clock=clock)
         self.proxy_server: HttpServer | None = None
@@ -242,6 +243,7 @@ class SidecarServer:
             admin_sock,
             self._edge_limits(64, 64, 64 * 1024, 64 * 1024),
             max_body_bytes=1024,
+            clock=self.clock,
         )
         self.admin_port = int(admin_sock.getsockname()[1])  # the real port, also when 0 asked
         self.proxy_server = await serve(
@@ -255,6 +257,7 @@ class SidecarServer:
             ),
             max_body_bytes=int(s.max_body_bytes),
             refused=self._refused_at_door,
+            clock=self.clock,
         )
         self.proxy_connections = self.proxy_server.count
         self.proxy_port = int(proxy_sock.getsockname()[1])
@@ -262,7 +265,7 @@ class SidecarServer:
             "sidecar_listening",
             proxy_port=self.proxy_port,
             admin_port=self.admin_port,
-            upstream=s.upstream_url,
+            upstream=redact_url(s.upstream_url),
             admission=s.admission,
             mode=self.mode.name,
             shadow=s.shadow,

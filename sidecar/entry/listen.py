@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import resource
 import socket
+import time
 from collections.abc import Callable
 
 from sidecar.core.errors import ConfigError
@@ -58,9 +59,12 @@ async def serve(
     *,
     max_body_bytes: int,
     refused: Callable[[EdgeFault], None] = lambda _fault: None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> HttpServer:
     """Serve ``handler`` (the proxy port's, or the admin port's) on ``sock`` behind ``limits``;
     ``refused`` hears of every refusal at the door."""
-    server = HttpServer(handler, limits, max_body_bytes=max_body_bytes, refused=refused)
+    server = HttpServer(
+        handler, limits, max_body_bytes=max_body_bytes, refused=refused, clock=clock
+    )
     await server.start(sock)
     return server

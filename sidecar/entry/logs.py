@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 import structlog
 
+from sidecar.core.redaction import redact_url
 from sidecar.telemetry.log_context import merge_request
 
 SECRET_KEYS = ("authorization", "api_key", "api-key", "apikey", "cookie", "password", "secret")
@@ -31,15 +32,16 @@ REPEAT_INTERVAL_S = 10.0
 MAX_TEXT = 300
 
 
-# Every match of SECRET_TEXT contains one of these, in any case: in ASCII text (where the
-# pattern's case-blindness is ASCII's) their absence means there is nothing to scrub.
-SECRET_WORDS = ("authorization", "api", "cookie", "bearer", "sk-")
+# Every match of SECRET_TEXT, and of redact_url's patterns (a URL's userinfo, a key-like query
+# value), contains one of these, in any case: in ASCII text (where the patterns' case-blindness
+# is ASCII's) their absence means there is nothing to scrub.
+SECRET_WORDS = ("auth", "api", "cookie", "bearer", "sk-", "://", "key", "token", "secret", "pass")
 _ANY_SECRET_WORD = re.compile("|".join(map(re.escape, SECRET_WORDS)))
 
 
 def _scrub(text: str) -> str:
     return SECRET_TEXT.sub(lambda m: f"{m.group(1)}{m.group(2)}[redacted]" if m.group(1)
-                           else "[redacted]", text)  # fmt: skip
+                           else "[redacted]", redact_url(text))  # fmt: skip
 
 
 def may_hold_secret(text: str) -> bool:

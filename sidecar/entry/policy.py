@@ -54,7 +54,7 @@ class SidecarPolicy:
             sheddable=parse_names(s.sheddable),
             priorities=parse_priorities(s.objective_priorities),
         )
-        self._budget: tuple[TokenBudget, TokenPolicy] | None = None
+        self._budget: tuple[TokenBudget, int | None, TokenPolicy] | None = None
 
     # --- who the request is ----------------------------------------------------------------------
 
@@ -73,12 +73,13 @@ class SidecarPolicy:
     # --- what it may spend and what it costs -----------------------------------------------------
 
     def budget(self) -> TokenPolicy:
-        """The request checks' budget in force: the engine's limits, narrowed by the settings;
-        made again only when the budget changes (the engine said its max_model_len)."""
-        budget = self.controller.token_budget
+        """The request checks' budget in force: the engine's limits, narrowed by the settings, and
+        the plan's KV pool; made again only when either changes (the engine said its
+        max_model_len, a plan its pool)."""
+        budget, pool = self.controller.token_budget, self.controller.pool_tokens
         cached = self._budget
-        if cached is not None and cached[0] is budget:
-            return cached[1]
+        if cached is not None and cached[0] is budget and cached[1] == pool:
+            return cached[2]
         s = self.settings
         policy = TokenPolicy(
             budget.prompt_tokens,
@@ -90,8 +91,9 @@ class SidecarPolicy:
             context_tokens=budget.context_tokens,
             fill_max_tokens=budget.fills_max_tokens,
             prompt_budget_exact_only=budget.prompt_origin == "engine",
+            pool_tokens=pool,
         )
-        self._budget = (budget, policy)
+        self._budget = (budget, pool, policy)
         return policy
 
     def price(self, request: CheckedRequest, compartment: str) -> tuple[int, StreamUsage | None]:

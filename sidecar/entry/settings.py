@@ -21,6 +21,7 @@ from sidecar.core.errors import ConfigError, RequestError
 from sidecar.core.estimator import EstimatorConfig
 from sidecar.core.objectives import Objectives
 from sidecar.core.overcommit import AimdConfig
+from sidecar.core.redaction import redact_url
 from sidecar.core.sizes import parse_size
 from sidecar.core.tenancy import parse_priorities
 from sidecar.edge.proxy.routes import parse_forward_paths
@@ -507,6 +508,8 @@ def _describe(exc: ValidationError) -> str:
             continue
         name = f"{ENV_PREFIX}{field.split('.')[0].upper()}"
         given = error.get("input")
+        if isinstance(given, str):
+            given = redact_url(given)
         shown = f" (got {given!r})" if isinstance(given, str | int | float) else ""
         lines.append(f"invalid setting {name}{shown}: {message}")
     return "; ".join(dict.fromkeys(lines))

@@ -189,6 +189,12 @@ class CapacityController:
             return plan.cost
         return self._cost or engine_cost(1, None)  # no plan, no model: one unit per token
 
+    @property
+    def pool_tokens(self) -> int | None:
+        """The KV pool of the plan in force, in tokens (None: no plan to say it)."""
+        plan = self._state.plan
+        return None if plan is None else plan.kv_pool_tokens
+
     def running(self) -> bool:
         """True while the loop's task is alive (liveness reports a dead loop)."""
         return self._task is not None and not self._task.done()

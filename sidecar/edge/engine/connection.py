@@ -3,11 +3,12 @@
 llhttp (httptools' ``HttpResponseParser``) parses; this protocol owns the connection's life, a
 :class:`~sidecar.edge.engine.states.Phase` moved only by the rows of one table. Body bytes are
 handed to the reader in the largest pieces a socket read gives; at most ``HIGH_WATER`` of them wait
-for a slow reader before reading is paused (FlowControl). A reader may instead attach a
-:data:`Sink`: each read's body bytes then go to it from ``data_received``, with no task woken,
-until it declines some (they stay the next read's, and it is detached) or the body ends (its last
-bytes are the next read's). One read timer per connection (:mod:`read_deadline`), re-armed lazily:
-a relayed chunk costs no timer handle.
+for a slow reader before reading is paused (FlowControl), and the socket is read again only when
+the reader comes back with none left. A reader may instead attach a :data:`Sink`: each read's
+body bytes then go to it from ``data_received``, with no task woken, until it declines some (its
+client's buffer is full: they stay the next read's, it is detached and reading pauses at once)
+or the body ends (its last bytes are the next read's). One read timer per connection
+(:mod:`read_deadline`), re-armed lazily: a relayed chunk costs no timer handle.
 
 Failures are raised as the errors ``client.translated`` maps: ``OSError`` (a reset, an
 answer cut short: ``ConnectionResetError``; ``StaleConnectionError`` when not one byte of it
@@ -205,26 +206,30 @@ class EngineConnection(asyncio.Protocol):
         return self.head
 
     async def read(self) -> bytes:
-        """The body bytes that arrived since the last read (waiting for some); b"" at the end."""
+        """The body bytes that arrived since the last read (waiting for some); b"" at the end.
+
+        The socket is read again only once the reader comes back with none left waiting: what
+        it took is written by then (a relay writes it, and waits for its client, first), so a
+        slow client holds at most what its own socket buffer and one read of the engine's take."""
         while not self._pieces:
             if self.ended:
                 return b""
+            self._flow.resume_reading()
             await self._wait()
         return self._take()
 
     def _take(self) -> bytes:
-        """The pieces waiting, as one; the socket is read again if they had paused it."""
+        """The pieces waiting, as one."""
         pieces, self._pieces, self._held = self._pieces, [], 0
-        self._flow.resume_reading()
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def _decline(self, data: bytes) -> None:
-        """The sink declined ``data``: detached, and ``data`` is the next read's, where it was."""
+        """The sink declined ``data`` (its client's buffer is full): detached, ``data`` is the
+        next read's, where it was, and the engine is not read until the reader has written it."""
         self._sink = None
         self._pieces.append(data)
         self._held += len(data)
-        if self._held > HIGH_WATER:
-            self._flow.pause_reading()
+        self._flow.pause_reading()
         self._wake()
 
     async def _wait(self) -> None:

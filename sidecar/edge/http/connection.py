@@ -64,18 +64,24 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.state not in READING:
             return  # read off and dropped
+        self._parse(data)
+
+    def _parse(self, data: bytes | None) -> None:
+        """Parse ``data`` (None: the backlog) up to the request after the one running; reading
+        stops while read bytes wait unparsed."""
         reader = self._reader
         try:
-            reader.feed(data)
+            if data is None:
+                reader.resume()
+            else:
+                reader.take(data)
         except httptools.HttpParserUpgrade:
             self._move(Event.FINAL)  # what follows is not HTTP/1.1
-        except httptools.HttpParserError as exc:
+        except (httptools.HttpParserError, HeadRefusedError) as exc:
             self._parse_failed(exc)
             return
-        if reader.head is not None:
-            reader.head.size += len(data)
-            if reader.head_too_large:
-                self._parse_failed(HeadRefusedError("the request head is too large"))
+        if reader.backlog:
+            self._flow.pause_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.state is State.REFUSED:
@@ -87,10 +93,14 @@ class Connection(asyncio.Protocol):
             self.task.cancel()  # the client hung up: its handler ends now
         if self._reader.body_of is not None:
             self._reader.body_of.fail("cut_off")
+        self._drop_queued()
+        self._flow.release()
+
+    def _drop_queued(self) -> None:
         for queued in self._queue:
             queued.release()
         self._queue.clear()
-        self._flow.release()
+        self._reader.backlog.clear()
 
     def pause_writing(self) -> None:
         self._flow.pause_writing()
@@ -113,8 +123,20 @@ class Connection(asyncio.Protocol):
         if self.task is None:
             self._deadline.clear()
             self._start(request)
-        else:
+        elif not self._queue:
             self._queue.append(request)
+        else:
+            # Parsed two ahead (a chunked body's slice held more heads): nothing after the
+            # running request is served; its answer is the last (a pipelining client retries).
+            request.release()
+            self._drop_queued()
+            self._move(Event.FINAL)
+
+    def running(self) -> bool:
+        return self.task is not None
+
+    def takes_more(self) -> bool:
+        return self.state in READING and not self._queue
 
     # The answer's side (sidecar.edge.http.request.Wire).
 
@@ -166,7 +188,7 @@ class Connection(asyncio.Protocol):
         port's cap."""
         port = self._port
         port.refused(fault)
-        self.transport.write(raw_answer(fault))
+        self.transport.write(raw_answer(fault, retry_after_s=port.connections.room_s()))
         if port.lingering < MAX_LINGERING:
             port.lingering += 1  # one more REFUSED: counted out when it is lost
             self._move(Event.REFUSE)
@@ -221,19 +243,26 @@ class Connection(asyncio.Protocol):
             self.transport.abort()
         elif not keep:
             # Bytes may still be coming (a body, a pipelined request): read them off first.
-            unread = not request.complete or self.state is State.LAST
-            self._end(unread=unread or bool(self._queue) or self._reader.head is not None)
+            unread = not request.complete or self.state is State.LAST or bool(self._queue)
+            self._end(unread=unread or self._reader.head is not None or bool(self._reader.backlog))
         else:
             self._move(Event.KEEP)
-            if self._flow.writing_paused:  # not reading: its next request waits until it does
+            # The next request runs once this answer has left the sidecar: a client that does
+            # not read gets none run for it, and its next waits (until the keep-alive deadline).
+            if not self._flow.when_flushed(self._next):
                 self._deadline.set("idle", self._limits.keepalive_timeout_s)
-            self._flow.when_writable(self._next)
 
     def _next(self) -> None:
-        self._flow.resume_reading()
+        self._deadline.clear()
         if self._queue:
             self._start(self._queue.popleft())
-        elif self._reader.head is not None:  # the next head has begun
+        self._parse(None)  # what was read behind it: its body, and the head after it
+        if self.state not in READING or self._reader.backlog:
+            return
+        self._flow.resume_reading()
+        if self.task is not None:
+            return
+        if self._reader.head is not None:  # the next head has begun
             self._port.connections.mark(self, "partial")
             self._deadline.set("head", self._limits.header_timeout_s)
         else:

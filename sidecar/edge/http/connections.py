@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Generic, Literal, Protocol, TypeVar
 
 from sidecar.core.outcomes import EdgeFault
+from sidecar.core.room_hint import RoomHint
 from sidecar.edge.http.limits import ConnectionCount
 
 Kind = Literal["partial", "idle", "busy"]
@@ -63,6 +64,7 @@ class ConnectionTable(Generic[C]):
         self._partial: dict[C, float] = {}  # since when; insertion order: the oldest first
         self._idle: dict[C, None] = {}  # insertion order: the longest idle first
         self._partial_by: Counter[str] = Counter()  # partial heads per address
+        self._room = RoomHint(clock())  # when a connection goes, for a refusal's Retry-After
 
     def __iter__(self) -> Iterator[C]:
         return iter(list(self._client_of))
@@ -99,6 +101,12 @@ class ConnectionTable(Generic[C]):
         if self._per_client[client] == 0:
             del self._per_client[client]
         self.count.open -= 1
+        self._room.freed(self._clock())
+
+    def room_s(self) -> float:
+        """Seconds until a connection is expected to go (a refusal's Retry-After): the port's
+        measured pace, for a client at its own share too."""
+        return self._room.wait_s(self._clock())
 
     def mark(self, connection: C, kind: Kind) -> None:
         """``connection`` is now ``kind``: partial (a head begun), idle or busy."""

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from sidecar.core.room_hint import RoomHint
+
 # The body budget's refusals (rows of EDGE_FAULTS): the port's, or one address's share.
 BudgetFault = Literal["body_budget_full", "client_body_budget_full"]
 
@@ -63,6 +65,7 @@ class BodyBudget:
         self.refused = 0
         self._held_by: dict[str, int] = {}
         self._arriving: dict[Stallable, float] = {}  # by their last bytes' time, oldest first
+        self._room = RoomHint(clock())  # when a body gives its bytes back
 
     def take(
         self, size: int, client: str = "", body: Stallable | None = None
@@ -98,6 +101,12 @@ class BodyBudget:
             self._held_by[client] = left
         else:
             self._held_by.pop(client, None)
+        self._room.freed(self._clock())
+
+    def room_s(self) -> float:
+        """Seconds until a body is expected to give its bytes back (a refusal's Retry-After):
+        the port's measured pace, for a client at its own share too."""
+        return self._room.wait_s(self._clock())
 
     def _stall_one(self, now: float) -> bool:
         """End the body silent the longest, if it has been for ``grace_s``; False if none."""

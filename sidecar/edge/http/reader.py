@@ -1,6 +1,13 @@
 """A client connection's bytes into requests: llhttp's callbacks (httptools), each head into a
 :class:`~sidecar.edge.http.request.Request` handed to the connection, each body fed to its
-request as it arrives."""
+request as it arrives.
+
+At most one request is parsed ahead of the one running (h11 and uvicorn read one ahead too): once
+a pipelined request waits, what follows it stays unparsed in ``backlog`` (one read: the connection
+stops reading) until the connection takes the next. llhttp cannot stop inside what it is fed, so
+bytes that may hold more than one head are fed a line at a time (a head ends only at a line's
+end), a body by its length, a chunked one a blank line at a time.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,7 @@ from typing import Any, Protocol
 
 import httptools
 
+from sidecar.edge.conformance import HeadRefusedError
 from sidecar.edge.http.head import Head
 from sidecar.edge.http.port import Port
 from sidecar.edge.http.request import Request, Wire
@@ -26,21 +34,71 @@ class Receiver(Wire, Protocol):
     def received(self, request: Request) -> None:
         """A request's head is complete: ``request`` is to be handled, or queued."""
 
+    def running(self) -> bool:
+        """A request is being handled: a head that completes now waits behind it."""
+
+    def takes_more(self) -> bool:
+        """Whether another request may be parsed now: the connection reads, and no request
+        waits behind the one running."""
+
 
 class RequestReader:
-    """One connection's parser, and the head and body it is receiving."""
+    """One connection's parser, the head and body it is receiving, and the bytes read ahead."""
 
-    __slots__ = ("_connection", "_parser", "_port", "body_of", "head")
+    __slots__ = ("_body_left", "_connection", "_parser", "_port", "backlog", "body_of", "head")
 
     def __init__(self, connection: Receiver, port: Port[Any]) -> None:
         self._connection, self._port = connection, port
         self._parser = httptools.HttpRequestParser(self)
         self.head: Head | None = None  # a head being received
         self.body_of: Request | None = None  # the request whose body is being received
+        self._body_left: int | None = None  # of body_of's, where its Content-Length says
+        self.backlog = bytearray()  # read, not parsed: behind a request that waits
 
-    def feed(self, data: bytes) -> None:
-        """Parse ``data``; raises what llhttp raises (httptools' errors)."""
+    def take(self, data: bytes) -> None:
+        """Parse ``data`` up to the request after the one running, keeping the rest in
+        ``backlog``; raises what llhttp raises (httptools' errors), or HeadRefusedError."""
+        if self.backlog or not self._connection.takes_more():
+            self.backlog += data
+        elif not self._connection.running() and data.count(b"\r\n\r\n") < 2:
+            self._feed(data)  # at most one head ends in it: the common case, fed at once
+        else:
+            self.backlog += data
+            self.resume()
+
+    def resume(self) -> None:
+        """Parse the backlog in slices, as far as the connection takes more."""
+        backlog, at = self.backlog, 0
+        try:
+            with memoryview(backlog) as view:
+                while at < len(backlog) and self._connection.takes_more():
+                    end = self._slice_end(backlog, at)
+                    with view[at:end] as piece:
+                        self._feed(piece)
+                    at = end
+        finally:
+            del backlog[:at]  # from the front: bytearray moves its start, it copies nothing
+
+    def _slice_end(self, data: bytearray, at: int) -> int:
+        """Where the next slice ends, so that no slice completes two heads: a body by its length;
+        a chunked one (which ends at a blank line, as a head does) up to its first blank line,
+        or whole where the rest holds at most one; else at the end of a line."""
+        if self.body_of is not None and self._body_left is not None:
+            return min(len(data), at + self._body_left)
+        if self.body_of is not None:
+            first = data.find(b"\r\n\r\n", at)
+            if first < 0 or data.find(b"\r\n\r\n", first + 1) < 0:
+                return len(data)
+            return first + 4
+        line_end = data.find(b"\n", at)
+        return len(data) if line_end < 0 else line_end + 1
+
+    def _feed(self, data: bytes | memoryview) -> None:
         self._parser.feed_data(data)
+        if self.head is not None:
+            self.head.size += len(data)
+            if self.head_too_large:
+                raise HeadRefusedError("the request head is too large")
 
     @property
     def head_too_large(self) -> bool:
@@ -67,9 +125,13 @@ class RequestReader:
         )  # fmt: skip
         self.head = None
         self.body_of = request if request.body_exists else None
+        length = request.headers.get("Content-Length")
+        self._body_left = int(length) if length is not None and length.isdigit() else None
         connection.received(request)
 
     def on_body(self, body: bytes) -> None:
+        if self._body_left is not None:
+            self._body_left -= len(body)
         if self.body_of is not None:
             self.body_of.feed(body)
 

@@ -170,7 +170,10 @@ class Request:
                 self._waiter = None
         fault = self._fault
         if fault in NO_ROOM:
-            raise EdgeRefusedError(cast(BudgetFault, fault))
+            budget = self.budget
+            raise EdgeRefusedError(
+                cast(BudgetFault, fault), budget.room_s() if budget is not None else 1.0
+            )
         if fault == "stalled":
             raise EdgeRefusedError("body_timeout")
         if fault is not None:

@@ -6,7 +6,8 @@ own connection and nothing else."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -19,8 +20,10 @@ from sidecar.core.request_checks import (
     TokenPolicy,
     check_request,
     enforce_prompt_budget,
+    template_unpriced,
     with_prompt_tokens,
 )
+from sidecar.core.room_hint import RoomHint
 from sidecar.edge.http.request import Request
 from sidecar.edge.message import charset_of
 from sidecar.edge.proxy.prompt_count import EnginePromptCounter
@@ -104,6 +107,8 @@ async def checked_request(
         return checked
     tokens = await counter.count(checked.tokenize, headers)
     if tokens is None:  # the engine could not say: the estimate prices it, and bounds it
+        if "chat_template" in checked.tokenize:
+            raise template_unpriced()  # which no estimate can
         enforce_prompt_budget(checked.prompt_tokens, checked.prompt_param, budget)
         return checked
     return with_prompt_tokens(checked, tokens, budget)
@@ -158,16 +163,19 @@ class Gate:
     """At most ``limit`` requests being parsed, checked or counted at once (``with gate:``); the
     next one is refused at once (503 ``edge_busy``), never queued."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, clock: Callable[[], float] = time.monotonic) -> None:
         self._limit = limit
         self.held = 0
         self.refused = 0
+        self._clock = clock
+        self._room = RoomHint(clock())  # when a holder goes, for a refusal's Retry-After
 
     def __enter__(self) -> None:
         if self.held >= self._limit:
             self.refused += 1
-            raise EdgeRefusedError("edge_busy")
+            raise EdgeRefusedError("edge_busy", self._room.wait_s(self._clock()))
         self.held += 1
 
     def __exit__(self, *_exc: object) -> None:
         self.held -= 1
+        self._room.freed(self._clock())

@@ -144,8 +144,15 @@ class _Relay:
         return end
 
     async def write(self, data: bytes, timeout_s: float | None = None) -> RelayEnd | None:
-        """Write with a deadline; the relay's end if the client is gone or stalled."""
-        return await self._deadlined(self.response.write(data), len(data), timeout_s)
+        """Write with a deadline, in pieces no larger than the client's room (each waiting for
+        it), so that its buffer never holds much more than its high-water mark; the relay's
+        end if the client is gone or stalled."""
+        step = max(self.room, HEADROOM)
+        for at in range(0, len(data), step):
+            piece = data[at : at + step]
+            if end := await self._deadlined(self.response.write(piece), len(piece), timeout_s):
+                return end
+        return None
 
     async def prepare(self) -> RelayEnd | None:
         """Send the status line and headers, under the same deadline as a write."""

@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 
 from sidecar.core.errors import ProbeTemporaryError
+from sidecar.core.redaction import redact_url
 from sidecar.live.probes import EngineReading
 from sidecar.live.probes.engine import parse_metrics
 from sidecar.live.probes.llamacpp import is_llamacpp_props, parse_llamacpp
@@ -98,12 +99,12 @@ class EngineMetricsProbe:
                 return await self._llamacpp(text)
             return _PARSERS[engine](text, self._clock())
         except ValueError as exc:
-            msg = f"{engine} metrics at {self._url} cannot be read: {exc}"
+            msg = f"{engine} metrics at {redact_url(self._url)} cannot be read: {exc}"
             raise ProbeTemporaryError(msg) from exc
 
     async def _without_metrics(self, status: int) -> EngineReading:
         """No /metrics: a llama-server without ``--metrics`` still says its slots in /props."""
-        failed = ProbeTemporaryError(f"engine at {self._url} answered HTTP {status}")
+        failed = ProbeTemporaryError(f"engine at {redact_url(self._url)} answered HTTP {status}")
         if self._engine not in ("auto", "llamacpp") or self._base is None:
             raise failed
         props = await self._json(self._base + "/props")
@@ -150,5 +151,5 @@ class EngineMetricsProbe:
             async with self._client().get(url, timeout=self._timeout) as response:
                 return response.status, await response.text()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            msg = f"engine at {url} unreachable: {exc or type(exc).__name__}"
+            msg = f"engine at {redact_url(url)} unreachable: {exc or type(exc).__name__}"
             raise ProbeTemporaryError(msg) from exc
