@@ -63,8 +63,9 @@ class Claims:
 
     @property
     def max_wait_s(self) -> float | None:
-        """The longest this request should wait for a permit: its TTL, or its TTFT target (past
-        it the target is missed anyway), whichever is shorter; None where it says neither."""
+        """The longest this request should wait for a permit outside slo admission (whose law
+        bounds the wait itself: ``SloControl.max_wait_s``): its TTL, or its TTFT target (past it
+        the target is missed anyway), whichever is shorter; None where it says neither."""
         limits = [s for s in (self.ttl_s, _ms_to_s(self.ttft_slo_ms)) if s is not None]
         return min(limits) if limits else None
 

@@ -7,31 +7,38 @@ Gradient2, with the reference latency set by the objectives instead of a measure
 - every stream is a sample: its time to first token at the engine over its TTFT target (the
   share of its TTFT objective the engine may use; the sidecar's queue gets the rest), and, once
   it completed, its mean time per output token over its TPOT objective. 1.0 is on target.
-- each update takes the ``quantile`` (p90) of each kind of sample gathered since the last one
-  (TTFT and TPOT apart, so that many fast tokens cannot hide slow starts), and the larger of
-  the two; the gradient is ``aim / that``, clamped to ``[min_gradient, max_gradient]``;
-- while the limit binds (requests waited or were refused for room), ``limit x gradient``,
-  and at least one more where the gradient is above 1: the engine has room to do better. Until
-  the first cut the gradient may reach ``slow_start_gradient`` (x2: a fresh pod finds the
-  engine's size in a few ticks), and where more requests are in flight and waiting than that
-  reaches, up to that demand, within ``slow_start_reach`` x the limit (a burst on a fresh pod is
-  let in on the first tick whose streams are healthy, not refused while the limit doubles), but
-  never past what the engine's KV cache holds at the present mix (``fits``: running over KV
-  usage, where that usage says anything); after it, ``max_gradient``, the streams alone judging;
+- each step takes the ``quantile`` (p90) of each kind of sample gathered since the last one
+  (TTFT and TPOT apart, so that many fast tokens cannot hide slow starts), a gradient from
+  each, and the smaller of the two, clamped to ``[min_gradient, top]``: for TTFT ``aim / p90``;
+  for TPOT ``aim / p90`` below the aim, 1 between the aim and the objective, ``1 / p90`` past
+  the objective (``_tpot_gradient`` says why);
+- while the limit binds (requests waited or were refused for room since the last step),
+  ``limit x gradient``, and at least one more where the gradient is above 1: the engine has
+  room to do better. ``top`` is ``slow_start_gradient`` in slow start (x2: a fresh pod finds
+  the engine's size in a few ticks), where the limit also reaches for the demand (requests in
+  flight and waiting), up to ``slow_start_reach`` x the limit and no further than that demand
+  (a burst on a fresh pod is let in on the first tick whose streams are healthy, not refused
+  while the limit doubles), and never past what the engine's KV cache holds at the present mix
+  (``fits``: running over KV usage, where that usage says anything); slow start ends with the
+  first cut, and ``top`` is ``max_gradient``, the streams alone judging;
 - while it does not bind, only ``min(gradient, 1)``: a limit nobody presses against has no
-  reason to grow; nor while requests wait at the engine and no first token came since the last
-  step (TPOT alone cannot say that a queue a cut left behind has drained);
+  reason to grow; nor where late first tokens judge it (``ttft_judges``) and none came since
+  the last step (TPOT alone cannot say that a queue a cut left behind has drained);
 - slow first tokens cut only while requests wait at the engine: without a queue there, TTFT is
   the engine's own compute (a slow prefill, a busy CPU), which fewer requests would not shorten;
   then only TPOT speaks, and a limit that binds grows (the engine must not idle while the
   sidecar holds requests);
-- fewer than ``min_samples`` samples: the decision waits for more (they are kept);
+- fewer than ``min_samples`` samples: the decision waits for more (they are kept, and so is
+  whether the limit was pressed meanwhile);
 - a limit nobody pressed against for ``restart_after_s`` (no request waited or was refused,
   and at most half of it in use) was not validated by use, so it is no evidence of what the
   engine serves now (RFC 7661, TCP's congestion window validation): slow start begins again,
   from at least where a fresh pod starts (``start``). A burst on a warm pod then fares as on a
   fresh one, whatever light use or an earlier cut left behind;
 - always within ``[floor, ceiling]``.
+
+docs/adaptive.md states the same law with its constants; tests/test_law_statement.py holds the
+two together.
 
 The engine's insides (preemptions, its queue) enter only through what they cost the streams: a
 preemption that costs one cheap step leaves the latencies, and so the limit, alone. KV usage
@@ -135,6 +142,7 @@ class SloLimit:
         self.config = config or SloLimitConfig()
         self._limit = float(self._bounded(initial))
         self._pending: tuple[list[float], list[float]] = ([], [])
+        self._pressed = False  # the limit bound on some update since the last step
         self.last_gradient: float | None = None  # None until a decision was made
         self.slow_start = True  # until the first cut; again after a quiet spell
         self._quiet_since: float | None = None  # nobody pressed since then
@@ -147,6 +155,7 @@ class SloLimit:
         """Start again from ``initial`` (the engine changed), forgetting pending samples."""
         self._limit = float(self._bounded(initial))
         self._pending = ([], [])
+        self._pressed = False
 
     def update(self, evidence: LimitEvidence) -> int:
         """One step on ``evidence``; returns the new limit."""
@@ -154,16 +163,19 @@ class SloLimit:
         self._restart_when_quiet(evidence)
         for pending, samples in zip(self._pending, (evidence.ttft, evidence.tpot), strict=True):
             pending.extend(s for s in samples if s >= 0 and math.isfinite(s))
+        # Pressure waits for a step with the samples: a tick too short of samples to step must
+        # not leave the next step deaf to the limit having bound.
+        pressed = self._pressed = self._pressed or evidence.pressed
         if sum(map(len, self._pending)) < config.min_samples:
             return self.limit
         ttft, tpot = self._pending
-        self._pending = ([], [])
+        self._pending, self._pressed = ([], []), False
         top = config.slow_start_gradient if self.slow_start else config.max_gradient
         gradient = min(self._ttft_gradient(ttft, evidence, top), self._tpot_gradient(tpot, top))
         gradient = min(top, max(config.min_gradient, gradient))
         if gradient < 1:
             self.slow_start = False
-        if not evidence.pressed or (evidence.ttft_judges and not ttft):
+        if not pressed or (evidence.ttft_judges and not ttft):
             # Nobody presses, or requests wait at the engine and no first token says how long:
             # the limit holds (a queue a cut left behind must drain before it may grow again).
             gradient = min(gradient, 1.0)

@@ -92,7 +92,8 @@ class Bulkhead:
 
         ``may_wait=False``: refused at once (``shed``) unless capacity is free now. Adaptive mode:
         ``usage`` is the request's live footprint; its charge grows while it runs. ``max_wait_s``:
-        this request waits no longer than this (a TTFT target), nor than the bulkhead's own wait.
+        this request waits no longer than this (the policy's bound for it), nor than the
+        bulkhead's own wait.
         """
         permit = Permit(self, cost, compartment, may_wait, usage)
         if max_wait_s is not None:

@@ -24,22 +24,25 @@ class SloCollector(Collector):
         law = slo.law
         yield gauge(
             "sidecar_slo_limit",
-            "Requests in flight the streams' TPOT (and their TTFT, where requests wait at an "
-            "engine that does not report its KV use) allow now (before the drain ceiling and any "
-            "worst-case cap).",
+            "The law's limit on requests in flight: what the streams' TPOT (and their TTFT, where "
+            "requests wait at an engine that does not report its KV use) allow now. Not the cap in "
+            "force, which is this under sidecar_slo_drain_limit, SIDECAR_MAX_CONCURRENT_CALLS, the "
+            "engine's slots and, where it cannot preempt, the worst-case permits.",
             law.limit if law is not None else 0,
         )
         starts = slo.starts
         yield gauge(
             "sidecar_slo_starts_limit",
-            "Of the requests in flight, streams that may be starting at once (admitted, no first "
-            "token yet), as their TTFT allows now (before any worst-case cap).",
+            "The law's limit on streams starting at once (admitted, no first token yet), as their "
+            "TTFT allows now, never above sidecar_slo_limit; the bulkhead's limit "
+            "(sidecar_admission_limit) is this under the cap on requests in flight.",
             starts.limit if starts is not None else 0,
         )
         yield gauge(
             "sidecar_slo_gradient",
-            "The last step of the limit: target over the p90 of latency/objective samples "
-            "(above 1: room to grow; NaN before the first step).",
+            "The factor of the last step of the limit on requests in flight (above 1: it grew; "
+            "below 1: it was cut, first tokens late past the aim or TPOT past its objective; NaN "
+            "before the first step).",
             math.nan if law is None or law.last_gradient is None else law.last_gradient,
         )
         yield gauge(
@@ -57,8 +60,8 @@ class SloCollector(Collector):
         )
         yield gauge(
             "sidecar_slo_expected_ttft_seconds",
-            "Engine TTFT p90, smoothed over ticks: a request's queue wait is capped at its TTFT "
-            "objective less this.",
+            "Engine TTFT p90, smoothed over ticks: a request's queue wait is capped at "
+            f"{slo.config.aim:g} (the aim) x its TTFT objective less this.",
             slo.expected_ttft_s,
         )
         yield gauge(
