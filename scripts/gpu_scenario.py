@@ -147,10 +147,35 @@ class Layout:
 def plan(layout: Layout, probe: NvmlProbe, engine_pid: int, engine_answers: bool) -> PlanInputs:
     """The sidecar's plan inputs from one NVML read: the nvml source, or the vllm source with the
     engine stating the pool it holds (as cache_config_info would)."""
-    declared = Declared(None, layout.weights, False, layout.activations, None, 0.0)
-    cache = EngineCacheConfig(None, None, None, layout.kv, "auto", FRACTION)
-    engine = EngineReading(cache, 0.0, 0.0, 0.0, 0.0, 0.0) if engine_answers else None
-    readings = Readings(declared, probe.read_now(), engine)
+    declared = Declared(
+        vram_total_bytes=None,
+        weights_bytes=layout.weights,
+        weights_measured=False,
+        overhead_bytes=layout.activations,
+        kv_pool_bytes=None,
+        observed_at=0.0,
+    )
+    cache = EngineCacheConfig(
+        num_gpu_blocks=None,
+        block_size=None,
+        kv_cache_size_tokens=None,
+        kv_cache_memory_bytes=layout.kv,
+        cache_dtype="auto",
+        gpu_memory_utilization=FRACTION,
+    )
+    engine = (
+        EngineReading(
+            cache=cache,
+            kv_usage_ratio=0.0,
+            requests_running=0.0,
+            requests_waiting=0.0,
+            preemptions_total=0.0,
+            observed_at=0.0,
+        )
+        if engine_answers
+        else None
+    )
+    readings = Readings(declared=declared, gpus=probe.read_now(), engine=engine)
     cost = KvCost(load_model_spec("llama-3.1-8b"))
     source = "vllm" if engine_answers else "nvml"
     return plan_inputs(source, readings, cost, engine_pid=engine_pid, tolerance=0.10)

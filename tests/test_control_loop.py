@@ -59,7 +59,15 @@ class ScriptedGpu:
 
 def controller(gpu: ScriptedGpu, clock: Clock, resized: list[int]) -> CapacityController:
     # The textbook 8 GiB example, where the engine takes the whole card (memory fraction 1).
-    declared = Declared(None, 5 * GIB, False, 3 * GIB // 2, None, 0.0, memory_fraction=1.0)
+    declared = Declared(
+        vram_total_bytes=None,
+        weights_bytes=5 * GIB,
+        weights_measured=False,
+        overhead_bytes=3 * GIB // 2,
+        kv_pool_bytes=None,
+        observed_at=0.0,
+        memory_fraction=1.0,
+    )
     return CapacityController(
         source="nvml",
         cost=KvCost(load_model_spec("qwen2.5-7b")),
@@ -147,12 +155,26 @@ async def test_a_held_limit_stands_on_the_floor() -> None:
     gpu, clock, resized = ScriptedGpu(), Clock(), list[int]()
     held: list[int | None] = [12]
     loop = CapacityController(
-        source="nvml", cost=KvCost(load_model_spec("qwen2.5-7b")), budget=Budget(3000, 1000),
-        alpha=0.8, declared=Declared(None, 5 * GIB, False, 3 * GIB // 2, None, 0.0,
-                                     memory_fraction=1.0),
-        resize=resized.append, mode=SloMode(HeldLaw(held)), floor=Floor(None, 1),
-        gpu_probe=gpu, stale_after_s=10.0, clock=clock,
-    )  # fmt: skip
+        source="nvml",
+        cost=KvCost(load_model_spec("qwen2.5-7b")),
+        budget=Budget(3000, 1000),
+        alpha=0.8,
+        declared=Declared(
+            vram_total_bytes=None,
+            weights_bytes=5 * GIB,
+            weights_measured=False,
+            overhead_bytes=3 * GIB // 2,
+            kv_pool_bytes=None,
+            observed_at=0.0,
+            memory_fraction=1.0,
+        ),
+        resize=resized.append,
+        mode=SloMode(HeldLaw(held)),
+        floor=Floor(None, 1),
+        gpu_probe=gpu,
+        stale_after_s=10.0,
+        clock=clock,
+    )
     await loop.refresh()
     gpu.failure = ProbeTemporaryError("the engine's /metrics timed out")
     clock.now += 11
@@ -293,8 +315,22 @@ class ScriptedEngine:
         self.block_size = block_size
 
     async def read(self) -> EngineReading:
-        cache = EngineCacheConfig(8192, self.block_size, 1_048_576, GIB, "auto", 0.9)
-        return EngineReading(cache, 0.0, 0.0, 0.0, 0.0, observed_at=0.0)
+        cache = EngineCacheConfig(
+            num_gpu_blocks=8192,
+            block_size=self.block_size,
+            kv_cache_size_tokens=1_048_576,
+            kv_cache_memory_bytes=GIB,
+            cache_dtype="auto",
+            gpu_memory_utilization=0.9,
+        )
+        return EngineReading(
+            cache=cache,
+            kv_usage_ratio=0.0,
+            requests_running=0.0,
+            requests_waiting=0.0,
+            preemptions_total=0.0,
+            observed_at=0.0,
+        )
 
     async def close(self) -> None:
         pass
@@ -318,7 +354,14 @@ async def test_requests_are_rounded_to_the_engines_blocks(
         cost=tiny,
         budget=Budget(100, 29),  # 129 tokens of 1,024 B
         alpha=1.0,
-        declared=Declared(None, None, False, 0, None, observed_at=0.0),
+        declared=Declared(
+            vram_total_bytes=None,
+            weights_bytes=None,
+            weights_measured=False,
+            overhead_bytes=0,
+            kv_pool_bytes=None,
+            observed_at=0.0,
+        ),
         resize=lambda _: None,
         mode=CountMode(),
         floor=Floor(None, 1),
@@ -346,7 +389,14 @@ async def test_engine_process_unseen_warns_and_keeps_the_pod_ready() -> None:
         cost=tiny,
         budget=Budget(100, 29),
         alpha=1.0,
-        declared=Declared(None, 4 * GIB, False, 0, None, observed_at=0.0),
+        declared=Declared(
+            vram_total_bytes=None,
+            weights_bytes=4 * GIB,
+            weights_measured=False,
+            overhead_bytes=0,
+            kv_pool_bytes=None,
+            observed_at=0.0,
+        ),
         resize=lambda _: None,
         mode=CountMode(),
         floor=Floor(None, 1),

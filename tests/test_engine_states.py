@@ -7,9 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.core.errors import IllegalTransitionError
-from sidecar.edge.engine.states import TRANSITIONS, Event, Phase, next_phase
+from sidecar.edge.engine.states import TRANSITIONS, EngineEvent, Phase, next_phase
 
-E, P = Event, Phase
+E, P = EngineEvent, Phase
 
 ROWS = [
     pytest.param(P.IDLE, E.SEND, P.SENT, id="idle-send"),
@@ -31,7 +31,7 @@ ROWS = [
 
 
 @pytest.mark.parametrize(("phase", "event", "expected"), ROWS)
-def test_each_row_moves_to_its_phase(phase: Phase, event: Event, expected: Phase) -> None:
+def test_each_row_moves_to_its_phase(phase: Phase, event: EngineEvent, expected: Phase) -> None:
     """Every allowed (phase, event) pair lands where the connection's life says."""
     assert next_phase(phase, event) is expected
 
@@ -41,13 +41,13 @@ def test_the_rows_above_are_the_whole_table() -> None:
     assert {(row.values[0], row.values[1]) for row in ROWS} == set(TRANSITIONS)
 
 
-ILLEGAL = [(p, e) for p in Phase for e in Event if (p, e) not in TRANSITIONS]
+ILLEGAL = [(p, e) for p in Phase for e in EngineEvent if (p, e) not in TRANSITIONS]
 
 
 @pytest.mark.parametrize(
     ("phase", "event"), ILLEGAL, ids=[f"{p.value}-{e.value}" for p, e in ILLEGAL]
 )
-def test_a_pair_the_table_lacks_raises(phase: Phase, event: Event) -> None:
+def test_a_pair_the_table_lacks_raises(phase: Phase, event: EngineEvent) -> None:
     """A move the table does not allow is a bug, raised, never a silent state."""
     with pytest.raises(IllegalTransitionError) as caught:
         next_phase(phase, event)
@@ -56,7 +56,7 @@ def test_a_pair_the_table_lacks_raises(phase: Phase, event: Event) -> None:
 
 def test_a_broken_connection_never_moves_again() -> None:
     """BROKEN is the end: no event leads out of it (the pool never reuses it)."""
-    assert [e for e in Event if (P.BROKEN, e) in TRANSITIONS] == []
+    assert [e for e in EngineEvent if (P.BROKEN, e) in TRANSITIONS] == []
 
 
 def test_every_phase_is_reachable_and_every_live_one_can_return_to_the_pool() -> None:
@@ -77,8 +77,8 @@ def test_every_phase_is_reachable_and_every_live_one_can_return_to_the_pool() ->
     assert [p for p in Phase if P.IDLE not in reach(p)] == [P.SPENT, P.BROKEN]
 
 
-@given(st.lists(st.sampled_from(Event), max_size=40))
-def test_no_event_sequence_reuses_a_busy_or_broken_connection(events: list[Event]) -> None:
+@given(st.lists(st.sampled_from(EngineEvent), max_size=40))
+def test_no_event_sequence_reuses_a_busy_or_broken_connection(events: list[EngineEvent]) -> None:
     """Whatever events come, illegal ones refused and leaving the phase where it was: a request
     is only ever written on an idle connection, and a broken one never comes back."""
     phase, broken = P.IDLE, False

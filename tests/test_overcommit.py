@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.core.overcommit import AimdConfig, EngineEvidence, Overcommit
+from sidecar.core.overcommit import AimdConfig, Overcommit, OvercommitEvidence
 
-CALM = EngineEvidence(preemptions_total=0.0, kv_usage_ratio=0.5, requests_waiting=0.0)
-IDLE = EngineEvidence(
+CALM = OvercommitEvidence(preemptions_total=0.0, kv_usage_ratio=0.5, requests_waiting=0.0)
+IDLE = OvercommitEvidence(
     preemptions_total=0.0, kv_usage_ratio=0.1, requests_waiting=0.0, binding=False
 )
 
@@ -30,7 +30,9 @@ def test_a_limit_nobody_presses_holds() -> None:
 def test_a_busy_healthy_engine_is_not_pressure() -> None:
     """KV near the target with one request briefly waiting at the engine: no cut."""
     aimd = Overcommit(AimdConfig(start=1.0, increase=0.1, target=0.9))
-    assert aimd.observe(EngineEvidence(0.0, 0.88, 1.0)) == pytest.approx(1.0)
+    assert aimd.observe(
+        OvercommitEvidence(preemptions_total=0.0, kv_usage_ratio=0.88, requests_waiting=1.0)
+    ) == pytest.approx(1.0)
     assert aimd.last_pressure is None
 
 
@@ -39,16 +41,20 @@ def test_preemption_cuts_and_the_ratio_holds_for_patience_ticks() -> None:
     ticks."""
     aimd = Overcommit(AimdConfig(start=1.0, increase=0.1, decrease=0.5, patience=2))
     aimd.observe(CALM)  # 1.1, and the preemption baseline is 0
-    assert aimd.observe(EngineEvidence(3.0, 0.5, 0.0)) == pytest.approx(0.55)
+    assert aimd.observe(
+        OvercommitEvidence(preemptions_total=3.0, kv_usage_ratio=0.5, requests_waiting=0.0)
+    ) == pytest.approx(0.55)
     assert aimd.last_pressure == "preempted"
-    later = EngineEvidence(3.0, 0.5, 0.0)
+    later = OvercommitEvidence(preemptions_total=3.0, kv_usage_ratio=0.5, requests_waiting=0.0)
     assert [round(aimd.observe(later), 2) for _ in range(3)] == [0.55, 0.65, 0.75]
 
 
 def test_kv_above_target_shrinks_in_proportion() -> None:
     """Smoothed KV usage 0.1 over the target at gain 0.5 takes 5 % off."""
     aimd = Overcommit(AimdConfig(start=1.0, target=0.8, gain=0.5, smoothing=1.0))
-    assert aimd.observe(EngineEvidence(0.0, 0.9, 0.0)) == pytest.approx(0.95)
+    assert aimd.observe(
+        OvercommitEvidence(preemptions_total=0.0, kv_usage_ratio=0.9, requests_waiting=0.0)
+    ) == pytest.approx(0.95)
     assert aimd.last_pressure == "kv_high"
 
 
@@ -57,7 +63,9 @@ def test_kv_usage_is_smoothed() -> None:
     aimd = Overcommit(AimdConfig(start=1.0, increase=0.0, target=0.9, smoothing=0.3))
     for _ in range(5):
         aimd.observe(CALM)
-    aimd.observe(EngineEvidence(0.0, 1.0, 0.0))
+    aimd.observe(
+        OvercommitEvidence(preemptions_total=0.0, kv_usage_ratio=1.0, requests_waiting=0.0)
+    )
     assert aimd.usage == pytest.approx(0.5 + 0.3 * 0.5)
     assert aimd.last_pressure is None
 
@@ -65,7 +73,7 @@ def test_kv_usage_is_smoothed() -> None:
 def test_engine_queue_for_patience_ticks_is_pressure() -> None:
     """Requests waiting at the engine tick after tick (not once) shrink the ratio."""
     aimd = Overcommit(AimdConfig(start=1.0, increase=0.0, decrease=0.8, patience=3))
-    waiting = EngineEvidence(0.0, 0.5, 2.0)
+    waiting = OvercommitEvidence(preemptions_total=0.0, kv_usage_ratio=0.5, requests_waiting=2.0)
     ratios = [aimd.observe(waiting) for _ in range(3)]
     assert ratios[:2] == [1.0, 1.0]
     assert ratios[2] == pytest.approx(0.9)
@@ -75,20 +83,22 @@ def test_engine_queue_for_patience_ticks_is_pressure() -> None:
 def test_first_preemption_count_is_only_a_baseline() -> None:
     """A counter already at 40 when the sidecar starts is history, not pressure."""
     aimd = Overcommit(AimdConfig(start=1.0, increase=0.1, patience=1))
-    assert aimd.observe(EngineEvidence(40.0, 0.1, 0.0)) == pytest.approx(1.1)
+    assert aimd.observe(
+        OvercommitEvidence(preemptions_total=40.0, kv_usage_ratio=0.1, requests_waiting=0.0)
+    ) == pytest.approx(1.1)
 
 
 evidence = st.builds(
-    EngineEvidence,
-    st.one_of(st.none(), st.floats(0, 1e6)),
-    st.one_of(st.none(), st.floats(0, 1)),
-    st.one_of(st.none(), st.floats(0, 100)),
-    st.booleans(),
+    OvercommitEvidence,
+    preemptions_total=st.one_of(st.none(), st.floats(0, 1e6)),
+    kv_usage_ratio=st.one_of(st.none(), st.floats(0, 1)),
+    requests_waiting=st.one_of(st.none(), st.floats(0, 100)),
+    binding=st.booleans(),
 )
 
 
 @given(ticks=st.lists(evidence, max_size=60), low=st.floats(0.1, 1.0), span=st.floats(0, 3))
-def test_ratio_stays_in_bounds(ticks: list[EngineEvidence], low: float, span: float) -> None:
+def test_ratio_stays_in_bounds(ticks: list[OvercommitEvidence], low: float, span: float) -> None:
     """Whatever the engine says, the ratio never leaves [low, high]."""
     config = AimdConfig(low=low, start=low, high=low + span)
     aimd = Overcommit(config)
@@ -105,5 +115,7 @@ def test_preemption_never_raises_the_ratio(calm_ticks: int, preemptions: float) 
     for _ in range(calm_ticks):
         aimd.observe(CALM)
     before = aimd.ratio
-    after = aimd.observe(EngineEvidence(preemptions, 0.5, 0.0))
+    after = aimd.observe(
+        OvercommitEvidence(preemptions_total=preemptions, kv_usage_ratio=0.5, requests_waiting=0.0)
+    )
     assert after == max(aimd.config.low, before * aimd.config.decrease)

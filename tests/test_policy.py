@@ -27,7 +27,7 @@ def test_a_request_without_a_budget_costs_one_full_request_in_the_modes_unit() -
     tokens = policy({"SIDECAR_ADMISSION": "tokens"})
     budget = tokens.budget()
     full = CheckedRequest(
-        b"{}",
+        body=b"{}",
         stream=False,
         completion_tokens=budget.max_completion_tokens,
         prompt_tokens=budget.max_prompt_tokens,

@@ -125,7 +125,17 @@ async def _queued(server: SidecarServer) -> bool:
 def test_the_wait_histogram_records_a_timed_out_wait_as_it_was() -> None:
     """sidecar_queue_wait_seconds gets a timed-out request's own wait, not the configured max."""
     server = SidecarServer(load_settings({**BASE_ENV, "SIDECAR_MAX_WAIT_MS": "3000"}))
-    server._on_event(AdmissionEvent("rejected", "default", 1, False, 0, 3.2, reason="timeout"))
+    server._on_event(
+        AdmissionEvent(
+            kind="rejected",
+            compartment="default",
+            cost=1,
+            shadow=False,
+            queued=0,
+            wait_s=3.2,
+            reason="timeout",
+        )
+    )
     total = server.registry.get_sample_value("sidecar_queue_wait_seconds_sum")
     count = server.registry.get_sample_value("sidecar_queue_wait_seconds_count")
     assert total == pytest.approx(3.2)

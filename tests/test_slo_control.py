@@ -29,7 +29,14 @@ class FakeClock:
         self.now += seconds
 
 
-DECLARED = Declared(None, None, False, 0, None, 0.0)
+DECLARED = Declared(
+    vram_total_bytes=None,
+    weights_bytes=None,
+    weights_measured=False,
+    overhead_bytes=0,
+    kv_pool_bytes=None,
+    observed_at=0.0,
+)
 # A pool of 100,000 one-byte tokens; a request of the budget holds 10,000 of them at worst.
 PLAN = make_plan(
     engine_cost(1, None), Term("kv", 100_000, Source.ENGINE), Budget(2_000, 8_000), 1.0

@@ -40,8 +40,22 @@ TINY = Path(__file__).parent / "configs" / "tiny-llama.json"
 
 GIB = 1024**3
 COST = KvCost(load_model_spec("qwen2.5-7b"))  # 57,344 B/token
-DECLARED = Declared(None, 14 * GIB, True, 2 * GIB, None, observed_at=0.0)
-CACHE = EngineCacheConfig(None, 16, 100_000, None, "auto", 0.9)
+DECLARED = Declared(
+    vram_total_bytes=None,
+    weights_bytes=14 * GIB,
+    weights_measured=True,
+    overhead_bytes=2 * GIB,
+    kv_pool_bytes=None,
+    observed_at=0.0,
+)
+CACHE = EngineCacheConfig(
+    num_gpu_blocks=None,
+    block_size=16,
+    kv_cache_size_tokens=100_000,
+    kv_cache_memory_bytes=None,
+    cache_dtype="auto",
+    gpu_memory_utilization=0.9,
+)
 
 
 def gpu(uuid: str, used: int, *procs: tuple[int, int]) -> GpuReading:
@@ -50,7 +64,14 @@ def gpu(uuid: str, used: int, *procs: tuple[int, int]) -> GpuReading:
 
 
 def engine(cache: EngineCacheConfig | None = CACHE) -> EngineReading:
-    return EngineReading(cache, 0.1, 1.0, 0.0, 0.0, observed_at=5.0)
+    return EngineReading(
+        cache=cache,
+        kv_usage_ratio=0.1,
+        requests_running=1.0,
+        requests_waiting=0.0,
+        preemptions_total=0.0,
+        observed_at=5.0,
+    )
 
 
 def snapshot(*gpus: GpuReading) -> GpuSnapshot:
@@ -61,13 +82,28 @@ def snapshot(*gpus: GpuReading) -> GpuSnapshot:
     ("readings", "picked"),
     [
         pytest.param(
-            Readings(DECLARED, snapshot(gpu("a", 0)), engine()), "vllm", id="engine-first"
+            Readings(declared=DECLARED, gpus=snapshot(gpu("a", 0)), engine=engine()),
+            "vllm",
+            id="engine-first",
         ),
         pytest.param(
-            Readings(DECLARED, snapshot(gpu("a", 0)), engine(None)), "nvml", id="gpu-next"
+            Readings(declared=DECLARED, gpus=snapshot(gpu("a", 0)), engine=engine(None)),
+            "nvml",
+            id="gpu-next",
         ),
         pytest.param(
-            Readings(Declared(8 * GIB, GIB, False, GIB, None, 0.0)), "static", id="declared-last"
+            Readings(
+                declared=Declared(
+                    vram_total_bytes=8 * GIB,
+                    weights_bytes=GIB,
+                    weights_measured=False,
+                    overhead_bytes=GIB,
+                    kv_pool_bytes=None,
+                    observed_at=0.0,
+                )
+            ),
+            "static",
+            id="declared-last",
         ),
     ],
 )
@@ -79,7 +115,14 @@ def test_auto_prefers_engine_then_nvml_then_declared(readings: Readings, picked:
 def test_auto_with_nothing_readable_names_every_failure() -> None:
     """The error lists what each probe said."""
     readings = Readings(
-        Declared(None, None, False, GIB, None, 0.0),
+        declared=Declared(
+            vram_total_bytes=None,
+            weights_bytes=None,
+            weights_measured=False,
+            overhead_bytes=GIB,
+            kv_pool_bytes=None,
+            observed_at=0.0,
+        ),
         gpu_error=ProbeUnavailableError("no driver"),
         engine_error=ProbeTemporaryError("engine down"),
     )
@@ -96,7 +139,7 @@ def test_nvml_pool_is_the_engines_share_less_weights_and_overhead() -> None:
     """80 GiB x vLLM's default 0.9 - 14 GiB weights - 2 GiB overhead = 56 GiB; the 6 GiB
     neighbour and 4 GiB nobody lists sit in the 8 GiB the engine leaves free."""
     reading = gpu("a", 40 * GIB, (10, 30 * GIB), (11, 6 * GIB))  # 4 GiB unlisted
-    inputs = nvml_inputs(Readings(DECLARED, snapshot(reading)))
+    inputs = nvml_inputs(Readings(declared=DECLARED, gpus=snapshot(reading)))
     assert isinstance(inputs.memory, MemoryInputs)
     assert inputs.memory.pool_terms(1)[-1].bytes == 56 * GIB
     assert inputs.memory.engine_share().bytes == 72 * GIB
@@ -144,12 +187,20 @@ def test_memory_fraction_is_the_engines_then_the_setting_then_vllms_default(
     """vLLM's cache_config_info gpu_memory_utilization, else SIDECAR_ENGINE_MEMORY_FRACTION."""
     said = dataclasses.replace(DECLARED, memory_fraction=declared)
     reading = None if cache is None else engine(cache)
-    assert memory_fraction(Readings(said, engine=reading)) == fraction
+    assert memory_fraction(Readings(declared=said, engine=reading)) == fraction
 
 
 def test_static_source_sizes_the_pool_inside_the_engines_share() -> None:
     """SIDECAR_VRAM_TOTAL 80 GiB x SIDECAR_ENGINE_MEMORY_FRACTION 0.5 - 14 - 2 = 24 GiB."""
-    said = Declared(80 * GIB, 14 * GIB, False, 2 * GIB, None, 0.0, memory_fraction=0.5)
+    said = Declared(
+        vram_total_bytes=80 * GIB,
+        weights_bytes=14 * GIB,
+        weights_measured=False,
+        overhead_bytes=2 * GIB,
+        kv_pool_bytes=None,
+        observed_at=0.0,
+        memory_fraction=0.5,
+    )
     memory = static_memory(said)
     assert isinstance(memory, MemoryInputs)
     assert memory.pool_terms(1)[-1].bytes == 24 * GIB
@@ -160,7 +211,7 @@ def test_a_neighbour_arriving_after_the_engine_takes_headroom_not_pool() -> None
     (8 GiB at 0.9) is 4 GiB short, and the warning says so."""
     before = gpu("a", 70 * GIB, (10, 70 * GIB))
     after = gpu("a", 78 * GIB, (10, 70 * GIB), (11, 12 * GIB))
-    plans = [nvml_inputs(Readings(DECLARED, snapshot(g))) for g in (before, after)]
+    plans = [nvml_inputs(Readings(declared=DECLARED, gpus=snapshot(g))) for g in (before, after)]
     pools = [p.memory.pool_terms(1)[-1].bytes for p in plans if isinstance(p.memory, MemoryInputs)]
     assert pools == [56 * GIB, 56 * GIB]
     assert [h.taken_bytes for p in plans for h in p.headroom] == [0, 4 * GIB]
@@ -173,15 +224,15 @@ def test_a_neighbour_arriving_after_the_engine_takes_headroom_not_pool() -> None
 def test_engine_pid_overrides_the_largest_process() -> None:
     """SIDECAR_ENGINE_PID names the engine; the largest process is then a neighbour."""
     reading = gpu("a", 40 * GIB, (10, 30 * GIB), (11, 6 * GIB))
-    inputs = nvml_inputs(Readings(DECLARED, snapshot(reading)), engine_pid=11)
+    inputs = nvml_inputs(Readings(declared=DECLARED, gpus=snapshot(reading)), engine_pid=11)
     assert [h.others_bytes for h in inputs.headroom] == [30 * GIB]
 
 
 def test_headroom_names_the_gpu_whose_neighbour_reaches_into_the_share() -> None:
     """Two GPUs of a group, a 10 GiB neighbour on the second: its headroom is 2 GiB short."""
     readings = Readings(
-        DECLARED,
-        snapshot(
+        declared=DECLARED,
+        gpus=snapshot(
             gpu("a", 20 * GIB, (1, 20 * GIB)), gpu("b", 30 * GIB, (1, 20 * GIB), (2, 10 * GIB))
         ),
     )
@@ -195,7 +246,7 @@ def test_engine_reports_its_pool_and_overhead_is_measured() -> None:
     pool = 100_000 * 57_344
     engine_proc = 14 * GIB + pool + GIB
     reading = gpu("a", engine_proc + GIB // 2, (1, engine_proc))
-    inputs = nvml_inputs(Readings(DECLARED, snapshot(reading), engine()))
+    inputs = nvml_inputs(Readings(declared=DECLARED, gpus=snapshot(reading), engine=engine()))
     assert isinstance(inputs.memory, MemoryInputs)
     assert inputs.memory.overhead == Term("overhead", GIB, Source.MEASURED, 4.0)
 
@@ -213,7 +264,9 @@ def test_engine_process_unseen_skips_the_cross_check_and_says_so(
 ) -> None:
     """NVML stops listing the engine's process while it answers: no -18 GB "disagreement",
     one warning naming what happened."""
-    readings = Readings(DECLARED, snapshot(gpu("a", 2 * GIB, *procs)), engine())
+    readings = Readings(
+        declared=DECLARED, gpus=snapshot(gpu("a", 2 * GIB, *procs)), engine=engine()
+    )
     inputs = plan_inputs("vllm", readings, COST, engine_pid=pid, tolerance=0.1)
     assert inputs.memory == Term("kv_pool", 100_000 * 57_344, Source.ENGINE, 5.0)
     assert inputs.disagreements == ()
@@ -224,7 +277,9 @@ def test_engine_process_unseen_skips_the_cross_check_and_says_so(
 
 def test_nvml_source_keeps_the_declared_overhead_when_the_engine_is_unseen() -> None:
     """With the engine's pool stated but its process unlisted, nothing measures the overhead."""
-    inputs = nvml_inputs(Readings(DECLARED, snapshot(gpu("a", 2 * GIB)), engine()))
+    inputs = nvml_inputs(
+        Readings(declared=DECLARED, gpus=snapshot(gpu("a", 2 * GIB)), engine=engine())
+    )
     assert isinstance(inputs.memory, MemoryInputs)
     assert inputs.memory.overhead == Term("overhead", 2 * GIB, Source.DECLARED, 0.0)
     assert [w.code for w in inputs.warnings] == ["engine_process_unseen"]
@@ -237,7 +292,11 @@ def test_llamacpp_inferred_pool_measures_no_overhead() -> None:
     reading = gpu("a", engine_proc, (1, engine_proc))
     llama = dataclasses.replace(engine(), engine="llamacpp", slots=4)
     inputs = plan_inputs(
-        "nvml", Readings(DECLARED, snapshot(reading), llama), COST, engine_pid=None, tolerance=0.1
+        "nvml",
+        Readings(declared=DECLARED, gpus=snapshot(reading), engine=llama),
+        COST,
+        engine_pid=None,
+        tolerance=0.1,
     )
     assert isinstance(inputs.memory, MemoryInputs)
     assert inputs.memory.overhead == Term("overhead", 2 * GIB, Source.DECLARED, 0.0)
@@ -247,7 +306,7 @@ def test_auto_names_the_engine_it_planned_from() -> None:
     """An SGLang reading: auto's source is "sglang", planned from the engine's pool."""
     sglang = dataclasses.replace(engine(), engine="sglang", provenance="sglang")
     inputs = plan_inputs(
-        "auto", Readings(DECLARED, engine=sglang), COST, engine_pid=None, tolerance=0.1
+        "auto", Readings(declared=DECLARED, engine=sglang), COST, engine_pid=None, tolerance=0.1
     )
     assert inputs.source == "sglang"
     assert inputs.memory == Term("kv_pool", 100_000 * 57_344, Source.ENGINE, 5.0)
@@ -262,7 +321,9 @@ def test_auto_names_the_engine_it_planned_from() -> None:
 )
 def test_vllm_pool_is_cross_checked_against_nvml(engine_holds: int, flagged: bool) -> None:
     """The engine's pool is the plan's; NVML's view of it is compared within the tolerance."""
-    readings = Readings(DECLARED, snapshot(gpu("a", engine_holds, (1, engine_holds))), engine())
+    readings = Readings(
+        declared=DECLARED, gpus=snapshot(gpu("a", engine_holds, (1, engine_holds))), engine=engine()
+    )
     inputs = plan_inputs("vllm", readings, COST, engine_pid=None, tolerance=0.1)
     assert inputs.memory == Term("kv_pool", 100_000 * 57_344, Source.ENGINE, 5.0)
     assert [d.beyond_tolerance for d in inputs.disagreements] == [flagged]
@@ -270,7 +331,7 @@ def test_vllm_pool_is_cross_checked_against_nvml(engine_holds: int, flagged: boo
 
 def test_explicit_source_reraises_its_probe_error() -> None:
     """Asking for nvml when NVML failed surfaces NVML's own error."""
-    readings = Readings(DECLARED, gpu_error=ProbeTemporaryError("NVML: the GPU is lost"))
+    readings = Readings(declared=DECLARED, gpu_error=ProbeTemporaryError("NVML: the GPU is lost"))
     with pytest.raises(ProbeTemporaryError, match="the GPU is lost"):
         plan_inputs("nvml", readings, COST, engine_pid=None, tolerance=0.1)
 

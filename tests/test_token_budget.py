@@ -91,7 +91,14 @@ def test_a_set_prompt_budget_still_refuses_by_the_estimate() -> None:
 
 
 def _readings(engine: EngineReading | None, error: str | None = None) -> Readings:
-    declared = Declared(None, None, False, 0, None, 0.0)
+    declared = Declared(
+        vram_total_bytes=None,
+        weights_bytes=None,
+        weights_measured=False,
+        overhead_bytes=0,
+        kv_pool_bytes=None,
+        observed_at=0.0,
+    )
     failure = ProbeTemporaryError(error) if error else None
     return Readings(
         declared=declared, gpus=None, gpu_error=None, engine=engine, engine_error=failure
@@ -99,7 +106,15 @@ def _readings(engine: EngineReading | None, error: str | None = None) -> Reading
 
 
 def _reading(max_model_len: int | None = 4096) -> EngineReading:
-    return EngineReading(None, None, None, None, None, 0.0, max_model_len=max_model_len)
+    return EngineReading(
+        cache=None,
+        kv_usage_ratio=None,
+        requests_running=None,
+        requests_waiting=None,
+        preemptions_total=None,
+        observed_at=0.0,
+        max_model_len=max_model_len,
+    )
 
 
 def test_engine_health_is_judged_by_the_age_of_the_last_good_reading() -> None:

@@ -142,7 +142,7 @@ class Admission:
             self._remove_queued(waiter)
             return self._reject("queue_full" if may_wait else "shed", name, cost)
         self._queued_total += 1
-        return Queued(waiter.ticket, name, cost, len(queue) - 1)
+        return Queued(ticket=waiter.ticket, compartment=name, cost=cost, ahead=len(queue) - 1)
 
     def release(self, ticket: int, outcome: Outcome) -> tuple[Granted, ...]:
         """End granted work; returns the waiters this frees room for, in grant order."""
@@ -346,7 +346,7 @@ class Admission:
 
     def _reject(self, reason: RejectReason, name: str, cost: int) -> Rejected:
         self._rejected[reason] += 1
-        return Rejected(reason, name, cost, self.queued)
+        return Rejected(reason=reason, compartment=name, cost=cost, queued=self.queued)
 
     def _remove_queued(self, waiter: _Waiter) -> None:
         self._queues[waiter.compartment].remove(waiter)

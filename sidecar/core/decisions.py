@@ -14,9 +14,11 @@ Mode = Literal["count", "tokens", "adaptive", "slo"]  # the unit costs and limit
 # admitted and not yet at its first token (slo), KV bytes of worst-case reservations, or tokens
 # held and expected (adaptive).
 LIMIT_UNITS: dict[Mode, str] = {
-    "count": "sequences", "tokens": "kv_bytes", "adaptive": "tokens",
+    "count": "sequences",
+    "tokens": "kv_bytes",
+    "adaptive": "tokens",
     "slo": "starting_streams",
-}  # fmt: skip
+}
 WithdrawReason = Literal["timeout", "cancelled", "draining", "queue_full"]
 
 
@@ -29,7 +31,7 @@ class Granted:
     cost: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Queued:
     """The request waits; ``ahead`` requests of its compartment are before it."""
 
@@ -39,7 +41,7 @@ class Queued:
     ahead: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Rejected:
     """The request is refused at once."""
 

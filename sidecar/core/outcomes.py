@@ -21,10 +21,17 @@ Outcome = Literal["completed", "cancelled", "failed"]
 RejectReason = Literal["queue_full", "shed", "timeout", "too_large", "draining", "no_capacity"]
 UpstreamFailure = Literal["upstream_unavailable", "upstream_timeout"]
 EdgeFault = Literal[
-    "edge_busy", "too_many_connections", "too_many_client_connections", "too_many_partial_heads",
-    "body_budget_full", "client_body_budget_full", "header_timeout", "body_timeout", "bad_request",
+    "edge_busy",
+    "too_many_connections",
+    "too_many_client_connections",
+    "too_many_partial_heads",
+    "body_budget_full",
+    "client_body_budget_full",
+    "header_timeout",
+    "body_timeout",
+    "bad_request",
     "client_stalled",
-]  # fmt: skip
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,9 +162,15 @@ RelayEnd = Literal["completed", "client_gone", "client_stalled", "upstream_faile
 # How a request past admission ended: its relay's end, the class of the engine's status where the
 # answer went out whole, and the engine's failure where it broke.
 Ending = Literal[
-    "completed", "upstream_rejected", "upstream_error", "client_gone", "client_stalled",
-    "stopped", "upstream_unavailable", "upstream_timeout",
-]  # fmt: skip
+    "completed",
+    "upstream_rejected",
+    "upstream_error",
+    "client_gone",
+    "client_stalled",
+    "stopped",
+    "upstream_unavailable",
+    "upstream_timeout",
+]
 
 
 @dataclass(frozen=True, slots=True)

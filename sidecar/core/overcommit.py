@@ -60,8 +60,8 @@ class AimdConfig:
             raise ValueError("need 0 < smoothing <= 1")
 
 
-@dataclass(frozen=True, slots=True)
-class EngineEvidence:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OvercommitEvidence:
     """One tick of the engine's numbers (None where the engine does not report it), and whether
     the sidecar's limit bound during the tick (requests waiting or refused for room)."""
 
@@ -83,7 +83,7 @@ class Overcommit:
         self._calm_ticks = self.config.patience  # ticks since the last preemption
         self.usage: float | None = None  # KV usage, smoothed over the last few ticks
 
-    def observe(self, evidence: EngineEvidence) -> float:
+    def observe(self, evidence: OvercommitEvidence) -> float:
         """Step the ratio on one tick's evidence; returns the new ratio."""
         config = self.config
         usage = self._smooth(evidence.kv_usage_ratio)
@@ -105,7 +105,7 @@ class Overcommit:
         self.ratio = min(config.high, max(config.low, self.ratio * factor))
         return self.ratio
 
-    def _may_grow(self, evidence: EngineEvidence) -> bool:
+    def _may_grow(self, evidence: OvercommitEvidence) -> bool:
         """Only while the limit binds, the engine takes what it is sent, and no preemption came
         for ``patience`` ticks."""
         return (
@@ -122,7 +122,7 @@ class Overcommit:
             self.usage += self.config.smoothing * (reading - self.usage)
         return self.usage
 
-    def _pressure(self, evidence: EngineEvidence, usage: float | None) -> Pressure | None:
+    def _pressure(self, evidence: OvercommitEvidence, usage: float | None) -> Pressure | None:
         seen, self._preemptions = self._preemptions, evidence.preemptions_total
         now = evidence.preemptions_total
         waiting = evidence.requests_waiting

@@ -22,9 +22,19 @@ Endpoint = Literal["chat", "completions", "responses"]
 MESSAGE_OVERHEAD_TOKENS = 4
 # A part the engine hands to its encoder rather than its tokenizer (OpenAI's, vLLM's names).
 MEDIA_TYPES = frozenset(
-    {"image_url", "input_image", "image", "image_pil", "image_embeds", "video_url", "video",
-     "input_audio", "audio_url", "audio"}
-)  # fmt: skip
+    {
+        "image_url",
+        "input_image",
+        "image",
+        "image_pil",
+        "image_embeds",
+        "video_url",
+        "video",
+        "input_audio",
+        "audio_url",
+        "audio",
+    }
+)
 # A content part rendered as its text (an assistant's refusal part as its refusal); a part of any
 # other type that is not media is priced by every string it holds, as if rendered whole.
 TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text", "refusal"})

@@ -59,7 +59,7 @@ class TokenPolicy:
         return PromptRates(self.prompt_bytes_per_token, self.media_tokens)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CheckedRequest:
     """A valid request, ready to admit and forward."""
 
@@ -98,9 +98,16 @@ def check_request(raw: bytes, endpoint: Endpoint, budget: TokenPolicy) -> Checke
     forwarded = serialise(body) if changed else raw
     prompt_tokens, completion = _within_context(prompt_tokens, completion, budget)
     checked = CheckedRequest(
-        forwarded, stream, completion, prompt_tokens, per_prompt * prompts, model, param, tokenize,
-        clamped,
-    )  # fmt: skip
+        body=forwarded,
+        stream=stream,
+        completion_tokens=completion,
+        prompt_tokens=prompt_tokens,
+        sequences=per_prompt * prompts,
+        model=model,
+        prompt_param=param,
+        tokenize=tokenize,
+        clamped=clamped,
+    )
     # An estimate the engine's count replaces (or may not refuse) prices each prompt at 1 token.
     trusted = tokenize is None and not budget.prompt_budget_exact_only
     enforce_pool(checked, budget, many if per_prompt > 1 else param, trusted=trusted)
@@ -218,9 +225,12 @@ def _chat_render(body: dict[str, Any]) -> dict[str, Any]:
     continued or a reply is prompted."""
     render: dict[str, Any] = {"add_generation_prompt": True}
     for key in (
-        "tools", "add_generation_prompt", "continue_final_message", "chat_template",
+        "tools",
+        "add_generation_prompt",
+        "continue_final_message",
+        "chat_template",
         "mm_processor_kwargs",
-    ):  # fmt: skip
+    ):
         if body.get(key) is not None:
             render[key] = body[key]
     kwargs = body.get("chat_template_kwargs")

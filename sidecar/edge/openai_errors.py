@@ -63,9 +63,13 @@ def error_response(exc: SidecarError) -> Response:
     """Map a sidecar error to its HTTP answer; unknown errors are a 500, never a traceback."""
     if isinstance(exc, RequestError):
         return json_error(
-            exc.status, exc.message, type_="invalid_request_error", code=exc.code, param=exc.param,
+            exc.status,
+            exc.message,
+            type_="invalid_request_error",
+            code=exc.code,
+            param=exc.param,
             headers=retry_headers(0.0, should_retry=False),
-        )  # fmt: skip
+        )
     if isinstance(exc, AdmissionRejectedError):
         return _refusal_response(exc.refusal, exc.message, refusal_headers(exc))
     if isinstance(exc, UpstreamError):

@@ -184,15 +184,27 @@ class SidecarServer:
             write_timeout_s=s.client_write_timeout_ms / 1000,
         )
         policy = SidecarPolicy(
-            s, self.mode, self.controller, self.metrics,
-            slo=self.slo, adaptive=self.adaptive, log_refusal=self._log_refusal,
-        )  # fmt: skip
+            s,
+            self.mode,
+            self.controller,
+            self.metrics,
+            slo=self.slo,
+            adaptive=self.adaptive,
+            log_refusal=self._log_refusal,
+        )
         _warn_unclaimable(s)
         counter = EnginePromptCounter(self.upstream) if s.prompt_tokens == "engine" else None
         return Proxy(
-            config, policy, self.bulkhead, self.upstream, self.metrics, self.clock, counter,
-            self.gate, self.in_flight,
-        )  # fmt: skip
+            config,
+            policy,
+            self.bulkhead,
+            self.upstream,
+            self.metrics,
+            self.clock,
+            counter,
+            self.gate,
+            self.in_flight,
+        )
 
     def _edge_limits(
         self, max_connections: int, per_client: int, bodies: int, client_bodies: int
@@ -285,8 +297,9 @@ class SidecarServer:
             await asyncio.wait_for(self.bulkhead.idle(), grace_s)
         except TimeoutError:
             stopped = self.in_flight.stop_all("draining")
-            log.warning("drain_grace_expired", in_flight=self.bulkhead.snapshot().in_use,
-                        stopped=stopped)  # fmt: skip
+            log.warning(
+                "drain_grace_expired", in_flight=self.bulkhead.snapshot().in_use, stopped=stopped
+            )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.bulkhead.idle(), STOP_WAIT_S)
             return False

@@ -40,8 +40,10 @@ _ANY_SECRET_WORD = re.compile("|".join(map(re.escape, SECRET_WORDS)))
 
 
 def _scrub(text: str) -> str:
-    return SECRET_TEXT.sub(lambda m: f"{m.group(1)}{m.group(2)}[redacted]" if m.group(1)
-                           else "[redacted]", redact_url(text))  # fmt: skip
+    return SECRET_TEXT.sub(
+        lambda m: f"{m.group(1)}{m.group(2)}[redacted]" if m.group(1) else "[redacted]",
+        redact_url(text),
+    )
 
 
 def may_hold_secret(text: str) -> bool:

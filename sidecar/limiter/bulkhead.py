@@ -177,7 +177,12 @@ class Bulkhead:
         if not self._shadow and self._hopeless(decision, self._wait_for(permit)):
             # Just queued, so still queued: the withdrawal removes it (and may let others in).
             self._wake(self._core.withdraw(decision.ticket, "queue_full").granted)
-            refusal = Rejected("queue_full", decision.compartment, decision.cost, self._core.queued)
+            refusal = Rejected(
+                reason="queue_full",
+                compartment=decision.compartment,
+                cost=decision.cost,
+                queued=self._core.queued,
+            )
             self._rejected(permit, refusal)  # raises: not in shadow mode
         return self._enqueue(permit, decision)
 
@@ -220,9 +225,12 @@ class Bulkhead:
     def _rejected(self, permit: Permit, decision: Rejected) -> None:
         error = self._error(decision.reason, decision.compartment)
         self._emit(
-            "rejected", decision.compartment, decision.cost, reason=decision.reason,
+            "rejected",
+            decision.compartment,
+            decision.cost,
+            reason=decision.reason,
             retry_after_s=error.retry_after_s,
-        )  # fmt: skip
+        )
         if not self._shadow or decision.reason == "draining":
             raise error
         self._hold(permit, None, decision.cost, decision.compartment, 0.0)
@@ -309,9 +317,13 @@ class Bulkhead:
         name, cost = waiter.compartment, waiter.cost
         error = self._error(reason, name, waited_s=self._clock() - waiter.started)
         self._emit(
-            "rejected", name, cost, reason=reason, retry_after_s=error.retry_after_s,
+            "rejected",
+            name,
+            cost,
+            reason=reason,
+            retry_after_s=error.retry_after_s,
             wait_s=error.waited_s,
-        )  # fmt: skip
+        )
         future = waiter.future
         if future is None:  # shadow: it runs; what enforcement would have said is recorded
             waiter.shadow_rejected = reason
@@ -399,7 +411,14 @@ class Bulkhead:
         if on_event is None:
             return
         event = AdmissionEvent(
-            kind, compartment, cost, self._shadow, self._core.queued, wait_s, reason, retry_after_s
+            kind=kind,
+            compartment=compartment,
+            cost=cost,
+            shadow=self._shadow,
+            queued=self._core.queued,
+            wait_s=wait_s,
+            reason=reason,
+            retry_after_s=retry_after_s,
         )
         try:
             on_event(event)

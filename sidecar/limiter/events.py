@@ -11,7 +11,7 @@ from sidecar.core.outcomes import RejectReason
 EventKind = Literal["granted", "queued", "rejected"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AdmissionEvent:
     """One decision, for metrics and logs: granted (wait_s), queued, rejected (reason)."""
 

@@ -18,7 +18,7 @@ from sidecar.core.capacity import Plan
 from sidecar.core.estimator import CompletionEstimator, EstimatorConfig
 from sidecar.core.exact import exact
 from sidecar.core.ledger import StreamUsage, in_blocks
-from sidecar.core.overcommit import AimdConfig, EngineEvidence, Overcommit
+from sidecar.core.overcommit import AimdConfig, Overcommit, OvercommitEvidence
 from sidecar.core.warnings import ConfigWarning, adaptive_unsupported
 from sidecar.live.sources import Readings
 
@@ -81,10 +81,10 @@ class AdaptiveCapacity:
             return (adaptive_unsupported(reason),)
         before = self.overcommit.ratio
         ratio = self.overcommit.observe(
-            EngineEvidence(
-                engine.preemptions_total,
-                engine.kv_usage_ratio,
-                engine.requests_waiting,
+            OvercommitEvidence(
+                preemptions_total=engine.preemptions_total,
+                kv_usage_ratio=engine.kv_usage_ratio,
+                requests_waiting=engine.requests_waiting,
                 # Until lengths are learned requests are priced at their worst case: a ratio
                 # grown meanwhile would over-commit the moment the learned prices take over.
                 binding=self.binding() and self.estimator.learned(),

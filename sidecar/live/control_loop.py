@@ -145,9 +145,10 @@ class CapacityController:
         self.token_budget: TokenBudget = (
             budget_rule(None)
             if budget_rule is not None
-            else TokenBudget(budget.prompt_tokens, budget.completion_tokens, None, "setting",
-                             "setting")
-        )  # fmt: skip
+            else TokenBudget(
+                budget.prompt_tokens, budget.completion_tokens, None, "setting", "setting"
+            )
+        )
         self._resized_to: tuple[int, int | None] | None = None  # the limit, the in-flight cap
         self._published = False
         self._task: asyncio.Task[None] | None = None

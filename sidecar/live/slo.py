@@ -277,17 +277,27 @@ class SloControl:
         if (law.slow_start, starts.slow_start) != slow_starts:
             log.info("slo_restart", limit=after[0], starts=after[1], start=self._start_now)
         log.debug(
-            "slo_step", limit=after[0], starts=after[1], gradient=law.last_gradient,
-            starts_gradient=starts.last_gradient, ttft_samples=len(ttft),
-            tpot_samples=len(tpot), pressed=pressed, expected_ttft_s=self.expected_ttft_s,
-            drain_limit=self.drain_limit, ends_per_s=self.ends_per_s,
-        )  # fmt: skip
+            "slo_step",
+            limit=after[0],
+            starts=after[1],
+            gradient=law.last_gradient,
+            starts_gradient=starts.last_gradient,
+            ttft_samples=len(ttft),
+            tpot_samples=len(tpot),
+            pressed=pressed,
+            expected_ttft_s=self.expected_ttft_s,
+            drain_limit=self.drain_limit,
+            ends_per_s=self.ends_per_s,
+        )
         if after[0] < before[0] or after[1] < before[1]:
             self._epoch = self.clock()
             log.info(
-                "slo_backoff", limit=after[0], starts=after[1], gradient=law.last_gradient,
+                "slo_backoff",
+                limit=after[0],
+                starts=after[1],
+                gradient=law.last_gradient,
                 starts_gradient=starts.last_gradient,
-            )  # fmt: skip
+            )
         return (adaptive_unsupported(self.unsupported, "slo"),) if self.unsupported else ()
 
     def _forget_ends(self, now: float) -> None:

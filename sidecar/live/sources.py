@@ -33,7 +33,7 @@ ENGINE_SOURCES = ("vllm", "sglang", "llamacpp")
 __all__ = ["engine_process_bytes", "neighbour_bytes"]  # where callers have long found them
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Readings:
     """One tick's observations; a probe that failed leaves its error instead of a reading."""
 

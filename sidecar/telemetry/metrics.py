@@ -202,11 +202,17 @@ def _admission_limit(snap: BulkheadSnapshot) -> Iterator[Metric]:
     """The limit admission enforces and what in-flight requests hold of it, labelled by unit."""
     unit = LIMIT_UNITS[snap.mode]
     for name, help_, value in (
-        ("sidecar_admission_limit", "The admission limit in force, in its unit (label).",
-         snap.limit),
-        ("sidecar_admission_in_use", "What requests in flight hold of the admission limit, in "
-         "its unit (label).", snap.in_use_cost),
-    ):  # fmt: skip
+        (
+            "sidecar_admission_limit",
+            "The admission limit in force, in its unit (label).",
+            snap.limit,
+        ),
+        (
+            "sidecar_admission_in_use",
+            "What requests in flight hold of the admission limit, in its unit (label).",
+            snap.in_use_cost,
+        ),
+    ):
         family = GaugeMetricFamily(name, help_, labels=["unit"])
         family.add_metric([unit], value)
         yield family

@@ -27,7 +27,7 @@ import httptools
 from sidecar.edge.engine.errors import EngineProtocolError, StaleConnectionError, broken_answer
 from sidecar.edge.engine.head import MAX_HEAD_BYTES, ResponseHead, ends_at_close, final_head
 from sidecar.edge.engine.read_deadline import ReadDeadline
-from sidecar.edge.engine.states import ANSWERING, Event, Phase, next_phase
+from sidecar.edge.engine.states import ANSWERING, EngineEvent, Phase, next_phase
 from sidecar.edge.flow import FlowControl
 
 # Body bytes held for a reader that is slower than the engine before the socket stops reading.
@@ -85,7 +85,7 @@ class EngineConnection(asyncio.Protocol):
         phase = self.phase
         if phase is not Phase.BODY:
             if phase is Phase.SENT:
-                self._move(Event.FIRST_BYTE)
+                self._move(EngineEvent.FIRST_BYTE)
             elif phase is not Phase.HEAD:
                 self._unasked()
                 return
@@ -132,7 +132,9 @@ class EngineConnection(asyncio.Protocol):
     def connection_lost(self, exc: BaseException | None) -> None:
         self._deadline.stop()
         if self.phase is Phase.BODY and exc is None and self._ends_at_close:
-            self._move(Event.CLOSED_AT_END)  # a close-delimited body ends here; a reset is not
+            self._move(
+                EngineEvent.CLOSED_AT_END
+            )  # a close-delimited body ends here; a reset is not
         elif self.phase is Phase.SENT:
             self._fail(StaleConnectionError("the engine closed the connection before answering"))
         elif self.phase in ANSWERING:
@@ -166,9 +168,9 @@ class EngineConnection(asyncio.Protocol):
         self._ends_at_close = not keep_alive and ends_at_close(head, head_request=head_request)
         self.head = head
         if not head_request:
-            self._move(Event.HEAD)
+            self._move(EngineEvent.HEAD)
         else:  # llhttp cannot be told that a HEAD request's answer has no body: it ends here
-            self._move(Event.HEAD_ONLY if keep_alive else Event.LAST_END)
+            self._move(EngineEvent.HEAD_ONLY if keep_alive else EngineEvent.LAST_END)
 
     def on_body(self, body: bytes) -> None:
         if self.phase is not Phase.BODY:
@@ -178,7 +180,9 @@ class EngineConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         if self.phase is Phase.BODY:
-            self._move(Event.BODY_END if self._parser.should_keep_alive() else Event.LAST_END)
+            self._move(
+                EngineEvent.BODY_END if self._parser.should_keep_alive() else EngineEvent.LAST_END
+            )
         # else an interim answer's end (its head was skipped), or a HEAD request's answer
 
     # The reader's side -----------------------------------------------------------------------
@@ -186,7 +190,7 @@ class EngineConnection(asyncio.Protocol):
     def send(self, request: bytes, *, head_request: bool) -> None:
         """Write one request; its answer is read with ``read_head`` and ``read``."""
         assert self.transport is not None, "connection_made first"
-        self._move(Event.SEND)
+        self._move(EngineEvent.SEND)
         self._new_answer(head_request=head_request)
         # The read deadline counts from here: a timer left from the last answer re-arms by it.
         self._deadline.touch()
@@ -254,11 +258,11 @@ class EngineConnection(asyncio.Protocol):
     def _fail(self, exc: BaseException) -> None:
         if self.phase is not Phase.BROKEN:
             self.error = exc
-            self._move(Event.FAIL)
+            self._move(EngineEvent.FAIL)
         self.close()
         self._wake()
 
-    def _move(self, event: Event) -> None:
+    def _move(self, event: EngineEvent) -> None:
         """The one way the phase changes: a row of the table in :mod:`states`."""
         self.phase = next_phase(self.phase, event)
 
@@ -296,7 +300,7 @@ class EngineConnection(asyncio.Protocol):
 
     def park(self) -> None:
         """Kept in the pool for the next request (``reusable`` first)."""
-        self._move(Event.PARK)
+        self._move(EngineEvent.PARK)
 
     def close(self) -> None:
         """Drop the connection at once: vLLM aborts the request when its connection drops."""

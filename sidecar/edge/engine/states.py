@@ -28,8 +28,8 @@ class Phase(enum.Enum):
     BROKEN = "broken"  # failed or closed mid-answer (``error`` says why): never used again
 
 
-class Event(enum.Enum):
-    """What moves a connection."""
+class EngineEvent(enum.Enum):
+    """What moves a connection to the engine."""
 
     SEND = "send"  # a request written on it
     FIRST_BYTE = "first_byte"  # the first bytes of the answer arrived
@@ -45,26 +45,26 @@ class Event(enum.Enum):
 
 ANSWERING = frozenset({Phase.SENT, Phase.HEAD, Phase.BODY})
 
-TRANSITIONS: Mapping[tuple[Phase, Event], Phase] = MappingProxyType({
-    (Phase.IDLE, Event.SEND): Phase.SENT,
-    (Phase.IDLE, Event.FAIL): Phase.BROKEN,
-    (Phase.SENT, Event.FIRST_BYTE): Phase.HEAD,
-    (Phase.SENT, Event.FAIL): Phase.BROKEN,
-    (Phase.HEAD, Event.HEAD): Phase.BODY,
-    (Phase.HEAD, Event.HEAD_ONLY): Phase.COMPLETE,
-    (Phase.HEAD, Event.LAST_END): Phase.SPENT,
-    (Phase.HEAD, Event.FAIL): Phase.BROKEN,
-    (Phase.BODY, Event.BODY_END): Phase.COMPLETE,
-    (Phase.BODY, Event.LAST_END): Phase.SPENT,
-    (Phase.BODY, Event.CLOSED_AT_END): Phase.SPENT,
-    (Phase.BODY, Event.FAIL): Phase.BROKEN,
-    (Phase.COMPLETE, Event.PARK): Phase.IDLE,
-    (Phase.COMPLETE, Event.FAIL): Phase.BROKEN,
-    (Phase.SPENT, Event.FAIL): Phase.BROKEN,
+TRANSITIONS: Mapping[tuple[Phase, EngineEvent], Phase] = MappingProxyType({
+    (Phase.IDLE, EngineEvent.SEND): Phase.SENT,
+    (Phase.IDLE, EngineEvent.FAIL): Phase.BROKEN,
+    (Phase.SENT, EngineEvent.FIRST_BYTE): Phase.HEAD,
+    (Phase.SENT, EngineEvent.FAIL): Phase.BROKEN,
+    (Phase.HEAD, EngineEvent.HEAD): Phase.BODY,
+    (Phase.HEAD, EngineEvent.HEAD_ONLY): Phase.COMPLETE,
+    (Phase.HEAD, EngineEvent.LAST_END): Phase.SPENT,
+    (Phase.HEAD, EngineEvent.FAIL): Phase.BROKEN,
+    (Phase.BODY, EngineEvent.BODY_END): Phase.COMPLETE,
+    (Phase.BODY, EngineEvent.LAST_END): Phase.SPENT,
+    (Phase.BODY, EngineEvent.CLOSED_AT_END): Phase.SPENT,
+    (Phase.BODY, EngineEvent.FAIL): Phase.BROKEN,
+    (Phase.COMPLETE, EngineEvent.PARK): Phase.IDLE,
+    (Phase.COMPLETE, EngineEvent.FAIL): Phase.BROKEN,
+    (Phase.SPENT, EngineEvent.FAIL): Phase.BROKEN,
 })  # fmt: skip
 
 
-def next_phase(phase: Phase, event: Event) -> Phase:
+def next_phase(phase: Phase, event: EngineEvent) -> Phase:
     """Where ``event`` takes a connection in ``phase``; raises on a pair the table lacks."""
     try:
         return TRANSITIONS[phase, event]

@@ -64,11 +64,18 @@ class Head:
             upgrade=parser.should_upgrade(),
         )
         request = Request(
-            parser.get_method().decode("ascii"), checked.target, checked.version, headers,
-            transport=transport, wire=wire, client_max_size=max_body_bytes,
-            keep_alive=checked.keep_alive, body_exists=checked.body_exists, budget=budget,
+            parser.get_method().decode("ascii"),
+            checked.target,
+            checked.version,
+            headers,
+            transport=transport,
+            wire=wire,
+            client_max_size=max_body_bytes,
+            keep_alive=checked.keep_alive,
+            body_exists=checked.body_exists,
+            budget=budget,
             client=client,
-        )  # fmt: skip
+        )
         declared = headers.get("Content-Length")
         if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
             request.fail("too_large")  # refused at once: no 100 Continue, no wait for the body

@@ -120,9 +120,13 @@ class RequestReader:
     def on_headers_complete(self) -> None:
         head, port, connection = self._receiving_head(), self._port, self._connection
         request = head.request(
-            self._parser, connection.transport, connection, port.max_body_bytes,
-            budget=port.bodies, client=connection.client,
-        )  # fmt: skip
+            self._parser,
+            connection.transport,
+            connection,
+            port.max_body_bytes,
+            budget=port.bodies,
+            client=connection.client,
+        )
         self.head = None
         self.body_of = request if request.body_exists else None
         length = request.headers.get("Content-Length")

@@ -34,18 +34,32 @@ CLAMPED_HEADER = "X-Sidecar-Max-Tokens-Clamped"
 
 
 async def forward(
-    request: Request, job: Job, permit: Permit, request_id: str, *, engine: EnginePool,
-    stop: Stop, write_timeout_s: float, clock: Callable[[], float] = time.monotonic,
+    request: Request,
+    job: Job,
+    permit: Permit,
+    request_id: str,
+    *,
+    engine: EnginePool,
+    stop: Stop,
+    write_timeout_s: float,
+    clock: Callable[[], float] = time.monotonic,
     timing: StreamTiming | None = None,
-) -> tuple[Answer, str]:  # fmt: skip
+) -> tuple[Answer, str]:
     """Send ``job`` to the engine and relay its answer; the answer and the request's outcome
     label, the permit's outcome set from the same row. Where the drain stops it before the
     answer started, a 503 ``draining`` (a stream already started ends in-band instead)."""
     try:
         return await _send_and_relay(
-            request, job, permit, request_id, engine=engine, stop=stop,
-            write_timeout_s=write_timeout_s, clock=clock, timing=timing,
-        )  # fmt: skip
+            request,
+            job,
+            permit,
+            request_id,
+            engine=engine,
+            stop=stop,
+            write_timeout_s=write_timeout_s,
+            clock=clock,
+            timing=timing,
+        )
     except asyncio.CancelledError:
         if not stop.claim():
             raise
@@ -53,10 +67,17 @@ async def forward(
 
 
 async def _send_and_relay(
-    request: Request, job: Job, permit: Permit, request_id: str, *, engine: EnginePool,
-    stop: Stop, write_timeout_s: float, clock: Callable[[], float],
+    request: Request,
+    job: Job,
+    permit: Permit,
+    request_id: str,
+    *,
+    engine: EnginePool,
+    stop: Stop,
+    write_timeout_s: float,
+    clock: Callable[[], float],
     timing: StreamTiming | None,
-) -> tuple[Answer, str]:  # fmt: skip
+) -> tuple[Answer, str]:
     headers = job.headers if job.headers is not None else upstream_headers(request, request_id)
     granted = _GrantLine(permit, job)
     try:
@@ -64,9 +85,13 @@ async def _send_and_relay(
             if timing is not None:
                 timing.sent = clock()
             upstream = await send(
-                engine, request.method, job.target.path_qs, headers, job.body,
+                engine,
+                request.method,
+                job.target.path_qs,
+                headers,
+                job.body,
                 sent=granted.went_out,
-            )  # fmt: skip
+            )
         finally:
             granted()  # where the request never went out, its grant is still logged, first
     except UpstreamError as exc:
@@ -75,12 +100,18 @@ async def _send_and_relay(
     if job.checked is not None and job.checked.clamped is not None:
         upstream.forwarded = (*upstream.forwarded, (CLAMPED_HEADER, str(job.checked.clamped)))
     try:
-        if job.whole:
+        if job.whole_answer:
             return _ended(permit, *await _relay_whole(upstream, permit, request_id))
         result = await relay_stream(
-            request, upstream, request_id, write_timeout_s=write_timeout_s, stop=stop,
-            tally=permit.usage, timing=timing, clock=clock,
-        )  # fmt: skip
+            request,
+            upstream,
+            request_id,
+            write_timeout_s=write_timeout_s,
+            stop=stop,
+            tally=permit.usage,
+            timing=timing,
+            clock=clock,
+        )
         return _ended(permit, result.response, _stream_ending(result))
     finally:
         release(upstream)

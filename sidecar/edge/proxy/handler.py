@@ -100,7 +100,7 @@ async def handle(proxy: Proxy, request: Request) -> Answer:
         except (RequestError, EdgeRefusedError) as exc:
             return _refused(proxy, exc, started)
         return await _admit_and_forward(
-            request, proxy, job, request_id, Admission(claims, tenant), started=started
+            request, proxy, job, request_id, Caller(claims, tenant), started=started
         )
     finally:
         unbind_request(bound)
@@ -122,7 +122,13 @@ async def _intake(request: Request, proxy: Proxy, target: Target, request_id: st
     config, policy = proxy.config, proxy.policy
     if target.endpoint is None:
         body = await read_body(request, config.body) if request.body_exists else None
-        return Job(target, body, policy.flat_price(), stream=False, whole=False)
+        return Job(
+            target=target,
+            body=body,
+            flat_cost=policy.flat_price(),
+            stream=False,
+            whole_answer=False,
+        )
     require_json(request)
     body = await read_body(request, config.body)
     # Built here only where the engine counts the prompt; else once, in forward.
@@ -132,12 +138,19 @@ async def _intake(request: Request, proxy: Proxy, target: Target, request_id: st
             body, target.endpoint, policy.budget(), counter=proxy.counter, headers=headers or {}
         )
     return Job(
-        target, checked.body, 0, checked.stream, not checked.stream,
-        checked.prompt_tokens, checked.completion_tokens, checked, headers,
-    )  # fmt: skip
+        target=target,
+        body=checked.body,
+        flat_cost=0,
+        stream=checked.stream,
+        whole_answer=not checked.stream,
+        prompt_tokens=checked.prompt_tokens,
+        completion_tokens=checked.completion_tokens,
+        checked=checked,
+        headers=headers,
+    )
 
 
-class Admission(NamedTuple):
+class Caller(NamedTuple):
     """Who a request is, as admission sees it: what it may claim, and its tenant."""
 
     claims: Claims
@@ -145,7 +158,7 @@ class Admission(NamedTuple):
 
 
 async def _admit_and_forward(
-    request: Request, proxy: Proxy, job: Job, request_id: str, who: Admission, *, started: float
+    request: Request, proxy: Proxy, job: Job, request_id: str, who: Caller, *, started: float
 ) -> Answer:
     """Price the job, admit it (or answer busy) and forward it; counted and logged once as it
     finished, whatever ended it."""
@@ -154,7 +167,7 @@ async def _admit_and_forward(
     if job.checked is not None:
         cost, usage = policy.price(job.checked, compartment)
     else:
-        cost, usage = job.cost, None
+        cost, usage = job.flat_cost, None
     outcome, queue_wait = "error", 0.0
     try:
         may_wait = not policy.sheddable(who.claims)
@@ -170,14 +183,20 @@ async def _admit_and_forward(
     except AdmissionRejectedError as exc:
         outcome, queue_wait = exc.reason, exc.waited_s
         log.info(
-            exc.refusal.log_event, reason=exc.reason, queue_wait_s=round(queue_wait, 4),
-            retry_after_s=round(exc.retry_after_s, 2), cost=cost, compartment=compartment,
+            exc.refusal.log_event,
+            reason=exc.reason,
+            queue_wait_s=round(queue_wait, 4),
+            retry_after_s=round(exc.retry_after_s, 2),
+            cost=cost,
+            compartment=compartment,
             stream=job.stream,
-        )  # fmt: skip
+        )
         return busy_response(
-            exc, stream=job.stream, mode=proxy.config.reject_mode,
+            exc,
+            stream=job.stream,
+            mode=proxy.config.reject_mode,
             accept=",".join(request.headers.getall("Accept", ())) or None,
-        )  # fmt: skip
+        )
     except asyncio.CancelledError:
         outcome = "client_gone"
         raise
@@ -186,9 +205,15 @@ async def _admit_and_forward(
 
 
 async def _forward_admitted(
-    request: Request, proxy: Proxy, job: Job, request_id: str, permit: Permit, *,
-    claims: Claims, started: float,
-) -> tuple[Answer, str]:  # fmt: skip
+    request: Request,
+    proxy: Proxy,
+    job: Job,
+    request_id: str,
+    permit: Permit,
+    *,
+    claims: Claims,
+    started: float,
+) -> tuple[Answer, str]:
     """Forward a request that holds its permit: a stream's timing tracked, what a completed
     request used learned from."""
     policy = proxy.policy
@@ -199,9 +224,16 @@ async def _forward_admitted(
     try:
         with proxy.in_flight.track() as stop:
             response, outcome = await forward(
-                request, job, permit, request_id, engine=proxy.upstream, stop=stop,
-                write_timeout_s=proxy.config.write_timeout_s, clock=proxy.clock, timing=timing,
-            )  # fmt: skip
+                request,
+                job,
+                permit,
+                request_id,
+                engine=proxy.upstream,
+                stop=stop,
+                write_timeout_s=proxy.config.write_timeout_s,
+                clock=proxy.clock,
+                timing=timing,
+            )
     finally:
         if timing is not None:
             policy.timed(timing, started, outcome)
@@ -214,10 +246,14 @@ def _finished(proxy: Proxy, job: Job, outcome: str, duration: float, queue_wait:
     """A request past its checks ended: counted, and its one finished line."""
     proxy.metrics.finished(outcome, duration)
     log.info(
-        "request_finished", outcome=outcome, duration_s=round(duration, 4),
-        queue_wait_s=round(queue_wait, 4), path=job.target.path,
-        prompt_tokens_est=job.prompt_tokens, max_tokens=job.completion_tokens,
-    )  # fmt: skip
+        "request_finished",
+        outcome=outcome,
+        duration_s=round(duration, 4),
+        queue_wait_s=round(queue_wait, 4),
+        path=job.target.path,
+        prompt_tokens_est=job.prompt_tokens,
+        max_tokens=job.completion_tokens,
+    )
 
 
 async def passthrough(request: Request, proxy: Proxy, target: Target, request_id: str) -> Answer:

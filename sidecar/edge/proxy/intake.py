@@ -9,7 +9,6 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from multidict import CIMultiDict
 
@@ -30,14 +29,15 @@ from sidecar.edge.proxy.prompt_count import EnginePromptCounter
 from sidecar.edge.proxy.routes import Target
 
 
-class Job(NamedTuple):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Job:
     """A request read and priced, ready for admission."""
 
     target: Target
     body: bytes | None
-    cost: int  # what a request without a token budget costs; a checked one is priced at admission
+    flat_cost: int  # what a request without a token budget costs; a checked one is priced later
     stream: bool  # streaming completion: busy answers are SSE
-    whole: bool  # a non-streaming completion: read the engine's answer whole
+    whole_answer: bool  # a non-streaming completion: read the engine's answer whole
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     checked: CheckedRequest | None = None  # a completion's checks, for adaptive pricing

@@ -209,9 +209,15 @@ async def relay_stream(
     sse = upstream.content_type == "text/event-stream" and encoding == "identity"
     framer, timing = (EventFramer(), timing) if sse else (None, None)
     relay = _Relay(
-        request, response, write_timeout_s, framer, tally, timing, clock,
+        request,
+        response,
+        write_timeout_s,
+        framer,
+        tally,
+        timing,
+        clock,
         upstream=None if sse else upstream,
-    )  # fmt: skip
+    )
     if (end := await relay.prepare()) is not None:
         return RelayResult(end, response)
     try:

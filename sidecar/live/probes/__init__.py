@@ -49,7 +49,7 @@ class GpuSnapshot:
     provenance: str = "nvml"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineCacheConfig:
     """The engine's KV pool as the engine itself states it, in vLLM's terms (the labels of
     ``vllm:cache_config_info``); SGLang and llama.cpp fill the same fields from their own figures
@@ -80,7 +80,7 @@ class EngineCacheConfig:
         return round(self.kv_cache_memory_bytes / tokens)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineReading:
     """The engine's own view of its KV cache and load, one shape for every engine it can read.
 

@@ -33,10 +33,12 @@ _CACHE_INFO = "vllm:cache_config_info"
 # Family and sample names the probe reads; a counter's family may be named without its _total.
 _WANTED = frozenset(
     {
-        *_SUMMED, _CACHE_INFO, "vllm:num_preemptions",
+        *_SUMMED,
+        _CACHE_INFO,
+        "vllm:num_preemptions",
         *(name + part for name in _MEANS for part in ("", "_sum", "_count")),
     }
-)  # fmt: skip
+)
 _NAME_CHARS = "a-zA-Z0-9_:"
 
 

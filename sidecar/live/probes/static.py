@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Declared:
     """Numbers that do not change while the sidecar runs; ``weights_measured`` says where from."""
 
