@@ -176,7 +176,7 @@ def plan(layout: Layout, probe: NvmlProbe, engine_pid: int, engine_answers: bool
         else None
     )
     readings = Readings(declared=declared, gpus=probe.read_now(), engine=engine)
-    cost = KvCost(load_model_spec("llama-3.1-8b"))
+    cost = KvCost(spec=load_model_spec("llama-3.1-8b"))
     source = "vllm" if engine_answers else "nvml"
     return plan_inputs(source, readings, cost, engine_pid=engine_pid, tolerance=0.10)
 

@@ -30,16 +30,16 @@ def model(name: str) -> ModelSpec:
 
 def declared(name: str, n: int) -> Term:
     """A declared term of the formula."""
-    return Term(name, n, Source.DECLARED)
+    return Term(name=name, bytes=n, source=Source.DECLARED)
 
 
 def memory(vram: int, weights: int, overhead: int, neighbours: int = 0) -> MemoryInputs:
     """Declared GPU memory split."""
     return MemoryInputs(
-        declared("vram_total", vram),
-        declared("weights", weights),
-        declared("overhead", overhead),
-        declared("neighbours", neighbours),
+        vram_total=declared("vram_total", vram),
+        weights=declared("weights", weights),
+        overhead=declared("overhead", overhead),
+        neighbours=declared("neighbours", neighbours),
     )
 
 
@@ -81,7 +81,7 @@ def memory(vram: int, weights: int, overhead: int, neighbours: int = 0) -> Memor
 )
 def test_bytes_per_token(name: str, kv_dtype: str, tp: int, per_gpu: int, whole: int) -> None:
     """One token costs the hand-computed bytes on the fullest GPU and over the whole group."""
-    cost = KvCost(model(name), kv_dtype=kv_dtype, tp=tp)
+    cost = KvCost(spec=model(name), kv_dtype=kv_dtype, tp=tp)
     assert (cost.bytes_per_token_per_gpu, cost.bytes_per_token) == (per_gpu, whole)
 
 
@@ -117,7 +117,7 @@ def test_bytes_per_token(name: str, kv_dtype: str, tp: int, per_gpu: int, whole:
 )
 def test_request_bytes(name: str, block: int | None, tokens: int, expected: int) -> None:
     """One request's worst case honours windows, blocks and constant state."""
-    assert KvCost(model(name), block_size=block).request_bytes(tokens) == expected
+    assert KvCost(spec=model(name), block_size=block).request_bytes(tokens) == expected
 
 
 # Every preset, and the configs that describe a model (llava's is refused on purpose elsewhere).
@@ -139,7 +139,7 @@ def test_request_bytes_is_every_attention_layer_summed(
     """Priced per layer kind, a request costs what summing its slots layer by layer gives."""
     spec = model(name)
     tp = data.draw(st.sampled_from([t for t in valid_tp_sizes(spec) if t <= 16]), label="tp")
-    cost = KvCost(spec, block_size=block, tp=tp)
+    cost = KvCost(spec=spec, block_size=block, tp=tp)
     per_layer = sum(
         cost.tokens_held(kind, tokens)
         for kind in cost.spec.layers
@@ -151,7 +151,7 @@ def test_request_bytes_is_every_attention_layer_summed(
 
 def test_brief_worked_example_8gib_card() -> None:
     """VRAM 8 GiB, weights 5 GiB, overhead 1.5 GiB, 4000 tokens, alpha 0.8 gives N = 5."""
-    cost = KvCost(model("qwen2.5-7b"), kv_dtype="fp16")
+    cost = KvCost(spec=model("qwen2.5-7b"), kv_dtype="fp16")
     plan = make_plan(cost, memory(8 * GiB, 5 * GiB, 3 * GiB // 2), Budget(3_000, 1_000), 0.8)
     assert plan.kv_pool_bytes == 1_610_612_736
     assert plan.request_max_bytes == 229_376_000
@@ -161,7 +161,7 @@ def test_brief_worked_example_8gib_card() -> None:
 
 def test_agrees_with_vllm_cache_config_info() -> None:
     """The tiny model in a 1 GiB pool: 1,048,576 tokens and 1,024 requests, as vLLM 0.32 says."""
-    cost = KvCost(model("tiny-llama"), block_size=128)
+    cost = KvCost(spec=model("tiny-llama"), block_size=128)
     plan = make_plan(cost, declared("kv_pool_per_gpu", GiB), Budget(1_024, 0), 1.0)
     # vllm:cache_config_info{kv_cache_size_tokens="1048576",kv_cache_max_concurrency="1024.0",
     #                        num_gpu_blocks="8192",block_size="128"}
@@ -171,7 +171,7 @@ def test_agrees_with_vllm_cache_config_info() -> None:
 
 def test_tp_splits_weights_and_counts_the_group_pool() -> None:
     """With TP 2 each GPU holds half the weights; the group pool is twice one GPU's."""
-    cost = KvCost(model("llama-3.1-8b"), tp=2)
+    cost = KvCost(spec=model("llama-3.1-8b"), tp=2)
     plan = make_plan(cost, memory(24 * GiB, 16 * GiB, 2 * GiB), Budget(3_000, 1_000), 1.0)
     assert plan.kv_pool_bytes_per_gpu == 14 * GiB
     assert plan.kv_pool_bytes == 28 * GiB
@@ -181,7 +181,7 @@ def test_tp_splits_weights_and_counts_the_group_pool() -> None:
 
 def test_neighbours_shrink_the_pool() -> None:
     """Memory other processes hold on the GPU is not ours to spend."""
-    cost = KvCost(model("qwen2.5-7b"))
+    cost = KvCost(spec=model("qwen2.5-7b"))
     plan = make_plan(cost, memory(8 * GiB, 5 * GiB, GiB, GiB), Budget(3_000, 1_000), 1.0)
     assert plan.kv_pool_bytes == GiB
     assert [t.name for t in plan.terms][-1] == "kv_pool_per_gpu"
@@ -189,7 +189,7 @@ def test_neighbours_shrink_the_pool() -> None:
 
 def test_plan_dict_carries_units_and_sources() -> None:
     """The JSON form has the required numbers and every term with its source."""
-    cost = KvCost(model("qwen2.5-7b"))
+    cost = KvCost(spec=model("qwen2.5-7b"))
     plan = make_plan(cost, memory(8 * GiB, 5 * GiB, 3 * GiB // 2), Budget(3_000, 1_000), 0.8)
     out = json.loads(json.dumps(plan.to_dict()))
     assert out["kv_bytes_per_token"] == 57_344
@@ -209,7 +209,7 @@ def test_plan_dict_carries_units_and_sources() -> None:
 )
 def test_alpha_outside_unit_interval_is_refused(alpha: float) -> None:
     """alpha must lie in (0, 1]."""
-    cost = KvCost(model("qwen2.5-7b"))
+    cost = KvCost(spec=model("qwen2.5-7b"))
     with pytest.raises(ConfigError, match="alpha"):
         make_plan(cost, declared("kv_pool_per_gpu", GiB), Budget(100, 0), alpha)
 
@@ -230,7 +230,7 @@ def test_budget_must_be_positive(prompt: int, completion: int) -> None:
 
 def test_no_room_for_kv_is_a_plan_error() -> None:
     """Weights + overhead filling the VRAM leaves no pool: PlanError with the numbers."""
-    cost = KvCost(model("qwen2.5-7b"))
+    cost = KvCost(spec=model("qwen2.5-7b"))
     with pytest.raises(PlanError, match="no room for a KV cache"):
         make_plan(cost, memory(8 * GiB, 7 * GiB, GiB), Budget(100, 0), 0.8)
 
@@ -246,15 +246,15 @@ def test_no_room_for_kv_is_a_plan_error() -> None:
 def test_bad_cost_inputs(kv_dtype: str, tp: int, block: int | None, message: str) -> None:
     """Unknown dtypes and non-positive TP or block sizes are refused."""
     with pytest.raises(ConfigError, match=message):
-        KvCost(model("qwen2.5-7b"), kv_dtype=kv_dtype, tp=tp, block_size=block)
+        KvCost(spec=model("qwen2.5-7b"), kv_dtype=kv_dtype, tp=tp, block_size=block)
 
 
 def test_auto_dtype_needs_a_model_dtype() -> None:
     """Without torch_dtype in the config, auto asks for --kv-dtype; an explicit one works."""
     spec = spec_from_config({"num_attention_heads": 2, "num_hidden_layers": 1, "head_dim": 8}, "x")
     with pytest.raises(ConfigError, match="--kv-dtype"):
-        KvCost(spec)
-    assert KvCost(spec, kv_dtype="bf16").bytes_per_token == 2 * 2 * 8 * 2
+        KvCost(spec=spec)
+    assert KvCost(spec=spec, kv_dtype="bf16").bytes_per_token == 2 * 2 * 8 * 2
 
 
 SPECS = st.sampled_from(
@@ -271,7 +271,7 @@ def test_permits_fit_in_alpha_of_the_pool(
     name: str, block: int | None, pool: int, tokens: int, alpha: float
 ) -> None:
     """permits x request bytes never exceeds alpha x pool, and permits are never negative."""
-    cost = KvCost(model(name), block_size=block)
+    cost = KvCost(spec=model(name), block_size=block)
     plan = make_plan(cost, declared("kv_pool_per_gpu", pool), Budget(tokens, 0), alpha)
     assert plan.permits >= 0
     assert plan.permits * plan.request_max_bytes <= plan.admissible_bytes
@@ -282,7 +282,7 @@ def test_permits_never_fall_when_the_pool_grows(
     *, name: str, block: int | None, pool: int, extra: int, tokens: int, alpha: float
 ) -> None:
     """A bigger pool never gives fewer permits."""
-    cost = KvCost(model(name), block_size=block)
+    cost = KvCost(spec=model(name), block_size=block)
     small = make_plan(cost, declared("kv_pool_per_gpu", pool), Budget(tokens, 0), alpha)
     big = make_plan(cost, declared("kv_pool_per_gpu", pool + extra), Budget(tokens, 0), alpha)
     assert big.permits >= small.permits
@@ -293,7 +293,7 @@ def test_permits_never_fall_when_the_budget_shrinks(
     *, name: str, block: int | None, pool: int, tokens: int, cut: int, alpha: float
 ) -> None:
     """A smaller token budget never gives fewer permits."""
-    cost = KvCost(model(name), block_size=block)
+    cost = KvCost(spec=model(name), block_size=block)
     smaller = max(1, tokens - cut)
     full = make_plan(cost, declared("kv_pool_per_gpu", pool), Budget(tokens, 0), alpha)
     less = make_plan(cost, declared("kv_pool_per_gpu", pool), Budget(smaller, 0), alpha)
@@ -319,10 +319,10 @@ def test_permits_never_fall_when_the_budget_shrinks(
 def test_tensor_parallel_sizes_vllm_refuses(name: str, tp: int, broken: list[str]) -> None:
     """A TP size vLLM refuses is refused with each broken rule named; one it accepts prices."""
     if not broken:
-        assert KvCost(model(name), tp=tp).tp == tp
+        assert KvCost(spec=model(name), tp=tp).tp == tp
         return
     with pytest.raises(ConfigError) as refused:
-        KvCost(model(name), tp=tp)
+        KvCost(spec=model(name), tp=tp)
     message = str(refused.value)
     assert message.startswith(f"vLLM refuses tensor parallel size {tp} for {name}: ")
     assert [rule for rule in ("attention heads", "KV heads") if rule in message] == broken
@@ -333,7 +333,7 @@ def test_mla_has_no_kv_heads_to_split() -> None:
     preset = resources.files("sidecar.core") / "presets" / "deepseek-v3.json"
     cfg = json.loads(preset.read_text(encoding="utf-8"))
     spec = spec_from_config(cfg | {"num_key_value_heads": 6}, "deepseek-v3-kv6")
-    assert KvCost(spec, tp=8).bytes_per_token_per_gpu == 70_272
+    assert KvCost(spec=spec, tp=8).bytes_per_token_per_gpu == 70_272
 
 
 @pytest.mark.parametrize(
@@ -353,9 +353,11 @@ def test_valid_tp_sizes(name: str, sizes: list[int]) -> None:
 def test_undeclared_neighbours_are_a_default() -> None:
     """Memory inputs that name no neighbours say so: 0 B by default, not a declared 0."""
     plan = make_plan(
-        KvCost(model("qwen2.5-7b")),
+        KvCost(spec=model("qwen2.5-7b")),
         MemoryInputs(
-            declared("vram_total", 8 * GiB), declared("weights", 5 * GiB), declared("overhead", GiB)
+            vram_total=declared("vram_total", 8 * GiB),
+            weights=declared("weights", 5 * GiB),
+            overhead=declared("overhead", GiB),
         ),
         Budget(3_000, 1_000),
         0.8,

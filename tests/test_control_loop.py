@@ -70,7 +70,7 @@ def controller(gpu: ScriptedGpu, clock: Clock, resized: list[int]) -> CapacityCo
     )
     return CapacityController(
         source="nvml",
-        cost=KvCost(load_model_spec("qwen2.5-7b")),
+        cost=KvCost(spec=load_model_spec("qwen2.5-7b")),
         budget=Budget(3000, 1000),
         alpha=0.8,
         declared=declared,
@@ -156,7 +156,7 @@ async def test_a_held_limit_stands_on_the_floor() -> None:
     held: list[int | None] = [12]
     loop = CapacityController(
         source="nvml",
-        cost=KvCost(load_model_spec("qwen2.5-7b")),
+        cost=KvCost(spec=load_model_spec("qwen2.5-7b")),
         budget=Budget(3000, 1000),
         alpha=0.8,
         declared=Declared(
@@ -348,7 +348,7 @@ async def test_requests_are_rounded_to_the_engines_blocks(
     declared_block: int | None, engine_block: int | None, permits: int
 ) -> None:
     """Without SIDECAR_BLOCK_SIZE the engine's own block size rounds each request up."""
-    tiny = KvCost(load_model_spec("tests/configs/tiny-llama.json"), block_size=declared_block)
+    tiny = KvCost(spec=load_model_spec("tests/configs/tiny-llama.json"), block_size=declared_block)
     loop = CapacityController(
         source="vllm",
         cost=tiny,
@@ -376,7 +376,7 @@ async def test_requests_are_rounded_to_the_engines_blocks(
 async def test_engine_process_unseen_warns_and_keeps_the_pod_ready() -> None:
     """The engine answers, NVML lists no process for it: the plan stands on the engine's own
     pool, one engine_process_unseen warning says what happened, readiness is not touched."""
-    tiny = KvCost(load_model_spec("tests/configs/tiny-llama.json"))
+    tiny = KvCost(spec=load_model_spec("tests/configs/tiny-llama.json"))
     gpu = ScriptedGpu()
 
     class Unlisted(ScriptedGpu):

@@ -177,7 +177,7 @@ def test_pipeline_stages_split_as_vllm_does(layers: int, pp: int, stages: list[i
 
 def test_pipeline_prices_the_fullest_stage() -> None:
     """DeepSeek-V2-Lite at TP 2 x PP 2: a GPU of the first stage holds 14 of 27 latents."""
-    cost = KvCost(spec_from_config(config("deepseek-v2-lite"), "dsv2-lite"), tp=2, pp=2)
+    cost = KvCost(spec=spec_from_config(config("deepseek-v2-lite"), "dsv2-lite"), tp=2, pp=2)
     assert cost.bytes_per_token_per_gpu == 14 * 576 * 2
     assert cost.bytes_per_token == 27 * 576 * 2 * 2
 

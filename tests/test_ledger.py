@@ -14,7 +14,7 @@ def flat(tokens: int) -> Callable[[int], int]:
 
 def usage(growth: Callable[[int], int] | None = None, **changes: int) -> StreamUsage:
     fields = {"prompt_tokens": 100, "max_tokens": 500, "block_size": 16}
-    return StreamUsage("default", growth=growth or flat(60), **(fields | changes))
+    return StreamUsage(compartment="default", growth=growth or flat(60), **(fields | changes))
 
 
 def test_charge_is_held_plus_expected_growth() -> None:
@@ -29,7 +29,7 @@ def test_charge_is_held_plus_expected_growth() -> None:
 
 def test_no_growth_known_is_the_worst_case() -> None:
     """Without a learned growth (an engine that does not preempt) the charge is the worst case."""
-    stream = StreamUsage("default", prompt_tokens=100, max_tokens=500, block_size=16)
+    stream = StreamUsage(compartment="default", prompt_tokens=100, max_tokens=500, block_size=16)
     assert stream.charge() == stream.worst() == 608
 
 

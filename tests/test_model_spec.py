@@ -383,11 +383,11 @@ def test_hub_id_found_in_the_local_cache(tmp_path: Path) -> None:
         2,
     )
     assert got.weights == Term(
-        "weights",
-        1_234_567,
-        Source.MEASURED,
-        None,
-        f"{SAFETENSORS_INDEX} total_size in {tmp_path}/models--Qwen--Qwen2.5-7B-Instruct/"
+        name="weights",
+        bytes=1_234_567,
+        source=Source.MEASURED,
+        observed_at=None,
+        detail=f"{SAFETENSORS_INDEX} total_size in {tmp_path}/models--Qwen--Qwen2.5-7B-Instruct/"
         f"snapshots/{'a' * 40}",
     )
     assert got.found.startswith("local Hugging Face cache: ")

@@ -55,7 +55,10 @@ def test_adaptive_prices_the_live_usage_it_hands_the_bulkhead() -> None:
 
 # A pool of 100,000 one-byte tokens; a request of the budget holds 10,000 of them at worst.
 PLAN = make_plan(
-    engine_cost(1, None), Term("kv", 100_000, Source.ENGINE), Budget(2_000, 8_000), 1.0
+    engine_cost(1, None),
+    Term(name="kv", bytes=100_000, source=Source.ENGINE),
+    Budget(2_000, 8_000),
+    1.0,
 )
 
 
@@ -153,11 +156,11 @@ async def test_adaptive_bulkhead_queues_past_the_limit_and_refuses_past_the_pool
     bulkhead = Bulkhead(limit=0, max_queue=4, max_wait_s=3.0, mode=mode)
     # alpha 0.001: the limit is one request of the budget, 10,000 tokens, of a 100,000 pool.
     bulkhead.resize(mode.limit_of(replace(PLAN, alpha=0.001)))
-    big = StreamUsage("default", prompt_tokens=15_000, max_tokens=5_000)
+    big = StreamUsage(compartment="default", prompt_tokens=15_000, max_tokens=5_000)
     waiter = asyncio.ensure_future(bulkhead.admit(big.worst(), usage=big).__aenter__())
     await asyncio.sleep(0)
     assert bulkhead.snapshot().queued == 1
-    huge = StreamUsage("default", prompt_tokens=100_000, max_tokens=1)
+    huge = StreamUsage(compartment="default", prompt_tokens=100_000, max_tokens=1)
     with pytest.raises(AdmissionRejectedError) as caught:
         await bulkhead.admit(huge.worst(), usage=huge).__aenter__()
     assert caught.value.reason == "too_large"

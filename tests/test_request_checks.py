@@ -141,7 +141,11 @@ def test_within_budget_body_is_forwarded_untouched() -> None:
 
 def test_clamp_mode_lowers_max_tokens_to_the_budget() -> None:
     """With over_budget=clamp a too-large max_tokens is lowered instead of refused."""
-    checked = check_request(raw({**CHAT, "max_tokens": 999}), "chat", TokenPolicy(100, 50, "clamp"))
+    checked = check_request(
+        raw({**CHAT, "max_tokens": 999}),
+        "chat",
+        TokenPolicy(max_prompt_tokens=100, max_completion_tokens=50, over_budget="clamp"),
+    )
     assert json.loads(checked.body)["max_tokens"] == 50
 
 
@@ -164,7 +168,11 @@ def test_the_field_over_budget_is_the_one_named() -> None:
 def test_clamp_mode_lowers_each_field_over_budget() -> None:
     """With over_budget=clamp every field above the budget is lowered; one within it stays."""
     body = raw({**CHAT, "max_completion_tokens": 70, "max_tokens": 9})
-    checked = check_request(body, "chat", TokenPolicy(100, 50, "clamp"))
+    checked = check_request(
+        body,
+        "chat",
+        TokenPolicy(max_prompt_tokens=100, max_completion_tokens=50, over_budget="clamp"),
+    )
     forwarded = json.loads(checked.body)
     assert (forwarded["max_completion_tokens"], forwarded["max_tokens"]) == (50, 9)
     assert checked.completion_tokens == 50
@@ -236,7 +244,9 @@ def test_sequences_the_pool_holds_pass(body: dict[str, object], budget: TokenPol
 
 def test_an_estimate_the_engine_will_count_prices_each_prompt_at_one_token() -> None:
     """With the engine's count to come, only the completions are certain: 10 x (1 + 50) fits."""
-    budget = TokenPolicy(100, 50, count_from_engine=True, pool_tokens=510)
+    budget = TokenPolicy(
+        max_prompt_tokens=100, max_completion_tokens=50, count_from_engine=True, pool_tokens=510
+    )
     checked = check_request(
         raw({"model": "m", "prompt": "x" * 400, "n": 10, "max_tokens": 50}), "completions", budget
     )
@@ -380,7 +390,7 @@ def test_the_engine_counts_what_it_renders() -> None:
         "chat_template": "{{ messages }}",
         "mm_processor_kwargs": {"max_pixels": 1024},
     }
-    policy = TokenPolicy(100, 50, count_from_engine=True)
+    policy = TokenPolicy(max_prompt_tokens=100, max_completion_tokens=50, count_from_engine=True)
     assert check_request(raw(body), "chat", policy).tokenize == {
         "model": "m",
         "messages": CHAT["messages"],
@@ -406,7 +416,7 @@ def test_what_the_engine_does_not_count_is_bounded_by_its_estimate(
 ) -> None:
     """SIDECAR_PROMPT_TOKENS=engine: /tokenize takes no Responses input nor a batch, so the
     estimate bounds those (they were let through unchecked)."""
-    policy = TokenPolicy(100, 50, count_from_engine=True)
+    policy = TokenPolicy(max_prompt_tokens=100, max_completion_tokens=50, count_from_engine=True)
     with pytest.raises(RequestError) as caught:
         check_request(raw(body), endpoint, policy)  # type: ignore[arg-type]
     assert caught.value.code == "prompt_over_budget"

@@ -39,7 +39,10 @@ DECLARED = Declared(
 )
 # A pool of 100,000 one-byte tokens; a request of the budget holds 10,000 of them at worst.
 PLAN = make_plan(
-    engine_cost(1, None), Term("kv", 100_000, Source.ENGINE), Budget(2_000, 8_000), 1.0
+    engine_cost(1, None),
+    Term(name="kv", bytes=100_000, source=Source.ENGINE),
+    Budget(2_000, 8_000),
+    1.0,
 )
 
 
@@ -333,7 +336,10 @@ def test_a_plan_from_declared_figures_does_not_outlive_the_engines_first() -> No
     first plan, its histograms saying 400 tokens a request, starts the law again at 250."""
     slo = control(FakeClock())
     declared = make_plan(
-        engine_cost(1, None), Term("kv", 640_000, Source.DECLARED), Budget(2_000, 8_000), 1.0
+        engine_cost(1, None),
+        Term(name="kv", bytes=640_000, source=Source.DECLARED),
+        Budget(2_000, 8_000),
+        1.0,
     )
     assert slo.limit_of(declared) == 64  # blind: the declared pool over the worst case
     slo.observe(reading(typical=(40.0, 360.0)))

@@ -39,7 +39,7 @@ from sidecar.live.sources import (
 TINY = Path(__file__).parent / "configs" / "tiny-llama.json"
 
 GIB = 1024**3
-COST = KvCost(load_model_spec("qwen2.5-7b"))  # 57,344 B/token
+COST = KvCost(spec=load_model_spec("qwen2.5-7b"))  # 57,344 B/token
 DECLARED = Declared(
     vram_total_bytes=None,
     weights_bytes=14 * GIB,
@@ -149,7 +149,9 @@ def test_nvml_pool_is_the_engines_share_less_weights_and_overhead() -> None:
         "6,442,450,944 B held by other processes: out of the engine's headroom"
     )
     assert inputs.memory.weights.source is Source.MEASURED
-    assert inputs.memory.overhead == Term("overhead", 2 * GIB, Source.DECLARED, 0.0)
+    assert inputs.memory.overhead == Term(
+        name="overhead", bytes=2 * GIB, source=Source.DECLARED, observed_at=0.0
+    )
     assert [(h.others_bytes, h.left_free_bytes, h.taken_bytes) for h in inputs.headroom] == [
         (6 * GIB, 8 * GIB, 0)
     ]
@@ -248,7 +250,9 @@ def test_engine_reports_its_pool_and_overhead_is_measured() -> None:
     reading = gpu("a", engine_proc + GIB // 2, (1, engine_proc))
     inputs = nvml_inputs(Readings(declared=DECLARED, gpus=snapshot(reading), engine=engine()))
     assert isinstance(inputs.memory, MemoryInputs)
-    assert inputs.memory.overhead == Term("overhead", GIB, Source.MEASURED, 4.0)
+    assert inputs.memory.overhead == Term(
+        name="overhead", bytes=GIB, source=Source.MEASURED, observed_at=4.0
+    )
 
 
 UNSEEN = [
@@ -268,7 +272,9 @@ def test_engine_process_unseen_skips_the_cross_check_and_says_so(
         declared=DECLARED, gpus=snapshot(gpu("a", 2 * GIB, *procs)), engine=engine()
     )
     inputs = plan_inputs("vllm", readings, COST, engine_pid=pid, tolerance=0.1)
-    assert inputs.memory == Term("kv_pool", 100_000 * 57_344, Source.ENGINE, 5.0)
+    assert inputs.memory == Term(
+        name="kv_pool", bytes=100_000 * 57_344, source=Source.ENGINE, observed_at=5.0
+    )
     assert inputs.disagreements == ()
     [warning] = [w for w in inputs.warnings if w.code == "engine_process_unseen"]
     assert why in warning.message
@@ -281,7 +287,9 @@ def test_nvml_source_keeps_the_declared_overhead_when_the_engine_is_unseen() -> 
         Readings(declared=DECLARED, gpus=snapshot(gpu("a", 2 * GIB)), engine=engine())
     )
     assert isinstance(inputs.memory, MemoryInputs)
-    assert inputs.memory.overhead == Term("overhead", 2 * GIB, Source.DECLARED, 0.0)
+    assert inputs.memory.overhead == Term(
+        name="overhead", bytes=2 * GIB, source=Source.DECLARED, observed_at=0.0
+    )
     assert [w.code for w in inputs.warnings] == ["engine_process_unseen"]
 
 
@@ -299,7 +307,9 @@ def test_llamacpp_inferred_pool_measures_no_overhead() -> None:
         tolerance=0.1,
     )
     assert isinstance(inputs.memory, MemoryInputs)
-    assert inputs.memory.overhead == Term("overhead", 2 * GIB, Source.DECLARED, 0.0)
+    assert inputs.memory.overhead == Term(
+        name="overhead", bytes=2 * GIB, source=Source.DECLARED, observed_at=0.0
+    )
 
 
 def test_auto_names_the_engine_it_planned_from() -> None:
@@ -309,7 +319,9 @@ def test_auto_names_the_engine_it_planned_from() -> None:
         "auto", Readings(declared=DECLARED, engine=sglang), COST, engine_pid=None, tolerance=0.1
     )
     assert inputs.source == "sglang"
-    assert inputs.memory == Term("kv_pool", 100_000 * 57_344, Source.ENGINE, 5.0)
+    assert inputs.memory == Term(
+        name="kv_pool", bytes=100_000 * 57_344, source=Source.ENGINE, observed_at=5.0
+    )
 
 
 @pytest.mark.parametrize(
@@ -325,7 +337,9 @@ def test_vllm_pool_is_cross_checked_against_nvml(engine_holds: int, flagged: boo
         declared=DECLARED, gpus=snapshot(gpu("a", engine_holds, (1, engine_holds))), engine=engine()
     )
     inputs = plan_inputs("vllm", readings, COST, engine_pid=None, tolerance=0.1)
-    assert inputs.memory == Term("kv_pool", 100_000 * 57_344, Source.ENGINE, 5.0)
+    assert inputs.memory == Term(
+        name="kv_pool", bytes=100_000 * 57_344, source=Source.ENGINE, observed_at=5.0
+    )
     assert [d.beyond_tolerance for d in inputs.disagreements] == [flagged]
 
 
@@ -348,14 +362,14 @@ ENGINE_CACHE = EngineCacheConfig(
 
 def test_engine_pricing_keeps_an_agreeing_model_config() -> None:
     """The tiny model's 1,024 B/token agree with 4 MiB / 4,096 tokens: the config prices."""
-    cost = KvCost(load_model_spec(str(TINY)), block_size=128)
+    cost = KvCost(spec=load_model_spec(str(TINY)), block_size=128)
     priced, warnings = engine_pricing(ENGINE_CACHE, cost, 0.10)
     assert (priced, warnings) == (cost, ())
 
 
 def test_engine_pricing_overrules_a_wrong_model() -> None:
     """Qwen2.5-7B's 57,344 B/token against the engine's 1,024: the engine's, and a warning."""
-    cost = KvCost(load_model_spec("qwen2.5-7b"), block_size=128)
+    cost = KvCost(spec=load_model_spec("qwen2.5-7b"), block_size=128)
     priced, warnings = engine_pricing(ENGINE_CACHE, cost, 0.10)
     assert priced.bytes_per_token == 1024
     assert priced.block_size == 128
@@ -366,6 +380,8 @@ def test_engine_pricing_without_a_model() -> None:
     """No model config: the engine's bytes per token and block size price a token."""
     priced, warnings = engine_pricing(ENGINE_CACHE, None, 0.10)
     assert (priced.bytes_per_token, priced.block_size, warnings) == (1024, 128, ())
-    plan = make_plan(priced, Term("kv_pool", 4096 * 1024, Source.ENGINE), Budget(256, 512), 0.4)
+    plan = make_plan(
+        priced, Term(name="kv_pool", bytes=4096 * 1024, source=Source.ENGINE), Budget(256, 512), 0.4
+    )
     # 768 tokens = 6 blocks of 128; 4,096 / 768 x 0.4 = 2.13 -> 2 permits
     assert (plan.permits, plan.kv_pool_tokens) == (2, 4096)

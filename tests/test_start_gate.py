@@ -17,7 +17,10 @@ from sidecar.limiter.permit import Permit
 from tests.fake_time import FakeTime
 
 PLAN = make_plan(
-    engine_cost(1, None), Term("kv", 100_000, Source.ENGINE), Budget(2_000, 8_000), 1.0
+    engine_cost(1, None),
+    Term(name="kv", bytes=100_000, source=Source.ENGINE),
+    Budget(2_000, 8_000),
+    1.0,
 )
 
 

@@ -46,8 +46,8 @@ def test_budget_follows_the_engine_and_settings_narrow_it(
 
 def _policy(budget: TokenBudget) -> TokenPolicy:
     return TokenPolicy(
-        budget.prompt_tokens,
-        budget.completion_tokens,
+        max_prompt_tokens=budget.prompt_tokens,
+        max_completion_tokens=budget.completion_tokens,
         context_tokens=budget.context_tokens,
         fill_max_tokens=budget.fills_max_tokens,
         prompt_budget_exact_only=budget.prompt_origin == "engine",

@@ -76,7 +76,7 @@ async def test_vllm_takes_what_the_sidecar_asks_it_to_render(
         "chat_template_kwargs": {"enable_thinking": False},
         "max_tokens": 1,
     }
-    policy = TokenPolicy(256, 16, count_from_engine=True)
+    policy = TokenPolicy(max_prompt_tokens=256, max_completion_tokens=16, count_from_engine=True)
     payload = check_request(json.dumps(body).encode(), "chat", policy).tokenize
     assert payload is not None
     upstream = EnginePool(stack.vllm_url, connect_timeout_s=5, read_timeout_s=30)

@@ -29,7 +29,7 @@ class Source(StrEnum):
     ESTIMATED = "estimated"  # modelled from the model's shape and the engine's settings
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Term:
     """One term of the capacity formula, with its provenance and (for live readings) its time."""
 
@@ -90,7 +90,7 @@ def kv_dtype_bytes(kv_dtype: str, spec: ModelSpec) -> int:
     raise ConfigError(f"unknown KV cache dtype {kv_dtype!r} (known: {known})")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KvCost:
     """What tokens cost in KV cache for one model, cache dtype, TP degree and block size.
 
@@ -174,7 +174,9 @@ class KvCost:
         """Worst case of one request of `tokens`, all GPUs of the group together."""
         if self.pp == 1:
             return self.request_bytes_per_gpu(tokens) * self.tp
-        whole = KvCost(self.spec, self.kv_dtype, self.tp, self.block_size)
+        whole = KvCost(
+            spec=self.spec, kv_dtype=self.kv_dtype, tp=self.tp, block_size=self.block_size
+        )
         return whole.request_bytes(tokens)
 
     def usable_pool_bytes_per_gpu(self, pool_bytes_per_gpu: int) -> int:
@@ -207,10 +209,10 @@ def engine_cost(bytes_per_token: int, block_size: int | None, name: str = "engin
         state_bytes_per_request=0,
         max_position_embeddings=None,
     )
-    return KvCost(spec, "auto", 1, block_size)
+    return KvCost(spec=spec, kv_dtype="auto", tp=1, block_size=block_size)
 
 
-_NO_NEIGHBOURS = Term("neighbours", 0, Source.DEFAULT)
+_NO_NEIGHBOURS = Term(name="neighbours", bytes=0, source=Source.DEFAULT)
 
 # vLLM's default --gpu-memory-utilization: the share of each GPU it sizes itself to.
 DEFAULT_MEMORY_FRACTION = 0.9
@@ -236,7 +238,7 @@ class MemoryFraction:
 WHOLE_GPU = MemoryFraction(1.0, Source.DECLARED)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MemoryInputs:
     """GPU memory split: VRAM, the engine's share of it, overhead and neighbours per GPU; weights
     for the whole model. The engine sizes its pool inside its share (vLLM: requested memory =
@@ -254,13 +256,16 @@ class MemoryInputs:
         """vram_total x the memory fraction: what the engine sizes weights, overhead and KV in."""
         detail = f"vram_total x memory fraction {self.fraction.value} ({self.fraction.source})"
         return Term(
-            "engine_share", self.fraction.of(self.vram_total.bytes), Source.DERIVED, detail=detail
+            name="engine_share",
+            bytes=self.fraction.of(self.vram_total.bytes),
+            source=Source.DERIVED,
+            detail=detail,
         )
 
     def pool_terms(self, tp: int) -> tuple[Term, ...]:
         """Every term of the formula, ending with the derived KV pool of one GPU."""
         weights_per_gpu = Term(
-            "weights_per_gpu", math.ceil(self.weights.bytes / tp), Source.DERIVED
+            name="weights_per_gpu", bytes=math.ceil(self.weights.bytes / tp), source=Source.DERIVED
         )
         share = self.engine_share()
         taken = weights_per_gpu.bytes + self.overhead.bytes + self.neighbours.bytes
@@ -271,7 +276,7 @@ class MemoryInputs:
                 f" >= {_share_text(share, self.vram_total)}"
             )
             raise PlanError(msg)
-        pool = Term("kv_pool_per_gpu", share.bytes - taken, Source.DERIVED)
+        pool = Term(name="kv_pool_per_gpu", bytes=share.bytes - taken, source=Source.DERIVED)
         return (
             self.vram_total,
             share,
@@ -290,7 +295,7 @@ def _share_text(share: Term, vram: Term) -> str:
     return f"the engine's share {share.bytes:,} B ({share.detail} of {vram.bytes:,} B)"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     """How many requests of the budget fit in the KV pool, with every number that led there."""
 

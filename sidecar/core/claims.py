@@ -51,7 +51,7 @@ class ClaimNames:
     priority: str = "x-priority"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Claims:
     """A request's claims, each None where it makes none (or is not trusted to)."""
 

@@ -43,7 +43,7 @@ _LAYER_TYPE_NAMES = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """The numbers that size a model's KV cache; one entry of `layers` per decoder layer."""
 

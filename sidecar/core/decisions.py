@@ -65,7 +65,7 @@ class Withdrawal:
     granted: tuple[Granted, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CompartmentSnapshot:
     """One compartment's reserve, ceiling and current use."""
 
@@ -77,7 +77,7 @@ class CompartmentSnapshot:
     queued: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AdmissionSnapshot:
     """The whole state machine at one moment, with cumulative counters."""
 

@@ -53,9 +53,9 @@ def overhead_parts(shape: ModelShape, settings: EngineSettings) -> tuple[Term, .
     """The estimated parts of one GPU's overhead: the profiling run's activation peak, non-torch
     memory and CUDA graphs (0 under --enforce-eager)."""
     non_torch = Term(
-        "non_torch",
-        NON_TORCH_BYTES,
-        Source.ESTIMATED,
+        name="non_torch",
+        bytes=NON_TORCH_BYTES,
+        source=Source.ESTIMATED,
         detail="NCCL and cuBLAS memory the profile adds: 0.13-0.35 GiB in vLLM's logs",
     )
     return (activation_peak(shape, settings), non_torch, graph_memory(shape, settings))
@@ -73,33 +73,44 @@ def activation_peak(shape: ModelShape, settings: EngineSettings) -> Term:
         f"forward: {tokens:,} batched tokens x {per_token:,} B ({widths}, x {shape.dtype_bytes} B)"
     )
     if not settings.sampler:
-        return Term("activation_peak", forward, Source.ESTIMATED, detail=f"{detail}; no sampler")
+        return Term(
+            name="activation_peak",
+            bytes=forward,
+            source=Source.ESTIMATED,
+            detail=f"{detail}; no sampler",
+        )
     logits = seqs * shape.vocab * SAMPLER_BYTES_PER_LOGIT
     sampler = tokens * shape.hidden * shape.dtype_bytes + logits
     detail += (
         f" = {forward:,} B, or sampler: {seqs:,} sequences x vocab {shape.vocab:,} x "
         f"{SAMPLER_BYTES_PER_LOGIT} B beside the kept output = {sampler:,} B; the larger"
     )
-    return Term("activation_peak", max(forward, sampler), Source.ESTIMATED, detail=detail)
+    return Term(
+        name="activation_peak", bytes=max(forward, sampler), source=Source.ESTIMATED, detail=detail
+    )
 
 
 def graph_memory(shape: ModelShape, settings: EngineSettings) -> Term:
     """CUDA graphs: the forward's activations at the largest captured batch. A floor: the logs
     show 0.09-1.34 GiB; declare --cuda-graph-memory where the engine's log tells it."""
     if not settings.cuda_graphs:
-        return Term("cuda_graphs", 0, Source.DECLARED, detail="--enforce-eager: no graphs")
+        return Term(
+            name="cuda_graphs", bytes=0, source=Source.DECLARED, detail="--enforce-eager: no graphs"
+        )
     tokens = min(MAX_CAPTURE_TOKENS, settings.max_num_seqs)
     per_token = shape.forward_bytes_per_token(settings.tp)
     detail = f"largest captured batch {tokens:,} tokens x {per_token:,} B (a floor)"
-    return Term("cuda_graphs", tokens * per_token, Source.ESTIMATED, detail=detail)
+    return Term(
+        name="cuda_graphs", bytes=tokens * per_token, source=Source.ESTIMATED, detail=detail
+    )
 
 
 def overhead_total(parts: tuple[Term, ...]) -> Term:
     """The overhead term the pool subtracts: its parts summed, estimated if any part is."""
     estimated = any(part.source is Source.ESTIMATED for part in parts)
     return Term(
-        "overhead",
-        sum(part.bytes for part in parts),
-        Source.ESTIMATED if estimated else Source.DECLARED,
+        name="overhead",
+        bytes=sum(part.bytes for part in parts),
+        source=Source.ESTIMATED if estimated else Source.DECLARED,
         detail=" + ".join(part.name for part in parts),
     )

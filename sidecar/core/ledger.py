@@ -17,7 +17,7 @@ def in_blocks(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size) * block_size
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class StreamUsage:
     """One request's footprint; ``relayed`` is bumped by the relay as token events go out."""
 

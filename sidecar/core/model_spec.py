@@ -25,7 +25,7 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 PRESET_META = "_sidecar_preset"  # our key in a preset file; the rest is the model's config.json
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Model:
     """A model's KV-cache spec, its weights when known, and where both were found."""
 
@@ -60,7 +60,9 @@ def load_model(ref: str, hub_cache: Path | None = None) -> Model:
     if path.is_file():
         cfg = _read_json(path)
         spec = spec_from_config(cfg, path.stem)
-        return Model(spec, None, ref, path.parent, shape_from_config(cfg))
+        return Model(
+            spec=spec, weights=None, found=ref, directory=path.parent, shape=shape_from_config(cfg)
+        )
     snapshot = cached_snapshot(ref, hub_cache) if hub_cache and is_hub_id(ref) else None
     if snapshot is not None:
         return _in_folder(snapshot, ref, f"local Hugging Face cache: {snapshot}")
@@ -83,7 +85,13 @@ def _in_folder(folder: Path, name: str, found: str) -> Model:
         if dtype is not None:
             cfg["torch_dtype"] = dtype
     spec = spec_from_config(cfg, name)
-    return Model(spec, _weights_or_none(folder), found, folder, shape_from_config(cfg))
+    return Model(
+        spec=spec,
+        weights=_weights_or_none(folder),
+        found=found,
+        directory=folder,
+        shape=shape_from_config(cfg),
+    )
 
 
 def _preset_key(ref: str) -> str:
@@ -104,18 +112,36 @@ def _preset(key: str) -> Model:
     if not any(cfg.get(k) for k in ("torch_dtype", "dtype")) and "dtype" in meta:
         cfg["torch_dtype"] = meta["dtype"]  # e.g. gpt-oss: config.json names none
     spec = spec_from_config(cfg, key)
-    return Model(spec, preset_weights(meta), f"preset {key}", None, shape_from_config(cfg))
+    return Model(
+        spec=spec,
+        weights=preset_weights(meta),
+        found=f"preset {key}",
+        directory=None,
+        shape=shape_from_config(cfg),
+    )
 
 
 def preset_weights(meta: Mapping[str, Any]) -> Term | None:
     """A preset's weight bytes: the Hub's published total, else parameters x bytes each."""
     if "weights_bytes" in meta:
         detail = str(meta["weights_from"])
-        return Term("weights", int(meta["weights_bytes"]), Source.PRESET, None, detail)
+        return Term(
+            name="weights",
+            bytes=int(meta["weights_bytes"]),
+            source=Source.PRESET,
+            observed_at=None,
+            detail=detail,
+        )
     if "parameters" in meta:
         count, each = int(meta["parameters"]), int(meta["parameter_bytes"])
         detail = f"estimated from {count:,} parameters x {each} B"
-        return Term("weights", count * each, Source.PRESET, None, detail)
+        return Term(
+            name="weights",
+            bytes=count * each,
+            source=Source.PRESET,
+            observed_at=None,
+            detail=detail,
+        )
     return None
 
 
@@ -162,13 +188,17 @@ def _weights_or_none(folder: Path) -> Term | None:
     total = _index_total(folder / SAFETENSORS_INDEX)
     if total is not None:
         detail = f"{SAFETENSORS_INDEX} total_size in {folder}"
-        return Term("weights", total, Source.MEASURED, None, detail)
+        return Term(
+            name="weights", bytes=total, source=Source.MEASURED, observed_at=None, detail=detail
+        )
     for suffixes in WEIGHT_SUFFIXES:
         files = [p for p in folder.iterdir() if p.is_file() and p.name.endswith(suffixes)]
         if files:
             size = sum(p.stat().st_size for p in files)  # stat() follows the cache's blob links
             detail = f"{len(files)} *{suffixes[0]} files in {folder}"
-            return Term("weights", size, Source.MEASURED, None, detail)
+            return Term(
+                name="weights", bytes=size, source=Source.MEASURED, observed_at=None, detail=detail
+            )
     return None
 
 

@@ -25,7 +25,7 @@ from typing import Literal
 Pressure = Literal["preempted", "kv_high", "engine_waiting"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AimdConfig:
     """Bounds and steps of the ratio.
 

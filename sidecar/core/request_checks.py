@@ -29,7 +29,7 @@ RESPONSES_TOKEN_KEYS = ("max_output_tokens",)
 ECHO_DIGITS = 24
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TokenPolicy:
     """The per-request token budget the plan was made for."""
 

@@ -57,7 +57,7 @@ CAPACITY_REFUSALS: frozenset[str] = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SaturationConfig:
     """The thresholds: KV share counted as full; engine queue length that shows it at its cap;
     how long an engine reading's ratios are held; how long a refusal is counted."""
@@ -77,7 +77,7 @@ class EngineEvidence:
     waiting: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SaturationEvidence:
     """What is known now: the engine's ratios (held, ``EnginePeaks``) and the sidecar's state."""
 
@@ -89,7 +89,7 @@ class SaturationEvidence:
     recent_refused: float = 0.0  # of them, refused for want of capacity
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Saturation:
     """The signal and the four ratios it is the largest of."""
 
@@ -112,13 +112,15 @@ class Saturation:
 def saturation(evidence: SaturationEvidence) -> Saturation:
     """Demand over capacity: the largest of the KV, engine-queue, sidecar-queue and refusal
     ratios (module docstring)."""
-    ratios = (
-        evidence.engine_kv,
-        evidence.engine_queue,
-        _sidecar_queue(evidence),
-        _refusals(evidence),
+    kv, engine_queue = evidence.engine_kv, evidence.engine_queue
+    sidecar_queue, refusals = _sidecar_queue(evidence), _refusals(evidence)
+    return Saturation(
+        utilisation=max(kv, engine_queue, sidecar_queue, refusals),
+        kv=kv,
+        engine_queue=engine_queue,
+        sidecar_queue=sidecar_queue,
+        refusals=refusals,
     )
-    return Saturation(max(ratios), *ratios)
 
 
 def engine_ratios(

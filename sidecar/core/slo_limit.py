@@ -51,7 +51,7 @@ import math
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SloLimitConfig:
     """The controller's constants.
 

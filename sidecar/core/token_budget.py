@@ -21,7 +21,7 @@ FALLBACK_COMPLETION_TOKENS = 1000
 Origin = Literal["setting", "engine", "fallback"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TokenBudget:
     """The budget in force and where each half of it came from."""
 
@@ -68,7 +68,13 @@ def resolve_budget(
     completion, completion_origin = _half(
         completion_setting, max_model_len, FALLBACK_COMPLETION_TOKENS
     )
-    return TokenBudget(prompt, completion, max_model_len, prompt_origin, completion_origin)
+    return TokenBudget(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        context_tokens=max_model_len,
+        prompt_origin=prompt_origin,
+        completion_origin=completion_origin,
+    )
 
 
 def _half(setting: int | None, context: int | None, fallback: int) -> tuple[int, Origin]:

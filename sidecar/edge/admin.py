@@ -30,7 +30,7 @@ from sidecar.telemetry.saturation_metrics import SaturationSignal
 from sidecar.telemetry.slo_metrics import slo_json
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Admin:
     """What the admin handlers read; all of it is read at request time."""
 

@@ -21,7 +21,7 @@ class HeadRefusedError(Exception):
     """A head past the edge's bounds, or one this server does not take."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CheckedHead:
     """What the rules decide about a head that passes them."""
 
@@ -56,7 +56,12 @@ def check_head(
         # RFC 9112 §6.1: Transfer-Encoding in an HTTP/1.0 message means the framing is faulty:
         # the message is processed, then the connection closes.
         keep_alive = False
-    return CheckedHead(version, without_fragment(url), body_exists, keep_alive)
+    return CheckedHead(
+        version=version,
+        target=without_fragment(url),
+        body_exists=body_exists,
+        keep_alive=keep_alive,
+    )
 
 
 def _check_host(version: tuple[int, int], hosts: list[str]) -> None:

@@ -195,15 +195,15 @@ class SidecarServer:
         _warn_unclaimable(s)
         counter = EnginePromptCounter(self.upstream) if s.prompt_tokens == "engine" else None
         return Proxy(
-            config,
-            policy,
-            self.bulkhead,
-            self.upstream,
-            self.metrics,
-            self.clock,
-            counter,
-            self.gate,
-            self.in_flight,
+            config=config,
+            policy=policy,
+            bulkhead=self.bulkhead,
+            upstream=self.upstream,
+            metrics=self.metrics,
+            clock=self.clock,
+            counter=counter,
+            gate=self.gate,
+            in_flight=self.in_flight,
         )
 
     def _edge_limits(
@@ -222,10 +222,10 @@ class SidecarServer:
 
     def _admin(self) -> Admin:
         return Admin(
-            self.bulkhead,
-            self.controller,
-            self.registry,
-            self.clock,
+            bulkhead=self.bulkhead,
+            controller=self.controller,
+            registry=self.registry,
+            clock=self.clock,
             draining=lambda: self.draining,
             loop_alive=self.controller.running,
             adaptive=self.adaptive,

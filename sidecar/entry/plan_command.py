@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
 def plan_for(model: Model, args: argparse.Namespace, inputs: Inputs) -> Plan:
     """Turn parsed options into a Plan for `model`, noting in `inputs` what was defaulted."""
     cost = KvCost(
-        model.spec,
+        spec=model.spec,
         kv_dtype=inputs.take("kv_dtype", args.kv_dtype, DEFAULT_KV_DTYPE),
         tp=inputs.take("tensor_parallel_size", args.tp, DEFAULT_TP),
         block_size=args.block_size,
@@ -217,7 +217,9 @@ def _memory(
             raise ConfigError("--memory-fraction sizes the pool from --vram; --kv-pool is the pool")
         if _engine_flags_given(args):
             raise ConfigError("--kv-pool is the pool; the vLLM settings size an estimated overhead")
-        return Term("kv_pool_per_gpu", _size("--kv-pool", args.kv_pool), Source.DECLARED)
+        return Term(
+            name="kv_pool_per_gpu", bytes=_size("--kv-pool", args.kv_pool), source=Source.DECLARED
+        )
     weights = _weights(args, model)
     vram, preset = _vram(args)
     if weights is None:
@@ -243,10 +245,12 @@ def _vram(args: argparse.Namespace) -> tuple[Term, GpuPreset | None]:
         raise ConfigError("give --vram or --gpu, not both")
     if args.gpu is not None:
         preset = GPUS[args.gpu]
-        return Term("vram_total", preset.total_bytes, Source.PRESET, detail=preset.seen), preset
+        return Term(
+            name="vram_total", bytes=preset.total_bytes, source=Source.PRESET, detail=preset.seen
+        ), preset
     if args.vram is None:
         raise ConfigError("give --vram or --gpu (and --overhead), or --kv-pool")
-    return Term("vram_total", _size("--vram", args.vram), Source.DECLARED), None
+    return Term(name="vram_total", bytes=_size("--vram", args.vram), source=Source.DECLARED), None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -261,9 +265,16 @@ class EngineGpu:
 
 def _fixed_overhead(args: argparse.Namespace) -> Term:
     if args.overhead is not None:
-        return Term("overhead", _size("--overhead", args.overhead), Source.DECLARED)
+        return Term(
+            name="overhead", bytes=_size("--overhead", args.overhead), source=Source.DECLARED
+        )
     detail = "the model's config.json tells no widths to estimate it from"
-    return Term("overhead", _size("--overhead", DEFAULT_OVERHEAD), Source.DEFAULT, detail=detail)
+    return Term(
+        name="overhead",
+        bytes=_size("--overhead", DEFAULT_OVERHEAD),
+        source=Source.DEFAULT,
+        detail=detail,
+    )
 
 
 def _overhead_parts(
@@ -292,7 +303,7 @@ def _overhead_parts(
     if args.cuda_graph_memory is None:
         return parts
     declared = _size("--cuda-graph-memory", args.cuda_graph_memory)
-    return (*parts[:-1], Term("cuda_graphs", declared, Source.DECLARED))
+    return (*parts[:-1], Term(name="cuda_graphs", bytes=declared, source=Source.DECLARED))
 
 
 def _engine_flags_given(args: argparse.Namespace) -> bool:
@@ -306,7 +317,7 @@ def _weights(args: argparse.Namespace, model: Model) -> Term | None:
     if args.weights is None:
         return model.weights
     if args.weights.strip().lower() != "auto":
-        return Term("weights", _size("--weights", args.weights), Source.DECLARED)
+        return Term(name="weights", bytes=_size("--weights", args.weights), source=Source.DECLARED)
     if model.directory is None:
         raise ConfigError(f"--weights auto needs a model directory, {args.model!r} is a preset")
     return weights_in(model.directory)

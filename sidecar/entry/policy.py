@@ -82,11 +82,11 @@ class SidecarPolicy:
             return cached[2]
         s = self.settings
         policy = TokenPolicy(
-            budget.prompt_tokens,
-            budget.completion_tokens,
-            s.over_budget,
-            s.prompt_bytes_per_token,
-            s.media_prompt_tokens,
+            max_prompt_tokens=budget.prompt_tokens,
+            max_completion_tokens=budget.completion_tokens,
+            over_budget=s.over_budget,
+            prompt_bytes_per_token=s.prompt_bytes_per_token,
+            media_tokens=s.media_prompt_tokens,
             count_from_engine=s.prompt_tokens == "engine",
             context_tokens=budget.context_tokens,
             fill_max_tokens=budget.fills_max_tokens,

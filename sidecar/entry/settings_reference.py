@@ -21,7 +21,7 @@ _UNITS = (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
 _SCALARS = {int: "int", float: "float", bool: "bool", str: "text"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SettingRow:
     """One setting as a reader sees it."""
 

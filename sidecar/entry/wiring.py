@@ -143,10 +143,10 @@ def model_cost(settings: Settings) -> KvCost | None:
     except ConfigError as exc:  # the startup line names the setting
         raise ConfigError(f"SIDECAR_MODEL: {exc}") from exc
     return KvCost(
-        spec,
-        settings.kv_dtype,
-        settings.tensor_parallel_size,
-        settings.block_size,
+        spec=spec,
+        kv_dtype=settings.kv_dtype,
+        tp=settings.tensor_parallel_size,
+        block_size=settings.block_size,
     )
 
 

@@ -25,7 +25,7 @@ class AdmissionEvent:
     retry_after_s: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BulkheadSnapshot(AdmissionSnapshot):
     """The core's snapshot plus how the bulkhead enforces it; counters are cumulative."""
 

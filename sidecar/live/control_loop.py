@@ -41,7 +41,7 @@ WATCHDOG_NAME = "capacity-watchdog"
 HURRY_GAP_S = 0.25
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CapacityState:
     """The plan in force and how much to trust it; ``planned_at`` is when it was last good."""
 
@@ -146,7 +146,11 @@ class CapacityController:
             budget_rule(None)
             if budget_rule is not None
             else TokenBudget(
-                budget.prompt_tokens, budget.completion_tokens, None, "setting", "setting"
+                prompt_tokens=budget.prompt_tokens,
+                completion_tokens=budget.completion_tokens,
+                context_tokens=None,
+                prompt_origin="setting",
+                completion_origin="setting",
             )
         )
         self._resized_to: tuple[int, int | None] | None = None  # the limit, the in-flight cap

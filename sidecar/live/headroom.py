@@ -16,7 +16,7 @@ from sidecar.live.engine_process import neighbour_bytes
 from sidecar.live.probes import GpuSnapshot
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Headroom:
     """One GPU: the engine's share, what it leaves free, what others hold of that, what is free."""
 

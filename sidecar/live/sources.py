@@ -44,7 +44,7 @@ class Readings:
     engine_error: ProbeError | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Disagreement:
     """The engine's KV pool against what NVML sees the engine hold for it, on one GPU."""
 
@@ -55,7 +55,7 @@ class Disagreement:
     beyond_tolerance: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PlanInputs:
     """What make_plan needs, and which source chose it."""
 
@@ -129,23 +129,35 @@ def _inputs(
         raise ProbeUnavailableError(msg)
     if source == "nvml":
         memory, unseen = _from_nvml(readings, cost, engine_pid)
-        return PlanInputs("nvml", memory, cost, warnings=unseen)
-    return PlanInputs("static", static_memory(readings.declared), cost)
+        return PlanInputs(source="nvml", memory=memory, cost=cost, warnings=unseen)
+    return PlanInputs(source="static", memory=static_memory(readings.declared), cost=cost)
 
 
 def static_memory(declared: Declared) -> MemoryInputs | Term:
     """The declared numbers as plan inputs (the static source, and the floor)."""
     if declared.kv_pool_bytes is not None:
-        return Term("kv_pool", declared.kv_pool_bytes, Source.DECLARED, declared.observed_at)
+        return Term(
+            name="kv_pool",
+            bytes=declared.kv_pool_bytes,
+            source=Source.DECLARED,
+            observed_at=declared.observed_at,
+        )
     if declared.vram_total_bytes is None or declared.weights_bytes is None:
         msg = "the static source needs SIDECAR_KV_POOL, or SIDECAR_VRAM_TOTAL and the weights"
         raise ProbeUnavailableError(msg)
     at = declared.observed_at
     return MemoryInputs(
-        vram_total=Term("vram_total", declared.vram_total_bytes, Source.DECLARED, at),
+        vram_total=Term(
+            name="vram_total",
+            bytes=declared.vram_total_bytes,
+            source=Source.DECLARED,
+            observed_at=at,
+        ),
         weights=_weights_term(declared),
-        overhead=Term("overhead", declared.overhead_bytes, Source.DECLARED, at),
-        neighbours=Term("neighbours", 0, Source.DECLARED, at),
+        overhead=Term(
+            name="overhead", bytes=declared.overhead_bytes, source=Source.DECLARED, observed_at=at
+        ),
+        neighbours=Term(name="neighbours", bytes=0, source=Source.DECLARED, observed_at=at),
         fraction=declared_fraction(declared),
     )
 
@@ -202,8 +214,14 @@ def _from_engine(
     if pool is None:
         raise ProbeTemporaryError(f"{engine.engine} states no KV pool size")
     checks, unseen = _cross_check(readings, priced, pool, engine_pid, tolerance)
-    term = Term("kv_pool", pool, Source.ENGINE, engine.observed_at)
-    return PlanInputs(engine.engine, term, priced, checks, warnings + unseen)
+    term = Term(name="kv_pool", bytes=pool, source=Source.ENGINE, observed_at=engine.observed_at)
+    return PlanInputs(
+        source=engine.engine,
+        memory=term,
+        cost=priced,
+        disagreements=checks,
+        warnings=warnings + unseen,
+    )
 
 
 def _cross_check(
@@ -223,7 +241,15 @@ def _cross_check(
             continue
         seen = held - weights - declared.overhead_bytes
         ratio = abs(pool - seen) / pool
-        found.append(Disagreement(gpu.uuid, pool, seen, ratio, ratio > tolerance))
+        found.append(
+            Disagreement(
+                gpu=gpu.uuid,
+                engine_bytes=pool,
+                nvml_bytes=seen,
+                ratio=ratio,
+                beyond_tolerance=ratio > tolerance,
+            )
+        )
     warnings = (_unseen_warning(unseen, engine_pid, weights),) if unseen else ()
     return tuple(found), warnings
 
@@ -257,13 +283,23 @@ def _from_nvml(
     options, unseen = [], []
     for gpu in gpus.gpus:
         held = seen_engine_bytes(gpu, engine_pid, weights_per_gpu)
-        overhead = Term("overhead", declared.overhead_bytes, Source.DECLARED, declared.observed_at)
+        overhead = Term(
+            name="overhead",
+            bytes=declared.overhead_bytes,
+            source=Source.DECLARED,
+            observed_at=declared.observed_at,
+        )
         if engine_pool is not None and held is None:
             unseen.append(gpu)
         elif engine_pool is not None and held is not None:
             # What the engine's process holds beyond its weights and its pool.
             measured = max(0, held - weights_per_gpu - engine_pool)
-            overhead = Term("overhead", measured, Source.MEASURED, gpus.observed_at)
+            overhead = Term(
+                name="overhead",
+                bytes=measured,
+                source=Source.MEASURED,
+                observed_at=gpus.observed_at,
+            )
         options.append(_gpu_inputs(gpu, gpus.observed_at, declared, fraction, overhead, engine_pid))
     warnings = (_unseen_warning(unseen, engine_pid, weights_per_gpu),) if unseen else ()
     return min(options, key=_pool_of), warnings
@@ -282,10 +318,18 @@ def _gpu_inputs(  # noqa: PLR0917
     others = neighbour_bytes(gpu, engine_pid)
     held = f"{others:,} B held by other processes: out of the engine's headroom"
     return MemoryInputs(
-        vram_total=Term("vram_total", gpu.total_bytes, Source.MEASURED, at),
+        vram_total=Term(
+            name="vram_total", bytes=gpu.total_bytes, source=Source.MEASURED, observed_at=at
+        ),
         weights=_weights_term(declared),
         overhead=overhead,
-        neighbours=Term("neighbours", 0, Source.MEASURED, at, held if others else None),
+        neighbours=Term(
+            name="neighbours",
+            bytes=0,
+            source=Source.MEASURED,
+            observed_at=at,
+            detail=held if others else None,
+        ),
         fraction=fraction,
     )
 
@@ -297,4 +341,9 @@ def _pool_of(inputs: MemoryInputs) -> int:
 
 def _weights_term(declared: Declared) -> Term:
     source = Source.MEASURED if declared.weights_measured else Source.DECLARED
-    return Term("weights", declared.weights_bytes or 0, source, declared.observed_at)
+    return Term(
+        name="weights",
+        bytes=declared.weights_bytes or 0,
+        source=source,
+        observed_at=declared.observed_at,
+    )

@@ -27,7 +27,7 @@ MIN_STATUS, MAX_STATUS = 100, 599
 _CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ResponseHead:
     """Status, reason and fields of the engine's answer; ``fields`` is read-only."""
 
@@ -66,7 +66,10 @@ def make_head(status: int, reason: bytes, fields: list[tuple[bytes, bytes]]) -> 
     _check_transfer_coding(multi.getall("Transfer-Encoding", []))
     forwarded = end_to_end_fields(decoded, multi.get("Connection"))
     return ResponseHead(
-        status, reason.decode("utf-8", "replace"), CIMultiDictProxy(multi), tuple(forwarded)
+        status=status,
+        reason=reason.decode("utf-8", "replace"),
+        fields=CIMultiDictProxy(multi),
+        forwarded=tuple(forwarded),
     )
 
 

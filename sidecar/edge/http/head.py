@@ -15,7 +15,7 @@ from sidecar.edge.http.limits import BodyBudget, EdgeLimits
 from sidecar.edge.http.request import Request, Wire
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Head:
     """One head being received, within the edge's bounds on its line, fields and size."""
 

@@ -15,7 +15,7 @@ from sidecar.core.room_hint import RoomHint
 BudgetFault = Literal["body_budget_full", "client_body_budget_full"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EdgeLimits:
     """The edge's bounds, in plain values (built from the settings in the entry layer)."""
 
@@ -118,7 +118,7 @@ class BodyBudget:
         return True
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class ConnectionCount:
     """Open client connections of one listening port."""
 

@@ -31,7 +31,7 @@ UNSENT_LIMIT = 16 * 1024
 MAX_LINGERING = 64
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Port(Generic[C]):
     """What every connection of one listening port shares."""
 

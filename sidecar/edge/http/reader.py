@@ -108,7 +108,7 @@ class RequestReader:
     # llhttp's callbacks.
 
     def on_message_begin(self) -> None:
-        self.head = Head(self._port.limits)
+        self.head = Head(limits=self._port.limits)
         self._connection.head_begun()
 
     def on_url(self, url: bytes) -> None:

@@ -68,7 +68,12 @@ class HttpServer:
             limits.max_buffered_body_bytes, limits.max_buffered_body_bytes_per_client, clock=clock
         )
         self._port: Port[Connection] = Port(
-            handler, limits, max_body_bytes, self.connections, self.bodies, refused=refused
+            handler=handler,
+            limits=limits,
+            max_body_bytes=max_body_bytes,
+            connections=self.connections,
+            bodies=self.bodies,
+            refused=refused,
         )
         self._server: asyncio.Server | None = None
 

@@ -52,7 +52,7 @@ log = structlog.get_logger(__name__)
 random_bits = random.getrandbits  # seeded from os.urandom at start, and again after a fork
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ProxyConfig:
     """The proxy's plain settings, read once."""
 
@@ -62,7 +62,7 @@ class ProxyConfig:
     write_timeout_s: float = 30.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Proxy:
     config: ProxyConfig
     policy: ProxyPolicy  # admission, pricing and limits: who a request is, its price, its wait
@@ -217,7 +217,7 @@ async def _forward_admitted(
     """Forward a request that holds its permit: a stream's timing tracked, what a completed
     request used learned from."""
     policy = proxy.policy
-    timing = StreamTiming(proxy.clock(), on_first=permit.first_token) if job.stream else None
+    timing = StreamTiming(sent=proxy.clock(), on_first=permit.first_token) if job.stream else None
     if timing is not None:
         policy.track(timing, claims)
     outcome = "error"

@@ -71,7 +71,7 @@ def response_for(upstream: EngineResponse, request_id: str) -> StreamResponse:
     return response
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class _Relay:
     request: Request
     response: StreamResponse
@@ -209,13 +209,13 @@ async def relay_stream(
     sse = upstream.content_type == "text/event-stream" and encoding == "identity"
     framer, timing = (EventFramer(), timing) if sse else (None, None)
     relay = _Relay(
-        request,
-        response,
-        write_timeout_s,
-        framer,
-        tally,
-        timing,
-        clock,
+        request=request,
+        response=response,
+        write_timeout_s=write_timeout_s,
+        framer=framer,
+        tally=tally,
+        timing=timing,
+        clock=clock,
         upstream=None if sse else upstream,
     )
     if (end := await relay.prepare()) is not None:

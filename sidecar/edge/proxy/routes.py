@@ -42,7 +42,7 @@ _HEX = frozenset(string.hexdigits)
 _FORBIDDEN_BYTES = frozenset({0x2F, 0x5C, 0x25})  # '/', '\' and '%' itself: two readings
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Target:
     """A request's destination: the normalised path, the raw query and how it is admitted."""
 
@@ -82,11 +82,11 @@ def route(method: str, raw_target: str, free_paths: frozenset[str]) -> Target:
             f"{path} is not served on this port", status=404, param="path", code="not_found"
         )
     if method.upper() in SAFE_METHODS or path in free_paths:
-        return Target(path, query, "free")
+        return Target(path=path, query=query, kind="free")
     endpoint = PRICED.get(path)
     if endpoint is not None and method.upper() == "POST":
-        return Target(path, query, "priced", endpoint)
-    return Target(path, query, "admitted")
+        return Target(path=path, query=query, kind="priced", endpoint=endpoint)
+    return Target(path=path, query=query, kind="admitted")
 
 
 def is_forwarded(path: str, free_paths: frozenset[str]) -> bool:
