@@ -18,6 +18,8 @@ from sidecar.core.capacity import (
 )
 from sidecar.core.errors import ProbeTemporaryError, ProbeUnavailableError
 from sidecar.core.model_spec import load_model_spec
+from sidecar.live.declared_memory import static_memory
+from sidecar.live.engine_pricing import engine_pricing
 from sidecar.live.probes import (
     EngineCacheConfig,
     EngineReading,
@@ -29,11 +31,9 @@ from sidecar.live.probes.static import Declared
 from sidecar.live.sources import (
     PlanInputs,
     Readings,
-    engine_pricing,
     memory_fraction,
     pick_source,
     plan_inputs,
-    static_memory,
 )
 
 TINY = Path(__file__).parent / "configs" / "tiny-llama.json"

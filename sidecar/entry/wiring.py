@@ -29,12 +29,13 @@ from sidecar.entry.settings import Settings
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.live.adaptive import AdaptiveCapacity
 from sidecar.live.control_loop import CapacityController, Floor
+from sidecar.live.declared_memory import static_memory
 from sidecar.live.probes import GpuProbe
 from sidecar.live.probes.engine_probe import ENGINES, EngineMetricsProbe
 from sidecar.live.probes.nvml import NvmlProbe, parse_gpu_selection
 from sidecar.live.probes.static import Declared
 from sidecar.live.slo import SloControl
-from sidecar.live.sources import Readings, static_memory
+from sidecar.live.sources import Readings
 
 
 def admission_mode(settings: Settings) -> Mode:

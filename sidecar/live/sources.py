@@ -20,13 +20,14 @@ from sidecar.core.capacity import (
     MemoryInputs,
     Source,
     Term,
-    engine_cost,
 )
 from sidecar.core.errors import ProbeError, ProbeTemporaryError, ProbeUnavailableError
-from sidecar.core.warnings import ConfigWarning, engine_process_unseen, model_mismatch
+from sidecar.core.warnings import ConfigWarning, engine_process_unseen
+from sidecar.live.declared_memory import declared_fraction, static_memory, weights_term
+from sidecar.live.engine_pricing import engine_pool_per_gpu, engine_pricing
 from sidecar.live.engine_process import engine_process_bytes, neighbour_bytes, seen_engine_bytes
 from sidecar.live.headroom import Headroom, headroom, headroom_warnings
-from sidecar.live.probes import EngineCacheConfig, EngineReading, GpuReading, GpuSnapshot
+from sidecar.live.probes import EngineReading, GpuReading, GpuSnapshot
 from sidecar.live.probes.static import Declared
 
 ENGINE_SOURCES = ("vllm", "sglang", "llamacpp")
@@ -78,13 +79,6 @@ def memory_fraction(readings: Readings) -> MemoryFraction:
     return declared_fraction(readings.declared)
 
 
-def declared_fraction(declared: Declared) -> MemoryFraction:
-    """SIDECAR_ENGINE_MEMORY_FRACTION, else vLLM's default."""
-    if declared.memory_fraction is not None:
-        return MemoryFraction(declared.memory_fraction, Source.DECLARED)
-    return MemoryFraction()
-
-
 def pick_source(wanted: str, readings: Readings) -> str:
     """The source to plan from; ``auto`` prefers the engine's truth, then NVML, then declared."""
     if wanted != "auto":
@@ -131,76 +125,6 @@ def _inputs(
         memory, unseen = _from_nvml(readings, cost, engine_pid)
         return PlanInputs(source="nvml", memory=memory, cost=cost, warnings=unseen)
     return PlanInputs(source="static", memory=static_memory(readings.declared), cost=cost)
-
-
-def static_memory(declared: Declared) -> MemoryInputs | Term:
-    """The declared numbers as plan inputs (the static source, and the floor)."""
-    if declared.kv_pool_bytes is not None:
-        return Term(
-            name="kv_pool",
-            bytes=declared.kv_pool_bytes,
-            source=Source.DECLARED,
-            observed_at=declared.observed_at,
-        )
-    if declared.vram_total_bytes is None or declared.weights_bytes is None:
-        msg = "the static source needs SIDECAR_KV_POOL, or SIDECAR_VRAM_TOTAL and the weights"
-        raise ProbeUnavailableError(msg)
-    at = declared.observed_at
-    return MemoryInputs(
-        vram_total=Term(
-            name="vram_total",
-            bytes=declared.vram_total_bytes,
-            source=Source.DECLARED,
-            observed_at=at,
-        ),
-        weights=_weights_term(declared),
-        overhead=Term(
-            name="overhead", bytes=declared.overhead_bytes, source=Source.DECLARED, observed_at=at
-        ),
-        neighbours=Term(name="neighbours", bytes=0, source=Source.DECLARED, observed_at=at),
-        fraction=declared_fraction(declared),
-    )
-
-
-def engine_pool_per_gpu(cache: EngineCacheConfig, cost: KvCost) -> int | None:
-    """The engine's KV pool on one GPU: its token count x our bytes/token, else its own bytes."""
-    if cache.kv_cache_size_tokens is not None:
-        return cache.kv_cache_size_tokens * cost.bytes_per_token_per_gpu
-    if cache.num_gpu_blocks is not None and cache.block_size is not None:
-        return cache.num_gpu_blocks * cache.block_size * cost.bytes_per_token_per_gpu
-    return cache.kv_cache_memory_bytes
-
-
-def engine_pool_tokens(cache: EngineCacheConfig) -> int | None:
-    """The engine's pool in tokens: kv_cache_size_tokens, else num_gpu_blocks x block_size."""
-    return cache.pool_tokens
-
-
-def engine_bytes_per_token(cache: EngineCacheConfig) -> int | None:
-    """What the engine's allocator spends per token: kv_cache_memory_bytes / its tokens."""
-    return cache.bytes_per_token
-
-
-def engine_pricing(
-    cache: EngineCacheConfig, cost: KvCost | None, tolerance: float
-) -> tuple[KvCost, tuple[ConfigWarning, ...]]:
-    """The cost to plan with: the model config's where it agrees with the engine, else the
-    engine's own bytes per token (and a model_mismatch warning when they disagree)."""
-    engine_bytes = engine_bytes_per_token(cache)
-    if cost is None:
-        if engine_bytes is None and engine_pool_tokens(cache) is None:
-            raise ProbeUnavailableError("the engine gives no pool in tokens; set SIDECAR_MODEL")
-        # Tokens without bytes: plan in tokens, each counted as one byte.
-        return engine_cost(engine_bytes or 1, cache.block_size), ()
-    block = cost.block_size
-    if engine_bytes is None:
-        return cost, ()
-    ours = cost.bytes_per_token_per_gpu
-    if abs(ours - engine_bytes) / engine_bytes <= tolerance:
-        return cost, ()
-    return engine_cost(engine_bytes, block, cost.spec.name), (
-        model_mismatch(ours, engine_bytes, tolerance),
-    )
 
 
 def _from_engine(
@@ -321,7 +245,7 @@ def _gpu_inputs(  # noqa: PLR0917
         vram_total=Term(
             name="vram_total", bytes=gpu.total_bytes, source=Source.MEASURED, observed_at=at
         ),
-        weights=_weights_term(declared),
+        weights=weights_term(declared),
         overhead=overhead,
         neighbours=Term(
             name="neighbours",
@@ -337,13 +261,3 @@ def _gpu_inputs(  # noqa: PLR0917
 def _pool_of(inputs: MemoryInputs) -> int:
     """Per-GPU room left; the group is bounded by the GPU with the least."""
     return inputs.engine_share().bytes - inputs.overhead.bytes - inputs.neighbours.bytes
-
-
-def _weights_term(declared: Declared) -> Term:
-    source = Source.MEASURED if declared.weights_measured else Source.DECLARED
-    return Term(
-        name="weights",
-        bytes=declared.weights_bytes or 0,
-        source=source,
-        observed_at=declared.observed_at,
-    )
