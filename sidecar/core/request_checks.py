@@ -20,6 +20,7 @@ from sidecar.core.prompt_estimate import (
     PromptRates,
     estimate_prompt,
 )
+from sidecar.core.tokenize_payload import tokenize_payload
 
 __all__ = ["MESSAGE_OVERHEAD_TOKENS", "Endpoint", "TokenPolicy", "check_request"]
 TOKEN_KEYS = ("max_completion_tokens", "max_tokens")
@@ -85,7 +86,7 @@ def check_request(raw: bytes, endpoint: Endpoint, budget: TokenPolicy) -> Checke
     refuse_unpriced(body, endpoint, counted=budget.count_from_engine)
     stream = _optional_bool(body, "stream")
     prompt_tokens, prompts, param = estimate_prompt(body, endpoint, budget.rates)
-    tokenize = _tokenize_payload(body, endpoint) if budget.count_from_engine else None
+    tokenize = tokenize_payload(body, endpoint) if budget.count_from_engine else None
     # What the engine will not count (a Responses input, a batch) is bounded by its estimate.
     if tokenize is None and not budget.prompt_budget_exact_only:
         enforce_prompt_budget(prompt_tokens, param, budget)
@@ -204,42 +205,6 @@ def enforce_prompt_budget(
             param=param,
             code="prompt_over_budget",
         )
-
-
-def _tokenize_payload(body: dict[str, Any], endpoint: Endpoint) -> dict[str, Any] | None:
-    """vLLM's /tokenize request for this prompt; None where the estimate is exact or must do."""
-    base = {"model": body["model"]} if isinstance(body.get("model"), str) else {}
-    if endpoint == "responses":
-        return None  # /tokenize knows no Responses input items: the estimate prices it
-    if endpoint == "chat":
-        return {**base, **_chat_render(body), "messages": body["messages"]}
-    if isinstance(body.get("prompt"), str):
-        return {**base, "prompt": body["prompt"]}
-    return None  # token ids are counted exactly already; batches keep the estimate
-
-
-def _chat_render(body: dict[str, Any]) -> dict[str, Any]:
-    """What vLLM's chat /tokenize takes to render the prompt as the completion will: the tools,
-    the template (a request's own, where vLLM trusts one) and its inputs (documents among them, as
-    the completion passes them), the media processor's options, and whether the last message is
-    continued or a reply is prompted."""
-    render: dict[str, Any] = {"add_generation_prompt": True}
-    for key in (
-        "tools",
-        "add_generation_prompt",
-        "continue_final_message",
-        "chat_template",
-        "mm_processor_kwargs",
-    ):
-        if body.get(key) is not None:
-            render[key] = body[key]
-    kwargs = body.get("chat_template_kwargs")
-    documents = body.get("documents")
-    if documents is not None:
-        kwargs = {**(kwargs if isinstance(kwargs, dict) else {}), "documents": documents}
-    if kwargs is not None:
-        render["chat_template_kwargs"] = kwargs
-    return render
 
 
 def _optional_bool(body: dict[str, Any], key: str) -> bool:
