@@ -23,7 +23,8 @@ from sidecar.core.slo_limit import (
     fits_in_cache,
 )
 from sidecar.live import slo as live_slo
-from sidecar.live.slo import SloControl
+from sidecar.live.control_loop import HURRY_GAP_S
+from sidecar.live.slo import ENDS_WINDOW_S, ENGINE_QUEUE_S, SloControl
 from tests.test_slo_control import PLAN, FakeClock, control, reading
 
 ADAPTIVE_MD = Path(__file__).parent.parent / "docs" / "adaptive.md"
@@ -83,9 +84,24 @@ def test_the_statement_gives_every_constant_the_code_has_and_no_other() -> None:
     assert documented_constants() == code_constants()
 
 
-def test_the_prose_names_the_quantile_the_code_takes() -> None:
-    """The bullets say p90; the code's quantile is 0.9."""
-    assert f"p{round(SloLimitConfig().quantile * 100)}" in ADAPTIVE_MD.read_text(encoding="utf-8")
+def prose_figures() -> list[object]:
+    """Figures the bullets after the law state in words, each beside the code's value."""
+    config = SloLimitConfig()
+    return [
+        pytest.param(f"p{round(config.quantile * 100)} ", id="quantile"),
+        pytest.param(f"Fewer than {config.min_samples} samples: no step", id="min_samples"),
+        pytest.param(f"After {config.restart_after_s:g} s of that", id="restart_after_s"),
+        pytest.param(f"within {ENGINE_QUEUE_S:g} s (`ENGINE_QUEUE_S`", id="engine_queue_s"),
+        pytest.param(f"nothing ended in the last {ENDS_WINDOW_S:g} s", id="ends_window_s"),
+        pytest.param(f"every {HURRY_GAP_S:g} s while requests still wait", id="hurry_gap_s"),
+        pytest.param(f"`aim` ({config.aim:g}) x its TTFT objective", id="aim"),
+    ]
+
+
+@pytest.mark.parametrize("words", prose_figures())
+def test_the_bullets_give_the_figures_the_code_has(words: str) -> None:
+    """A figure the prose repeats (the quantile, the samples, the windows) is the code's."""
+    assert words in law_section()
 
 
 def healthy(n: int = 3, at: float = 0.1) -> tuple[float, ...]:
