@@ -1,14 +1,16 @@
-"""When should a refused caller come back? Estimated from how fast permits are being released.
+"""When should a refused caller come back? Estimated from how fast waiting requests get in.
 
-Fed release times by the bulkhead (its injected clock); no clock of its own. With R releases per
-second lately and Q requests ahead, the wait is about (Q + 1) / R, clamped to sane bounds. Where
-costs are tokens (adaptive admission), releases carry their tokens and the hint is the tokens that
-must drain (those queued ahead, plus the caller's own) over the tokens released per second.
+Fed by the bulkhead (its injected clock; no clock of its own) with each grant to a waiting
+request. With R such grants per second lately and Q requests ahead, the wait is about
+(Q + 1) / R, clamped to sane bounds. Where costs are tokens (adaptive admission), grants carry
+their tokens and the hint is the tokens that must drain (those queued ahead, plus the caller's
+own) over the tokens granted per second.
 
-R is measured on a busy clock: time while no permit is held does not count. An idle stretch
-releases nothing because nothing runs, not because capacity frees slowly; counted, a minute of
-quiet before a burst made the hint several times the true wait. Time while permits are held and
-none is released does count, so the rate still falls when the engine stalls.
+R is measured on a clock that runs only while a request waits (``busy`` / ``idle``). Time while
+nobody waits is time nobody asked for more, whatever ran: counted, light use before a burst (three
+streams, nobody waiting) made one start look like ten seconds, and the burst was refused as
+hopeless. Time while a request waits and nobody gets in does count, so the rate still falls when
+the engine stalls.
 
 Refused callers are not in the queue, so the queue alone would quote every caller of a burst the
 same wait, and they would all come back together and be refused again. Each refusal is quoted
@@ -106,18 +108,19 @@ class ReleaseRate:
         return self._bounds
 
     def observe(self, at: float, amount: int = 1) -> None:
-        """Record one release of ``amount`` (tokens; 1 for a permit) at time ``at`` (seconds)."""
-        # Once per release: two appends; the latest time is found when a hint is asked for.
+        """Record one grant to a waiting request of ``amount`` (tokens; 1 for a permit) at time
+        ``at`` (seconds)."""
+        # Once per grant: two appends; the latest time is found when a hint is asked for.
         self._times.append(self._busy(at))
         self._amounts.append(amount)
 
     def idle(self, at: float) -> None:
-        """Nothing is held from ``at`` on: the time until ``busy`` is not counted."""
+        """Nobody waits from ``at`` on: the time until ``busy`` is not counted."""
         if self._idle_since is None:
             self._idle_since = at
 
     def busy(self, at: float) -> None:
-        """A permit is held again from ``at`` on."""
+        """A request waits again from ``at`` on."""
         if self._idle_since is not None:
             self._idle_s += max(0.0, at - self._idle_since)
             self._idle_since = None

@@ -279,10 +279,12 @@ class Bulkhead:
     def _track_queue(self) -> None:
         """Run the Retry-After hint's clock while a waiter is queued, and only then.
 
-        The rate at which waiters get in is measured where there are waiters (RFC 7661's
-        validated window): time while nobody waits is time the engine was not asked for more,
-        whatever it ran. Counted, three streams served before a burst made it look as if one
-        start took ten seconds, and the burst was refused as hopeless (docs/adaptive.md)."""
+        The hint measures how fast waiters get in: each grant to a waiter (``_wake``) over the
+        time while one waits (RFC 7661's validated window). Time while nobody waits is time the
+        engine was not asked for more, whatever it ran: counted, three streams served before a
+        burst made it look as if one start took ten seconds, and the burst was refused as
+        hopeless. Releases are not the measure either: under slo a stream's first token frees
+        a start for a waiter that is often gone by then (docs/adaptive.md)."""
         waiting = self._core.queued > 0
         if waiting != self._waiting:
             self._waiting = waiting
@@ -296,6 +298,7 @@ class Bulkhead:
         for grant in grants:
             waiter = self._waiters.pop(grant.ticket)
             wait_s = now - waiter.started
+            self._hint.observe(now, grant.cost)
             self._emit("granted", grant.compartment, grant.cost, wait_s=wait_s)
             self._forget(grant.ticket)
             # A waiter cancelled in this same tick has a cancelled future: it releases on unwind.
@@ -338,21 +341,16 @@ class Bulkhead:
     def first_token(self, permit: Permit) -> None:
         """``permit``'s stream started: it holds what the mode prices a started stream at from
         now (slo: nothing of the limit on starts; it still counts in flight), and the room lets
-        waiters in. That start is a release to the Retry-After hint: it is what lets the next
-        caller in. Modes that price a stream the same throughout do nothing here."""
+        waiters in (each a grant the Retry-After hint counts). Modes that price a stream the
+        same throughout do nothing here."""
         ticket, started = permit.ticket, self._mode.started_cost()
         if started is None or ticket is None or permit.cost <= started:
             return
         if not self._core.is_granted(ticket):
             return  # shadow: it runs without a grant
-        freed = permit.cost - started
-        waiting = self._waiting
         grants = self._core.settle(ticket, started)
         permit.cost = started
-        now = self._clock()
-        if waiting:  # only a start that lets a waiter in measures how fast waiters get in
-            self._hint.observe(now, freed)
-        self._wake(grants, now)
+        self._wake(grants)
 
     def give_back(self, permit: Permit, outcome: Outcome) -> None:
         """Take back what ``permit`` holds; called once per held permit, by its ``release``."""
@@ -364,21 +362,10 @@ class Bulkhead:
 
     def _return_grant(self, ticket: int, cost: int, outcome: Outcome) -> None:
         if self._core.is_granted(ticket):
-            amount = cost
             if self._ledger.streams:  # adaptive with streams open; else no ledger work at all
                 self.sync()
-                usage = self._ledger.close(ticket)
-                if usage is not None:
-                    amount = max(cost, usage.charge())
-            waiting = self._waiting
-            grants = self._core.release(ticket, outcome)
-            now = self._clock()
-            # A started stream under slo's gate was counted when it started; a release while
-            # nobody waits says nothing of how fast waiters get in.
-            if amount and waiting:
-                self._hint.observe(now, amount)
-            if grants:
-                self._wake(grants, now)
+                self._ledger.close(ticket)
+            self._wake(self._core.release(ticket, outcome))
         elif self._waiters.pop(ticket, None) is not None:
             # Shadow: the request ran at once and ended before its would-be grant came.
             self._forget(ticket)
