@@ -57,9 +57,16 @@ async def _one(client: openai.AsyncOpenAI, stack: Stack, index: int) -> Outcome:
             prompt_tokens=usage.prompt_tokens if usage else None,
             finish_reason=finish,
         )
-    except (openai.APIConnectionError, openai.APIStatusError):
-        raise  # not a busy answer: a broken connection or an HTTP error status
+    except openai.APIStatusError as exc:
+        # The SDK asks for JSON (Accept: application/json, streams too), so the sidecar's busy
+        # answer is a 429 or 503 it could retry (max_retries=0 here); any other status is not.
+        if exc.status_code not in (429, 503):
+            raise
+        return Outcome(busy_error=exc.body if isinstance(exc.body, Mapping) else {})
+    except openai.APIConnectionError:
+        raise  # not a busy answer: a broken connection
     except openai.APIError as exc:
+        # The SSE fallback, for a client that asks for an event stream: the SDK raises on it.
         # An error without a JSON object body shows up as an empty one, which the test rejects.
         return Outcome(busy_error=exc.body if isinstance(exc.body, Mapping) else {})
 
