@@ -5,6 +5,7 @@ cache) from what the engine can run, and the worst-case cap without preemption."
 from __future__ import annotations
 
 import pytest
+from structlog.testing import capture_logs
 
 from sidecar.core.capacity import Budget, Source, Term, engine_cost, make_plan
 from sidecar.core.claims import NO_CLAIMS, Claims
@@ -482,3 +483,32 @@ def test_slow_tokens_of_streams_sent_before_a_cut_do_not_cut_again() -> None:
     slow_tokens(slo, clock, clock())
     slo.observe(reading())
     assert slo.limit_of(PLAN) == 2  # sent after the cut, and still slow: 5 x 1 / 2
+
+
+def test_a_quiet_spell_after_a_cut_logs_one_restart() -> None:
+    """A cut, then five seconds with nobody pressing: slo_restart once, not on the cut itself."""
+    clock = FakeClock()
+    pressed = [True]
+    slo = SloControl(
+        objectives=Objectives(2.0, 0.1),
+        binding=lambda: pressed[0],
+        demand=lambda: 0,
+        starting=lambda: 0,
+        clock=clock,
+    )
+    slo.observe(reading())
+    slo.limit_of(PLAN)
+    with capture_logs() as logs:
+        clock.advance(1.0)
+        slow_tokens(slo, clock, clock() - 1.0)
+        slo.observe(reading())
+        slo.limit_of(PLAN)
+        pressed[0] = False
+        for _ in range(7):
+            clock.advance(1.0)
+            slo.observe(reading())
+            slo.limit_of(PLAN)
+    events = [entry["event"] for entry in logs]
+    assert events.count("slo_backoff") == 1
+    assert events.count("slo_restart") == 1
+    assert slo.limit_of(PLAN) == 10  # back at the start: pool / worst case

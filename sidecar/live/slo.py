@@ -274,7 +274,8 @@ class SloControl:
         starts.update(starting)
         starts.hold_within(in_flight_limit)  # more starting than may run would bind nothing
         after = (in_flight_limit, starts.limit)
-        if (law.slow_start, starts.slow_start) != slow_starts:
+        back = (law.slow_start and not slow_starts[0], starts.slow_start and not slow_starts[1])
+        if any(back):  # a limit back in slow start (a cut ends it: slo_backoff says so)
             log.info("slo_restart", limit=after[0], starts=after[1], start=self._start_now)
         log.debug(
             "slo_step",
