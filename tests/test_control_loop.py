@@ -23,8 +23,8 @@ from sidecar.live.probes import (
     GpuSnapshot,
     ProcessMemory,
 )
-from sidecar.live.probes.static import Declared
 from sidecar.telemetry.capacity_metrics import capacity_json, register_capacity_metrics
+from tests.declared import NOTHING_DECLARED, declared
 
 GIB = 1024**3
 REQUEST = 229_376_000  # qwen2.5-7b, 4,000 tokens, fp16: 57,344 B/token
@@ -59,21 +59,13 @@ class ScriptedGpu:
 
 def controller(gpu: ScriptedGpu, clock: Clock, resized: list[int]) -> CapacityController:
     # The textbook 8 GiB example, where the engine takes the whole card (memory fraction 1).
-    declared = Declared(
-        vram_total_bytes=None,
-        weights_bytes=5 * GIB,
-        weights_measured=False,
-        overhead_bytes=3 * GIB // 2,
-        kv_pool_bytes=None,
-        observed_at=0.0,
-        memory_fraction=1.0,
-    )
+    textbook = declared(weights_bytes=5 * GIB, overhead_bytes=3 * GIB // 2, memory_fraction=1.0)
     return CapacityController(
         source="nvml",
         cost=KvCost(spec=load_model_spec("qwen2.5-7b")),
         budget=Budget(3000, 1000),
         alpha=0.8,
-        declared=declared,
+        declared=textbook,
         resize=resized.append,
         mode=CountMode(),
         floor=Floor(None, 1),
@@ -159,15 +151,7 @@ async def test_a_held_limit_stands_on_the_floor() -> None:
         cost=KvCost(spec=load_model_spec("qwen2.5-7b")),
         budget=Budget(3000, 1000),
         alpha=0.8,
-        declared=Declared(
-            vram_total_bytes=None,
-            weights_bytes=5 * GIB,
-            weights_measured=False,
-            overhead_bytes=3 * GIB // 2,
-            kv_pool_bytes=None,
-            observed_at=0.0,
-            memory_fraction=1.0,
-        ),
+        declared=declared(weights_bytes=5 * GIB, overhead_bytes=3 * GIB // 2, memory_fraction=1.0),
         resize=resized.append,
         mode=SloMode(HeldLaw(held)),
         floor=Floor(None, 1),
@@ -354,14 +338,7 @@ async def test_requests_are_rounded_to_the_engines_blocks(
         cost=tiny,
         budget=Budget(100, 29),  # 129 tokens of 1,024 B
         alpha=1.0,
-        declared=Declared(
-            vram_total_bytes=None,
-            weights_bytes=None,
-            weights_measured=False,
-            overhead_bytes=0,
-            kv_pool_bytes=None,
-            observed_at=0.0,
-        ),
+        declared=NOTHING_DECLARED,
         resize=lambda _: None,
         mode=CountMode(),
         floor=Floor(None, 1),
@@ -389,14 +366,7 @@ async def test_engine_process_unseen_warns_and_keeps_the_pod_ready() -> None:
         cost=tiny,
         budget=Budget(100, 29),
         alpha=1.0,
-        declared=Declared(
-            vram_total_bytes=None,
-            weights_bytes=4 * GIB,
-            weights_measured=False,
-            overhead_bytes=0,
-            kv_pool_bytes=None,
-            observed_at=0.0,
-        ),
+        declared=declared(weights_bytes=4 * GIB),
         resize=lambda _: None,
         mode=CountMode(),
         floor=Floor(None, 1),

@@ -20,9 +20,9 @@ from sidecar.core.saturation import (
     saturation,
 )
 from sidecar.live.probes import EngineReading
-from sidecar.live.probes.static import Declared
 from sidecar.live.sources import Readings
 from sidecar.telemetry.saturation_metrics import SaturationSignal
+from tests.declared import NOTHING_DECLARED
 
 if TYPE_CHECKING:
     from sidecar.limiter.events import BulkheadSnapshot
@@ -149,16 +149,7 @@ def idle_pod() -> tuple[SaturationSignal, Counter, SimpleNamespace]:
 def test_refusals_leave_the_signal_a_window_after_they_ended_however_rarely_it_is_read() -> None:
     """Ticks sample the outcomes, so refusals read long after they ended no longer count."""
     signal, requests, clock = idle_pod()
-    readings = Readings(
-        declared=Declared(
-            vram_total_bytes=None,
-            weights_bytes=None,
-            weights_measured=False,
-            overhead_bytes=0,
-            kv_pool_bytes=None,
-            observed_at=0.0,
-        )
-    )
+    readings = Readings(declared=NOTHING_DECLARED)
     assert signal.read().refusals == 0.0  # read once at start-up, then not for 10 minutes
     requests.labels(outcome="queue_full").inc(10)
     for second in range(1, 601):
@@ -180,16 +171,7 @@ def test_a_refusal_counts_for_the_longest_scrape_interval_then_leaves(
     """Ten refusals half a second in, nothing else ended: a scrape up to 30 s later still reads
     the pod as refusing; two seconds past that window it reads idle again."""
     signal, requests, clock = idle_pod()
-    readings = Readings(
-        declared=Declared(
-            vram_total_bytes=None,
-            weights_bytes=None,
-            weights_measured=False,
-            overhead_bytes=0,
-            kv_pool_bytes=None,
-            observed_at=0.0,
-        )
-    )
+    readings = Readings(declared=NOTHING_DECLARED)
     signal.observe(readings)
     requests.labels(outcome="queue_full").inc(10)
     for second in range(1, int(read_at) + 1):
@@ -206,14 +188,7 @@ def test_an_idle_pod_reads_zero_at_the_first_tick_after_its_load() -> None:
     clock = SimpleNamespace(now=0.0)
     pod = SimpleNamespace(in_use=1, queued=0)
     signal = SaturationSignal(lambda: cast("BulkheadSnapshot", pod), requests, lambda: clock.now)
-    declared = Declared(
-        vram_total_bytes=None,
-        weights_bytes=None,
-        weights_measured=False,
-        overhead_bytes=0,
-        kv_pool_bytes=None,
-        observed_at=0.0,
-    )
+    declared = NOTHING_DECLARED
 
     def tick(at: float, kv: float, running: float) -> None:
         clock.now = at

@@ -12,9 +12,9 @@ from sidecar.core.claims import NO_CLAIMS, Claims
 from sidecar.core.objectives import Objectives
 from sidecar.core.stream_timing import StreamTiming
 from sidecar.live.probes import EngineReading
-from sidecar.live.probes.static import Declared
 from sidecar.live.slo import SloControl
 from sidecar.live.sources import Readings
+from tests.declared import NOTHING_DECLARED
 
 
 class FakeClock:
@@ -30,14 +30,7 @@ class FakeClock:
         self.now += seconds
 
 
-DECLARED = Declared(
-    vram_total_bytes=None,
-    weights_bytes=None,
-    weights_measured=False,
-    overhead_bytes=0,
-    kv_pool_bytes=None,
-    observed_at=0.0,
-)
+DECLARED = NOTHING_DECLARED
 # A pool of 100,000 one-byte tokens; a request of the budget holds 10,000 of them at worst.
 PLAN = make_plan(
     engine_cost(1, None),

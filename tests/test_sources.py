@@ -27,7 +27,6 @@ from sidecar.live.probes import (
     GpuSnapshot,
     ProcessMemory,
 )
-from sidecar.live.probes.static import Declared
 from sidecar.live.sources import (
     PlanInputs,
     Readings,
@@ -35,19 +34,13 @@ from sidecar.live.sources import (
     pick_source,
     plan_inputs,
 )
+from tests.declared import declared
 
 TINY = Path(__file__).parent / "configs" / "tiny-llama.json"
 
 GIB = 1024**3
 COST = KvCost(spec=load_model_spec("qwen2.5-7b"))  # 57,344 B/token
-DECLARED = Declared(
-    vram_total_bytes=None,
-    weights_bytes=14 * GIB,
-    weights_measured=True,
-    overhead_bytes=2 * GIB,
-    kv_pool_bytes=None,
-    observed_at=0.0,
-)
+DECLARED = declared(weights_bytes=14 * GIB, weights_measured=True, overhead_bytes=2 * GIB)
 CACHE = EngineCacheConfig(
     num_gpu_blocks=None,
     block_size=16,
@@ -93,14 +86,7 @@ def snapshot(*gpus: GpuReading) -> GpuSnapshot:
         ),
         pytest.param(
             Readings(
-                declared=Declared(
-                    vram_total_bytes=8 * GIB,
-                    weights_bytes=GIB,
-                    weights_measured=False,
-                    overhead_bytes=GIB,
-                    kv_pool_bytes=None,
-                    observed_at=0.0,
-                )
+                declared=declared(vram_total_bytes=8 * GIB, weights_bytes=GIB, overhead_bytes=GIB)
             ),
             "static",
             id="declared-last",
@@ -115,14 +101,7 @@ def test_auto_prefers_engine_then_nvml_then_declared(readings: Readings, picked:
 def test_auto_with_nothing_readable_names_every_failure() -> None:
     """The error lists what each probe said."""
     readings = Readings(
-        declared=Declared(
-            vram_total_bytes=None,
-            weights_bytes=None,
-            weights_measured=False,
-            overhead_bytes=GIB,
-            kv_pool_bytes=None,
-            observed_at=0.0,
-        ),
+        declared=declared(overhead_bytes=GIB),
         gpu_error=ProbeUnavailableError("no driver"),
         engine_error=ProbeTemporaryError("engine down"),
     )
@@ -194,13 +173,10 @@ def test_memory_fraction_is_the_engines_then_the_setting_then_vllms_default(
 
 def test_static_source_sizes_the_pool_inside_the_engines_share() -> None:
     """SIDECAR_VRAM_TOTAL 80 GiB x SIDECAR_ENGINE_MEMORY_FRACTION 0.5 - 14 - 2 = 24 GiB."""
-    said = Declared(
+    said = declared(
         vram_total_bytes=80 * GIB,
         weights_bytes=14 * GIB,
-        weights_measured=False,
         overhead_bytes=2 * GIB,
-        kv_pool_bytes=None,
-        observed_at=0.0,
         memory_fraction=0.5,
     )
     memory = static_memory(said)

@@ -12,8 +12,8 @@ from sidecar.core.request_checks import TokenPolicy, check_request
 from sidecar.core.token_budget import TokenBudget, resolve_budget
 from sidecar.live.engine_health import EngineHealth
 from sidecar.live.probes import EngineReading
-from sidecar.live.probes.static import Declared
 from sidecar.live.sources import Readings
+from tests.declared import NOTHING_DECLARED
 
 
 @pytest.mark.parametrize(
@@ -91,14 +91,7 @@ def test_a_set_prompt_budget_still_refuses_by_the_estimate() -> None:
 
 
 def _readings(engine: EngineReading | None, error: str | None = None) -> Readings:
-    declared = Declared(
-        vram_total_bytes=None,
-        weights_bytes=None,
-        weights_measured=False,
-        overhead_bytes=0,
-        kv_pool_bytes=None,
-        observed_at=0.0,
-    )
+    declared = NOTHING_DECLARED
     failure = ProbeTemporaryError(error) if error else None
     return Readings(
         declared=declared, gpus=None, gpu_error=None, engine=engine, engine_error=failure
