@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import statistics
@@ -45,6 +46,7 @@ import aiohttp
 from benchmarks.overload import servers
 from benchmarks.overload.load import STOP_TOKEN_IDS, WORDS
 from benchmarks.overload.plan import GPU_ENGINE_FLAGS, GPU_MODEL
+from demo.slo import quantile
 
 ENGINES = tuple(os.environ.get("BURST_ENGINES", "vllm,gpu").split(","))
 CASES = tuple(os.environ.get("BURST_CASES", "alone,fresh,light,after-burst,long-idle").split(","))
@@ -61,16 +63,16 @@ GPU_PROMPT_WORDS = 2000
 OUT = Path(".bench")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class User:
     """One user's request as they felt it: every attempt until served or given up."""
 
     attempts: int  # requests sent (1: served or refused at the first try)
     busy: int  # busy answers received
     served: bool
-    ttft_s: float | None  # from the first attempt
-    tpot_s: float | None
-    tokens: int
+    ttft_s: float | None = None  # from the first attempt
+    tpot_s: float | None = None
+    tokens: int = 0
     busy_s: tuple[float, ...]  # time to each busy answer
     hints_s: tuple[float, ...]  # each busy answer's hint
 
@@ -112,15 +114,24 @@ def body(
     }
 
 
-async def _attempt(
-    session: aiohttp.ClientSession, url: str, request: dict[str, object]
-) -> tuple[str, float | None, float | None, int]:
-    """One request: ("served", first token at, last token at, tokens), or ("busy", hint, ...)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Attempt:
+    """One request's ending: ``served`` (first and last token at, tokens), ``busy`` (the
+    answer's hint) or ``error``."""
+
+    kind: str
+    first_at: float | None = None
+    last_at: float | None = None
+    tokens: int = 0
+    hint_s: float = 1.0
+
+
+async def _attempt(session: aiohttp.ClientSession, url: str, request: dict[str, object]) -> Attempt:
     async with session.post(url + "/v1/chat/completions", json=request) as response:
         if response.status in (429, 503):
-            return "busy", _hint_s(response.headers, await response.json()), None, 0
+            return Attempt(kind="busy", hint_s=_hint_s(response.headers, await response.json()))
         if response.status != 200:
-            return "error", None, None, 0
+            return Attempt(kind="error")
         first = last = None
         tokens = 0
         event = ""
@@ -132,7 +143,7 @@ async def _attempt(
                 continue
             chunk = json.loads(line[5:])
             if event == "fallback" or "error" in chunk:
-                return "busy", _hint_s(None, chunk), None, 0
+                return Attempt(kind="busy", hint_s=_hint_s(None, chunk))
             if chunk.get("usage"):
                 tokens = int(chunk["usage"].get("completion_tokens") or 0)
             choice = (chunk.get("choices") or [{}])[0]
@@ -140,7 +151,7 @@ async def _attempt(
             if choice.get("delta", {}).get("content") or choice.get("finish_reason"):
                 last = time.monotonic()
                 first = first or last
-        return "served", first, last, tokens
+        return Attempt(kind="served", first_at=first, last_at=last, tokens=tokens)
 
 
 async def one_user(session: aiohttp.ClientSession, url: str, request: dict[str, object]) -> User:
@@ -151,18 +162,29 @@ async def one_user(session: aiohttp.ClientSession, url: str, request: dict[str, 
     for attempt in range(1, RETRIES + 2):
         sent = time.monotonic()
         try:
-            kind, a, b, tokens = await _attempt(session, url, request)
+            got = await _attempt(session, url, request)
         except (aiohttp.ClientError, TimeoutError):
-            kind, a, b, tokens = "error", None, None, 0
-        if kind == "served" and a is not None and b is not None:
-            tpot = (b - a) / (tokens - 1) if tokens > 1 else 0.0
-            return User(attempt, len(busy_s), True, a - start, tpot, tokens, (*busy_s,), (*hints,))
-        if kind != "busy" or attempt > RETRIES:
+            got = Attempt(kind="error")
+        first, last = got.first_at, got.last_at
+        if got.kind == "served" and first is not None and last is not None:
+            return User(
+                attempts=attempt,
+                busy=len(busy_s),
+                served=True,
+                ttft_s=first - start,
+                tpot_s=(last - first) / (got.tokens - 1) if got.tokens > 1 else 0.0,
+                tokens=got.tokens,
+                busy_s=(*busy_s,),
+                hints_s=(*hints,),
+            )
+        if got.kind != "busy" or attempt > RETRIES:
             break
         busy_s.append(time.monotonic() - sent)
-        hints.append(a or 1.0)
-        await asyncio.sleep(a or 1.0)
-    return User(attempt, len(busy_s), False, None, None, 0, (*busy_s,), (*hints,))
+        hints.append(got.hint_s)
+        await asyncio.sleep(got.hint_s)
+    return User(
+        attempts=attempt, busy=len(busy_s), served=False, busy_s=(*busy_s,), hints_s=(*hints,)
+    )
 
 
 async def burst(url: str, model: str, prompt_words: int, clients: int, seed: int) -> list[User]:
@@ -178,13 +200,9 @@ def summary(users: list[User]) -> dict[str, float]:
     """The figures of one burst."""
     returns = sum(u.attempts - 1 for u in users)
     admitted_returns = sum(1 for u in users if u.served and u.attempts > 1)
-    ttfts = sorted(u.ttft_s for u in users if u.ttft_s is not None)
-    busy = sorted(s for u in users for s in u.busy_s)
-    hints = sorted(h for u in users for h in u.hints_s)
-
-    def q(values: list[float], p: float) -> float:
-        return values[min(len(values) - 1, int(p * len(values)))] if values else float("nan")
-
+    ttfts = [u.ttft_s for u in users if u.ttft_s is not None]
+    busy = [s for u in users for s in u.busy_s]
+    hints = [h for u in users for h in u.hints_s]
     return {
         "users": len(users),
         "first_try": sum(1 for u in users if u.served and u.attempts == 1),
@@ -192,12 +210,12 @@ def summary(users: list[User]) -> dict[str, float]:
         "busy": sum(u.busy for u in users),
         "returns": returns,
         "returns_admitted": admitted_returns / returns if returns else float("nan"),
-        "ttft_p50": q(ttfts, 0.5),
-        "ttft_p90": q(ttfts, 0.9),
+        "ttft_p50": quantile(ttfts, 0.5),
+        "ttft_p90": quantile(ttfts, 0.9),
         "within_slo": sum(1 for u in users if u.within_slo()),
-        "busy_p50": q(busy, 0.5),
-        "hint_min": hints[0] if hints else float("nan"),
-        "hint_max": hints[-1] if hints else float("nan"),
+        "busy_p50": quantile(busy, 0.5),
+        "hint_min": min(hints, default=math.nan),
+        "hint_max": max(hints, default=math.nan),
     }
 
 
