@@ -399,7 +399,8 @@ def test_prometheus_reads_vllm_on_its_own_port_not_through_the_proxy(overlay: st
     }  # fmt: skip
     settings = load_settings(d.sidecar_env(docs))
     paths = ProxyPaths(
-        parse_free_paths(settings.free_paths), parse_forward_paths(settings.forward_paths)
+        free=parse_free_paths(settings.free_paths),
+        forwarded=parse_forward_paths(settings.forward_paths),
     )
     with pytest.raises(RequestError) as refused:
         route("GET", "/metrics", paths)

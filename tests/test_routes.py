@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 
 from sidecar.core.errors import RequestError
 from sidecar.edge.proxy.routes import (
-    DEFAULT_FREE_PATHS,
     ProxyPaths,
     normalise_path,
     parse_forward_paths,
@@ -16,7 +15,7 @@ from sidecar.edge.proxy.routes import (
     route,
 )
 
-FREE = frozenset(DEFAULT_FREE_PATHS)
+FREE = ProxyPaths()  # the defaults: DEFAULT_FREE_PATHS free, DEFAULT_FORWARD_PATHS forwarded
 
 
 @pytest.mark.parametrize(
@@ -149,7 +148,7 @@ def test_only_the_engines_api_is_forwarded_by_default(path: str, *, forwarded: b
 
 def test_forward_paths_add_exact_paths_and_prefixes() -> None:
     """SIDECAR_FORWARD_PATHS replaces the default: exact entries, and prefixes ending in '/'."""
-    paths = ProxyPaths(FREE, parse_forward_paths("/metrics, //pooling/ ,"))
+    paths = ProxyPaths(forwarded=parse_forward_paths("/metrics, //pooling/ ,"))
     assert paths.forwarded == ("/metrics", "/pooling/")
     assert route("GET", "/metrics", paths).kind == "free"
     assert route("POST", "/pooling/x", paths).kind == "admitted"

@@ -177,8 +177,8 @@ class SidecarServer:
         s = self.settings
         config = ProxyConfig(
             reject_mode=s.reject_mode,
-            free_paths=ProxyPaths(
-                parse_free_paths(s.free_paths), parse_forward_paths(s.forward_paths)
+            paths=ProxyPaths(
+                free=parse_free_paths(s.free_paths), forwarded=parse_forward_paths(s.forward_paths)
             ),
             body=BodyLimits(s.body_timeout_ms / 1000, s.body_min_rate, s.body_rate_grace_ms / 1000),
             write_timeout_s=s.client_write_timeout_ms / 1000,

@@ -42,7 +42,7 @@ from sidecar.edge.proxy.intake import (
 from sidecar.edge.proxy.policy import ProxyPolicy
 from sidecar.edge.proxy.prompt_count import EnginePromptCounter
 from sidecar.edge.proxy.relay import relay_stream
-from sidecar.edge.proxy.routes import DEFAULT_FREE_PATHS, Target, route
+from sidecar.edge.proxy.routes import ProxyPaths, Target, route
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.limiter.permit import Permit
 from sidecar.telemetry.log_context import bind_request, unbind_request
@@ -57,7 +57,7 @@ class ProxyConfig:
     """The proxy's plain settings, read once."""
 
     reject_mode: Literal["sse", "http"]
-    free_paths: frozenset[str] = frozenset(DEFAULT_FREE_PATHS)
+    paths: ProxyPaths = field(default_factory=ProxyPaths)
     body: BodyLimits = field(default_factory=BodyLimits)
     write_timeout_s: float = 30.0
 
@@ -93,7 +93,7 @@ async def handle(proxy: Proxy, request: Request) -> Answer:
     try:
         started = proxy.clock()
         try:
-            target = route(request.method, request.raw_path, proxy.config.free_paths)
+            target = route(request.method, request.raw_path, proxy.config.paths)
             if target.kind == "free":
                 return await passthrough(request, proxy, target, request_id)
             job = await _intake(request, proxy, target, request_id)

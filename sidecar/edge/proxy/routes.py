@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -57,44 +57,38 @@ class Target:
         return f"{self.path}?{self.query}" if self.query else self.path
 
 
-class ProxyPaths(frozenset[str]):
-    """The free paths (the set's members) and the paths forwarded at all (``forwarded``).
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProxyPaths:
+    """Which paths reach the engine at all (``forwarded``: exact paths, and prefixes ending in
+    '/'), and which of them need no permit whatever the method (``free``)."""
 
-    A frozenset of the free paths so that it travels in the proxy config's ``free_paths`` field
-    as it is; a plain frozenset there forwards :data:`DEFAULT_FORWARD_PATHS`.
-    """
+    free: frozenset[str] = frozenset(DEFAULT_FREE_PATHS)
+    forwarded: tuple[str, ...] = DEFAULT_FORWARD_PATHS
 
-    forwarded: tuple[str, ...]
+    def reach(self, path: str) -> bool:
+        """Whether the normalised ``path`` may reach the engine: a free path, or a forwarded
+        one."""
+        return path in self.free or any(
+            path.startswith(entry) if entry.endswith("/") else path == entry
+            for entry in self.forwarded
+        )
 
-    def __new__(cls, free: Iterable[str], forwarded: Iterable[str]) -> ProxyPaths:
-        paths = super().__new__(cls, free)
-        paths.forwarded = tuple(forwarded)
-        return paths
 
-
-def route(method: str, raw_target: str, free_paths: frozenset[str]) -> Target:
+def route(method: str, raw_target: str, paths: ProxyPaths) -> Target:
     """The target of ``method raw_target``; RequestError 400 for an ambiguous spelling, 404 for a
     path the engine is not reached on."""
     raw_path, _, query = raw_target.partition("?")
     path = normalise_path(raw_path)
-    if not is_forwarded(path, free_paths):
+    if not paths.reach(path):
         raise RequestError(
             f"{path} is not served on this port", status=404, param="path", code="not_found"
         )
-    if method.upper() in SAFE_METHODS or path in free_paths:
+    if method.upper() in SAFE_METHODS or path in paths.free:
         return Target(path=path, query=query, kind="free")
     endpoint = PRICED.get(path)
     if endpoint is not None and method.upper() == "POST":
         return Target(path=path, query=query, kind="priced", endpoint=endpoint)
     return Target(path=path, query=query, kind="admitted")
-
-
-def is_forwarded(path: str, free_paths: frozenset[str]) -> bool:
-    """Whether the normalised ``path`` may reach the engine: a free path, or a forwarded one."""
-    forwarded = getattr(free_paths, "forwarded", DEFAULT_FORWARD_PATHS)
-    return path in free_paths or any(
-        path.startswith(entry) if entry.endswith("/") else path == entry for entry in forwarded
-    )
 
 
 def normalise_path(raw_path: str) -> str:
