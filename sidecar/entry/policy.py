@@ -25,6 +25,7 @@ from sidecar.live.adaptive import AdaptiveCapacity
 from sidecar.live.control_loop import CapacityController
 from sidecar.live.slo import SloControl
 from sidecar.telemetry.metrics import RequestMetrics
+from sidecar.telemetry.saturation_metrics import SaturationSignal
 
 
 class SidecarPolicy:
@@ -39,11 +40,12 @@ class SidecarPolicy:
         *,
         slo: SloControl | None = None,
         adaptive: AdaptiveCapacity | None = None,
+        signal: SaturationSignal | None = None,
         log_refusal: Callable[[EdgeFault], None] = lambda _fault: None,
     ) -> None:
         s = self.settings = settings
         self.mode, self.controller, self.metrics = mode, controller, metrics
-        self.slo, self.adaptive = slo, adaptive
+        self.slo, self.adaptive, self.signal = slo, adaptive, signal
         self.log_refusal = log_refusal
         self._claims = partial(
             parse_claim_trust(s.claims_from).claims,
@@ -115,9 +117,12 @@ class SidecarPolicy:
             self.slo.track(timing, claims)
 
     def timed(self, timing: StreamTiming, arrived: float, outcome: str) -> None:
-        """A relayed stream's timing -> the TTFT and TPOT histograms (and the SLO law)."""
+        """A relayed stream's timing -> the TTFT and TPOT histograms, the scale-out signal
+        (and the SLO law)."""
         completed = outcome == "completed"
         self.metrics.streamed(timing, arrived, completed=completed)
+        if self.signal is not None:
+            self.signal.streamed(timing, arrived, completed)
         if self.slo is not None:
             self.slo.ended(timing, completed)
 
