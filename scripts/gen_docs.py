@@ -21,7 +21,7 @@ from demo.simulated_gpu import GIB, GpuLayout, SimulatedGpu
 from emulator.app import build_app
 from emulator.config import EmulatorConfig
 from sidecar.core import saturation as saturation_module
-from sidecar.core.decisions import LIMIT_UNITS
+from sidecar.core.admission.decisions import LIMIT_UNITS
 from sidecar.core.saturation import CAPACITY_REFUSALS, SaturationConfig
 from sidecar.entry.app import SidecarServer
 from sidecar.entry.logs import configure_logging

@@ -7,11 +7,11 @@ import asyncio
 import pytest
 from structlog.testing import capture_logs
 
-from sidecar.core.capacity import engine_cost
-from sidecar.core.compartments import parse_compartments
+from sidecar.core.admission.compartments import parse_compartments
+from sidecar.core.admission.modes import TokenMode
+from sidecar.core.admission.retry_hint import ReleaseRate
 from sidecar.core.errors import AdmissionRejectedError
-from sidecar.core.modes import TokenMode
-from sidecar.core.retry_hint import ReleaseRate
+from sidecar.core.plan.capacity import engine_cost
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.limiter.events import AdmissionEvent
 from sidecar.limiter.permit import Permit

@@ -9,10 +9,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from structlog.testing import capture_logs
 
-from sidecar.core.capacity import Budget, KvCost, Plan
+from sidecar.core.admission.modes import CountMode, SloMode
 from sidecar.core.errors import ProbeError, ProbeTemporaryError
-from sidecar.core.model_spec import load_model_spec
-from sidecar.core.modes import CountMode, SloMode
+from sidecar.core.model.model_spec import load_model_spec
+from sidecar.core.plan.capacity import Budget, KvCost, Plan
 from sidecar.entry.settings import load_settings
 from sidecar.entry.wiring import build_controller
 from sidecar.live.control_loop import HURRY_GAP_S, TASK_NAME, CapacityController, Floor

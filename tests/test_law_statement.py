@@ -13,15 +13,15 @@ from typing import TypeVar
 
 import pytest
 
-from sidecar.core.claims import Claims
-from sidecar.core.objectives import Objectives
-from sidecar.core.slo_limit import (
+from sidecar.core.laws.slo_limit import (
     LimitEvidence,
     SloLimit,
     SloLimitConfig,
     drain_allowance,
     fits_in_cache,
 )
+from sidecar.core.request.claims import Claims
+from sidecar.core.request.objectives import Objectives
 from sidecar.live import slo as live_slo
 from sidecar.live.control_loop import HURRY_GAP_S
 from sidecar.live.slo import ENDS_WINDOW_S, ENGINE_QUEUE_S, SloControl

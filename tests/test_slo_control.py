@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
-from sidecar.core.capacity import Budget, Source, Term, engine_cost, make_plan
-from sidecar.core.claims import NO_CLAIMS, Claims
-from sidecar.core.objectives import Objectives
-from sidecar.core.stream_timing import StreamTiming
+from sidecar.core.plan.capacity import Budget, Source, Term, engine_cost, make_plan
+from sidecar.core.request.claims import NO_CLAIMS, Claims
+from sidecar.core.request.objectives import Objectives
+from sidecar.core.request.stream_timing import StreamTiming
 from sidecar.live.probes import EngineReading
 from sidecar.live.slo import SloControl
 from sidecar.live.sources import Readings

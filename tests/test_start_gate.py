@@ -8,10 +8,10 @@ import asyncio
 
 import pytest
 
-from sidecar.core.capacity import Budget, Plan, Source, Term, engine_cost, make_plan
+from sidecar.core.admission.modes import SloMode
+from sidecar.core.admission.retry_hint import ReleaseRate
 from sidecar.core.errors import AdmissionRejectedError
-from sidecar.core.modes import SloMode
-from sidecar.core.retry_hint import ReleaseRate
+from sidecar.core.plan.capacity import Budget, Plan, Source, Term, engine_cost, make_plan
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.limiter.permit import Permit
 from tests.fake_time import FakeTime

@@ -14,16 +14,16 @@ from typing import Any
 
 import aiohttp
 
-from sidecar.core.capacity import Budget, KvCost, engine_cost, make_plan
-from sidecar.core.compartments import parse_compartments
-from sidecar.core.decisions import Mode
+from sidecar.core.admission.compartments import parse_compartments
+from sidecar.core.admission.decisions import Mode
+from sidecar.core.admission.estimator import EstimatorConfig
+from sidecar.core.admission.modes import AdaptiveMode, AdmissionMode, CountMode, SloMode, TokenMode
 from sidecar.core.errors import ConfigError
-from sidecar.core.estimator import EstimatorConfig
-from sidecar.core.model_spec import load_model_spec, weights_bytes_in
-from sidecar.core.modes import AdaptiveMode, AdmissionMode, CountMode, SloMode, TokenMode
-from sidecar.core.objectives import Objectives
-from sidecar.core.overcommit import AimdConfig
-from sidecar.core.token_budget import resolve_budget
+from sidecar.core.laws.overcommit import AimdConfig
+from sidecar.core.model.model_spec import load_model_spec, weights_bytes_in
+from sidecar.core.plan.capacity import Budget, KvCost, engine_cost, make_plan
+from sidecar.core.plan.token_budget import resolve_budget
+from sidecar.core.request.objectives import Objectives
 from sidecar.core.warnings import ConfigWarning
 from sidecar.entry.settings import Settings
 from sidecar.limiter.bulkhead import Bulkhead

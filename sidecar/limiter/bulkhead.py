@@ -14,14 +14,14 @@ from dataclasses import fields
 
 import structlog
 
-from sidecar.core.admission import Admission
-from sidecar.core.compartments import DEFAULT, Compartments
-from sidecar.core.decisions import Granted, Outcome, Queued, Rejected
+from sidecar.core.admission.compartments import DEFAULT, Compartments
+from sidecar.core.admission.decisions import Granted, Outcome, Queued, Rejected
+from sidecar.core.admission.ledger import Ledger, StreamUsage
+from sidecar.core.admission.machine import Admission
+from sidecar.core.admission.modes import AdmissionMode, CountMode
+from sidecar.core.admission.retry_hint import ReleaseRate
 from sidecar.core.errors import AdmissionRejectedError
-from sidecar.core.ledger import Ledger, StreamUsage
-from sidecar.core.modes import AdmissionMode, CountMode
 from sidecar.core.outcomes import RejectReason
-from sidecar.core.retry_hint import ReleaseRate
 from sidecar.limiter.events import AdmissionEvent, BulkheadSnapshot, EventKind
 from sidecar.limiter.expiry import CallLater, Expiry
 from sidecar.limiter.permit import Permit

@@ -14,11 +14,11 @@ from functools import partial
 
 import structlog
 
-from sidecar.core.capacity import Plan
-from sidecar.core.estimator import CompletionEstimator, EstimatorConfig
+from sidecar.core.admission.estimator import CompletionEstimator, EstimatorConfig
+from sidecar.core.admission.ledger import StreamUsage, in_blocks
 from sidecar.core.exact import exact
-from sidecar.core.ledger import StreamUsage, in_blocks
-from sidecar.core.overcommit import AimdConfig, Overcommit, OvercommitEvidence
+from sidecar.core.laws.overcommit import AimdConfig, Overcommit, OvercommitEvidence
+from sidecar.core.plan.capacity import Plan
 from sidecar.core.warnings import ConfigWarning, adaptive_unsupported
 from sidecar.live.sources import Readings
 

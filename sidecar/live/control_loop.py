@@ -22,10 +22,10 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from sidecar.core.capacity import Budget, KvCost, Plan, engine_cost, make_plan
+from sidecar.core.admission.modes import AdmissionMode
 from sidecar.core.errors import PlanError, ProbeError, ProbeTemporaryError
-from sidecar.core.modes import AdmissionMode
-from sidecar.core.token_budget import TokenBudget
+from sidecar.core.plan.capacity import Budget, KvCost, Plan, engine_cost, make_plan
+from sidecar.core.plan.token_budget import TokenBudget
 from sidecar.core.warnings import CLEARED_EVENT, RAISED_EVENT, ConfigWarning, changes, no_capacity
 from sidecar.live.engine_health import EngineHealth
 from sidecar.live.headroom import Headroom

@@ -1,6 +1,6 @@
 """The default admission's moving parts: the relayed streams' latencies against their objectives,
 gathered between control-loop ticks, and the two SLO-steered limits they drive
-(sidecar.core.slo_limit).
+(sidecar.core.laws.slo_limit).
 
 - ``law`` counts requests in flight at the engine, steered by their time per output token and
   bounded, while it grows fast, by what the engine's KV cache holds at the present mix. It
@@ -28,11 +28,8 @@ from dataclasses import dataclass
 
 import structlog
 
-from sidecar.core.capacity import Plan
-from sidecar.core.claims import Claims
 from sidecar.core.exact import exact
-from sidecar.core.objectives import Objectives, objectives_of
-from sidecar.core.slo_limit import (
+from sidecar.core.laws.slo_limit import (
     LimitEvidence,
     SloLimit,
     SloLimitConfig,
@@ -40,7 +37,10 @@ from sidecar.core.slo_limit import (
     fits_in_cache,
     quantile,
 )
-from sidecar.core.stream_timing import StreamTiming
+from sidecar.core.plan.capacity import Plan
+from sidecar.core.request.claims import Claims
+from sidecar.core.request.objectives import Objectives, objectives_of
+from sidecar.core.request.stream_timing import StreamTiming
 from sidecar.core.warnings import ConfigWarning, adaptive_unsupported
 from sidecar.live.probes import EngineReading
 from sidecar.live.sources import Readings

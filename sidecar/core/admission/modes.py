@@ -24,11 +24,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from sidecar.core.admission import Admission
-from sidecar.core.capacity import KvCost, Plan
-from sidecar.core.decisions import Mode
-from sidecar.core.ledger import StreamUsage, in_blocks
-from sidecar.core.request_checks import CheckedRequest
+from sidecar.core.admission.decisions import Mode
+from sidecar.core.admission.ledger import StreamUsage, in_blocks
+from sidecar.core.admission.machine import Admission
+from sidecar.core.plan.capacity import KvCost, Plan
+from sidecar.core.request.request_checks import CheckedRequest
 
 Price = tuple[int, StreamUsage | None]  # (cost in the mode's unit, live usage if adaptive)
 
