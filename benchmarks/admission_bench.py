@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.loops import run_as_serve
-from sidecar.core.admission.decisions import Granted
+from sidecar.core.admission.decisions import Granted, Limits
 from sidecar.core.admission.machine import Admission
 from sidecar.core.errors import AdmissionRejectedError
 from sidecar.entry.app import SidecarServer
@@ -58,7 +58,7 @@ def _bulkhead(limit: int) -> Bulkhead:
 def wired_bulkhead() -> Bulkhead:
     """The bulkhead as ``sidecar serve`` builds it: its metrics observer included."""
     server = SidecarServer(load_settings(WIRED_ENV))
-    server.bulkhead.resize(PERMITS)
+    server.bulkhead.resize(Limits(limit=PERMITS))
     return server.bulkhead
 
 

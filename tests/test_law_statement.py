@@ -312,7 +312,9 @@ def test_the_start_is_the_pool_over_the_typical_request_floored_at_the_worst_cas
 def start_for(typical: tuple[float, float] | None) -> int:
     slo = control(FakeClock())
     slo.observe(reading(typical=typical))
-    return slo.limit_of(PLAN)
+    in_flight = slo.step(PLAN).in_flight
+    assert in_flight is not None
+    return in_flight
 
 
 @states("max wait = min(max(0, aim x its TTFT objective - expected TTFT), its queue TTL,")

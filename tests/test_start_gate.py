@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from sidecar.core.admission.decisions import Limits
 from sidecar.core.admission.modes import SloMode
 from sidecar.core.admission.retry_hint import ReleaseRate
 from sidecar.core.errors import AdmissionRejectedError
@@ -30,11 +31,8 @@ class Steered:
     def __init__(self, in_flight: int, starts: int) -> None:
         self.in_flight, self.starts = in_flight, starts
 
-    def limit_of(self, plan: Plan) -> int:
-        return self.in_flight
-
-    def starts_of(self, plan: Plan) -> int:
-        return min(self.in_flight, self.starts)
+    def step(self, plan: Plan) -> Limits:
+        return Limits(limit=min(self.in_flight, self.starts), in_flight=self.in_flight)
 
     def hold_limit(self) -> int | None:
         return self.starts
@@ -47,7 +45,7 @@ def gate(fake: FakeTime, in_flight: int, starts: int, max_queue: int = 4) -> Bul
         limit=0, max_queue=max_queue, max_wait_s=3.0, mode=mode, clock=fake.clock,
         call_later=fake.call_later, hint=ReleaseRate(draw=lambda: 0.0),
     )  # fmt: skip
-    bulkhead.resize(mode.limit_of(PLAN))
+    bulkhead.resize(mode.step(PLAN))
     return bulkhead
 
 

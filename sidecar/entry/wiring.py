@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 
 from sidecar.core.admission.compartments import parse_compartments
-from sidecar.core.admission.decisions import Mode
+from sidecar.core.admission.decisions import Limits, Mode
 from sidecar.core.admission.estimator import EstimatorConfig
 from sidecar.core.admission.modes import AdaptiveMode, AdmissionMode, CountMode, SloMode, TokenMode
 from sidecar.core.errors import ConfigError
@@ -153,7 +153,7 @@ def model_cost(settings: Settings) -> KvCost | None:
 
 def build_controller(
     settings: Settings,
-    resize: Callable[[int], None],
+    resize: Callable[[Limits], None],
     mode: AdmissionMode | None = None,
     *,
     clock: Callable[[], float] = time.monotonic,
@@ -250,7 +250,8 @@ def _floor(
         return Floor(None, settings.floor_permits * per_request)
     if declared.plannable:
         plan = make_plan(cost, static_memory(declared), budget, settings.safety_factor)
-        return Floor(plan, mode.limit_of(plan))
+        limits = mode.step(plan)
+        return Floor(plan, limits.limit, limits.in_flight)
     return Floor(None, per_request)
 
 

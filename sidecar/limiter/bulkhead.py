@@ -15,7 +15,7 @@ from dataclasses import fields
 import structlog
 
 from sidecar.core.admission.compartments import DEFAULT, Compartments
-from sidecar.core.admission.decisions import Granted, Outcome, Queued, Rejected
+from sidecar.core.admission.decisions import Granted, Limits, Outcome, Queued, Rejected
 from sidecar.core.admission.ledger import Ledger, StreamUsage
 from sidecar.core.admission.machine import Admission
 from sidecar.core.admission.modes import AdmissionMode, CountMode
@@ -100,15 +100,14 @@ class Bulkhead:
             permit.max_wait_s = max_wait_s
         return permit
 
-    def resize(self, limit: int) -> None:
-        """New limit (in the mode's unit): growing wakes waiters now, shrinking revokes nothing;
-        a waiter that can never fit (the mode's ceiling, else the new limit) is refused at once
-        (``too_large``). The mode's cap on requests in flight is applied first."""
-        # The engine's fixed slots where the mode caps requests by them (its limit counts tokens):
-        # a larger cap wakes waiters now, a smaller revokes nothing.
-        self._wake(self._core.cap_in_flight(self._mode.in_flight_cap()))
+    def resize(self, limits: Limits) -> None:
+        """New limits, pushed by whoever decided them (the control loop): growing wakes waiters
+        now, shrinking revokes nothing; a waiter that can never fit (the mode's ceiling, else the
+        new limit) is refused at once (``too_large``). The cap on requests in flight is applied
+        first: a larger one wakes waiters now, a smaller one revokes nothing."""
+        self._wake(self._core.cap_in_flight(limits.in_flight))
         self.sync()
-        grants = self._core.resize(limit)
+        grants = self._core.resize(limits.limit)
         for ticket in self._core.refused_oversize():
             self._refuse_waiter(self._waiters.pop(ticket), "too_large")
         self._wake(grants)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from sidecar.core.admission.decisions import Limits
 from sidecar.core.exact import exact
 from sidecar.core.laws.slo_limit import (
     LimitEvidence,
@@ -317,22 +318,22 @@ class SloControl:
         if prompt is not None and generation is not None:
             self._typical = prompt + generation
 
-    def limit_of(self, plan: Plan) -> int:
-        """The law's limit; never above the worst-case permits where the engine cannot preempt."""
+    def step(self, plan: Plan) -> Limits:
+        """The law hears ``plan``: the first one starts it (and the engine's first, one made
+        before the engine was seen). Returns the requests in flight it allows (``in_flight``:
+        the law's limit under the drain ceiling, and never above the worst-case permits where
+        the engine cannot preempt) and, of them, how many may be starting at once (``limit``)."""
         law = self.law
         if law is None or (
             self._started_blind and self.unsupported != NO_ENGINE and law.last_gradient is None
         ):
             law = self._start_law(plan)
-        self._start_now = self._start(plan)
-        limit = law.limit if self.drain_limit is None else min(law.limit, self.drain_limit)
-        return min(limit, max(1, plan.permits)) if self.unsupported else limit
-
-    def starts_of(self, plan: Plan) -> int:
-        """Of the requests in flight, how many may be starting at once (no first token yet)."""
-        in_flight = self.limit_of(plan)
         assert self.starts is not None  # made with the law
-        return min(in_flight, self.starts.limit)
+        self._start_now = self._start(plan)
+        in_flight = law.limit if self.drain_limit is None else min(law.limit, self.drain_limit)
+        if self.unsupported:
+            in_flight = min(in_flight, max(1, plan.permits))
+        return Limits(limit=min(in_flight, self.starts.limit), in_flight=in_flight)
 
     def _start_law(self, plan: Plan) -> SloLimit:
         """The law, from what the engine can run. A plan made before the engine was seen (the
