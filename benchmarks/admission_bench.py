@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.loops import run_as_serve
-from sidecar.core.admission.decisions import Granted, Limits
+from sidecar.core.admission.decisions import Granted
 from sidecar.core.admission.machine import Admission
 from sidecar.core.errors import AdmissionRejectedError
+from sidecar.core.limits import Limits
 from sidecar.entry.app import SidecarServer
 from sidecar.entry.event_loop import running_loop_name
 from sidecar.entry.settings import load_settings

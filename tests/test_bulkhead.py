@@ -8,10 +8,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from sidecar.core.admission.compartments import parse_compartments
-from sidecar.core.admission.decisions import Limits
 from sidecar.core.admission.modes import TokenMode
 from sidecar.core.admission.retry_hint import ReleaseRate
 from sidecar.core.errors import AdmissionRejectedError
+from sidecar.core.limits import Limits
 from sidecar.core.plan.capacity import engine_cost
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.limiter.events import AdmissionEvent

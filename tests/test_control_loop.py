@@ -9,9 +9,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from structlog.testing import capture_logs
 
-from sidecar.core.admission.decisions import Limits
 from sidecar.core.admission.modes import CountMode, SloMode
 from sidecar.core.errors import ProbeError, ProbeTemporaryError
+from sidecar.core.limits import Limits
 from sidecar.core.model.model_spec import load_model_spec
 from sidecar.core.plan.capacity import Budget, KvCost, Plan
 from sidecar.entry.settings import load_settings

@@ -10,7 +10,7 @@ import threading
 import pytest
 from structlog.testing import capture_logs
 
-from sidecar.core.admission.decisions import Limits
+from sidecar.core.limits import Limits
 from sidecar.live.probes import GpuSnapshot
 from sidecar.live.probes.nvml_worker import NvmlWorker
 from tests.test_control_loop import Clock, ScriptedGpu, controller

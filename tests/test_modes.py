@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from sidecar.core.admission.decisions import Limits
 from sidecar.core.admission.estimator import EstimatorConfig
 from sidecar.core.admission.ledger import StreamUsage
 from sidecar.core.admission.modes import AdaptiveMode, AdmissionMode, CountMode, SloMode, TokenMode
 from sidecar.core.errors import AdmissionRejectedError
+from sidecar.core.limits import Limits
 from sidecar.core.plan.capacity import Budget, Plan, Source, Term, engine_cost, make_plan
 from sidecar.core.request.request_checks import CheckedRequest
 from sidecar.limiter.bulkhead import Bulkhead

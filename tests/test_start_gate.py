@@ -8,10 +8,10 @@ import asyncio
 
 import pytest
 
-from sidecar.core.admission.decisions import Limits
 from sidecar.core.admission.modes import SloMode
 from sidecar.core.admission.retry_hint import ReleaseRate
 from sidecar.core.errors import AdmissionRejectedError
+from sidecar.core.limits import Limits
 from sidecar.core.plan.capacity import Budget, Plan, Source, Term, engine_cost, make_plan
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.limiter.permit import Permit

@@ -15,11 +15,12 @@ from typing import Any
 import aiohttp
 
 from sidecar.core.admission.compartments import parse_compartments
-from sidecar.core.admission.decisions import Limits, Mode
+from sidecar.core.admission.decisions import Mode
 from sidecar.core.admission.estimator import EstimatorConfig
 from sidecar.core.admission.modes import AdaptiveMode, AdmissionMode, CountMode, SloMode, TokenMode
 from sidecar.core.errors import ConfigError
 from sidecar.core.laws.overcommit import AimdConfig
+from sidecar.core.limits import Limits
 from sidecar.core.model.model_spec import load_model_spec, weights_bytes_in
 from sidecar.core.plan.capacity import Budget, KvCost, engine_cost, make_plan
 from sidecar.core.plan.token_budget import resolve_budget

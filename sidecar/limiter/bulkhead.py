@@ -15,12 +15,13 @@ from dataclasses import fields
 import structlog
 
 from sidecar.core.admission.compartments import DEFAULT, Compartments
-from sidecar.core.admission.decisions import Granted, Limits, Outcome, Queued, Rejected
+from sidecar.core.admission.decisions import Granted, Outcome, Queued, Rejected
 from sidecar.core.admission.ledger import Ledger, StreamUsage
 from sidecar.core.admission.machine import Admission
 from sidecar.core.admission.modes import AdmissionMode, CountMode
 from sidecar.core.admission.retry_hint import ReleaseRate
 from sidecar.core.errors import AdmissionRejectedError
+from sidecar.core.limits import Limits
 from sidecar.core.outcomes import RejectReason
 from sidecar.limiter.events import AdmissionEvent, BulkheadSnapshot, EventKind
 from sidecar.limiter.expiry import CallLater, Expiry

@@ -14,11 +14,11 @@ from functools import partial
 
 import structlog
 
-from sidecar.core.admission.decisions import Limits
 from sidecar.core.admission.estimator import CompletionEstimator, EstimatorConfig
 from sidecar.core.admission.ledger import StreamUsage, in_blocks
 from sidecar.core.exact import exact
 from sidecar.core.laws.overcommit import AimdConfig, Overcommit, OvercommitEvidence
+from sidecar.core.limits import Limits
 from sidecar.core.plan.capacity import Plan
 from sidecar.core.warnings import ConfigWarning, adaptive_unsupported
 from sidecar.live.sources import Readings

@@ -22,9 +22,9 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from sidecar.core.admission.decisions import Limits
 from sidecar.core.admission.modes import AdmissionMode
 from sidecar.core.errors import PlanError, ProbeError, ProbeTemporaryError
+from sidecar.core.limits import Limits
 from sidecar.core.plan.capacity import Budget, KvCost, Plan, engine_cost, make_plan
 from sidecar.core.plan.token_budget import TokenBudget
 from sidecar.core.warnings import CLEARED_EVENT, RAISED_EVENT, ConfigWarning, changes, no_capacity

@@ -22,16 +22,6 @@ LIMIT_UNITS: dict[Mode, str] = {
 WithdrawReason = Literal["timeout", "cancelled", "draining", "queue_full"]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Limits:
-    """What the bulkhead enforces, pushed to it in one call (``Bulkhead.resize``): ``limit`` in
-    the mode's unit (permits, KV bytes, tokens; under slo, streams starting), ``in_flight`` a cap
-    on requests in flight beside it (None: none but the setting's)."""
-
-    limit: int
-    in_flight: int | None = None
-
-
 @dataclass(frozen=True, slots=True)
 class Granted:
     """The request may run now; ``ticket`` must be released exactly once."""

@@ -25,9 +25,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from sidecar.core.admission.decisions import Limits, Mode
+from sidecar.core.admission.decisions import Mode
 from sidecar.core.admission.ledger import StreamUsage, in_blocks
 from sidecar.core.admission.machine import Admission
+from sidecar.core.limits import Limits
 from sidecar.core.plan.capacity import KvCost, Plan
 from sidecar.core.request.request_checks import CheckedRequest
 
