@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.loops import run_as_serve
-from sidecar.core.admission import Admission
-from sidecar.core.decisions import Granted
+from sidecar.core.admission.decisions import Granted
+from sidecar.core.admission.machine import Admission
 from sidecar.core.errors import AdmissionRejectedError
+from sidecar.core.limits import Limits
 from sidecar.entry.app import SidecarServer
 from sidecar.entry.event_loop import running_loop_name
 from sidecar.entry.settings import load_settings
@@ -58,7 +59,7 @@ def _bulkhead(limit: int) -> Bulkhead:
 def wired_bulkhead() -> Bulkhead:
     """The bulkhead as ``sidecar serve`` builds it: its metrics observer included."""
     server = SidecarServer(load_settings(WIRED_ENV))
-    server.bulkhead.resize(PERMITS)
+    server.bulkhead.resize(Limits(limit=PERMITS))
     return server.bulkhead
 
 

@@ -120,7 +120,8 @@ async def closed_loop(
         connector=connector, timeout=aiohttp.ClientTimeout(total=600)
     ) as session:
 
-        async def user() -> None:
+        async def user(delay_s: float) -> None:
+            await asyncio.sleep(delay_s)  # users arrive over a second, not in one instant
             while (began := time.monotonic()) < window[1]:
                 got = await one_user(session, url, body(MODEL, PROMPT_WORDS, rng, MAX_TOKENS))
                 done.append((began, got))
@@ -128,7 +129,7 @@ async def closed_loop(
         watchers = [asyncio.create_task(watch(engine + "/metrics", timeline, window[1]))]
         if signal is not None:
             watchers.append(asyncio.create_task(signal.run(window[1])))
-        await asyncio.gather(*(user() for _ in range(users)))
+        await asyncio.gather(*(user(rng.random()) for _ in range(users)))
         await asyncio.gather(*watchers)
     counted = [u for began, u in done if window[0] <= began < window[1]]
     within = [u for u in counted if u.within_slo()]

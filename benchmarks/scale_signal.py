@@ -26,7 +26,7 @@ import aiohttp
 
 from benchmarks.adaptive_bench import process, wait_ok
 from benchmarks.overload.servers import free_port
-from sidecar.core.saturation import CAPACITY_REFUSALS
+from sidecar.core.laws.saturation import CAPACITY_REFUSALS
 
 ENGINE_FLAGS = (
     "--kv-tokens", "892928", "--bytes-per-token", "131072", "--max-model-len", "32768",

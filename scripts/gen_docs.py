@@ -20,9 +20,9 @@ from prometheus_client.metrics import MetricWrapperBase
 from demo.simulated_gpu import GIB, GpuLayout, SimulatedGpu
 from emulator.app import build_app
 from emulator.config import EmulatorConfig
-from sidecar.core import saturation as saturation_module
-from sidecar.core.decisions import LIMIT_UNITS
-from sidecar.core.saturation import CAPACITY_REFUSALS, SaturationConfig
+from sidecar.core.admission.decisions import LIMIT_UNITS
+from sidecar.core.laws import saturation as saturation_module
+from sidecar.core.laws.saturation import CAPACITY_REFUSALS, SaturationConfig
 from sidecar.entry.app import SidecarServer
 from sidecar.entry.logs import configure_logging
 from sidecar.entry.settings import load_settings
@@ -171,7 +171,7 @@ def signal_section() -> list[str]:
         "",
         "`sidecar_utilisation` (and `/capacity`'s `utilisation`, with each term under",
         "`saturation`) is what the HPA, KEDA, the EPP and the alerts in deploy/ read.",
-        "From `sidecar/core/saturation.py`:",
+        "From `sidecar/core/laws/saturation.py`:",
         "",
         *body.strip().splitlines(),
         "",

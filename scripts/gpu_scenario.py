@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sidecar.core.capacity import KvCost, Term
-from sidecar.core.model_spec import load_model_spec
+from sidecar.core.model.model_spec import load_model_spec
+from sidecar.core.plan.capacity import KvCost, Term
 from sidecar.core.sizes import format_size
 from sidecar.live.probes import EngineCacheConfig, EngineReading, GpuReading
 from sidecar.live.probes.nvml import NvmlProbe

@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.core.accept import EVENT_STREAM, JSON, media_ranges, quality, wants_event_stream
+from sidecar.core.request.accept import (
+    EVENT_STREAM,
+    JSON,
+    media_ranges,
+    quality,
+    wants_event_stream,
+)
 
 # What real clients send (their own code: see docs/clients.md for where each line comes from).
 OPENAI_PYTHON = "application/json"  # openai/_base_client.py default_headers, stream or not

@@ -14,9 +14,9 @@ from hypothesis.stateful import (
     rule,
 )
 
-from sidecar.core.admission import Admission
-from sidecar.core.compartments import DEFAULT, Compartments, parse_compartments
-from sidecar.core.decisions import Granted, Queued, Rejected, UnknownTicketError
+from sidecar.core.admission.compartments import DEFAULT, Compartments, parse_compartments
+from sidecar.core.admission.decisions import Granted, Queued, Rejected, UnknownTicketError
+from sidecar.core.admission.machine import Admission
 
 
 class Pool:

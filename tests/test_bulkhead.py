@@ -7,11 +7,12 @@ import asyncio
 import pytest
 from structlog.testing import capture_logs
 
-from sidecar.core.capacity import engine_cost
-from sidecar.core.compartments import parse_compartments
+from sidecar.core.admission.compartments import parse_compartments
+from sidecar.core.admission.modes import TokenMode
+from sidecar.core.admission.retry_hint import ReleaseRate
 from sidecar.core.errors import AdmissionRejectedError
-from sidecar.core.modes import TokenMode
-from sidecar.core.retry_hint import ReleaseRate
+from sidecar.core.limits import Limits
+from sidecar.core.plan.capacity import engine_cost
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.limiter.events import AdmissionEvent
 from sidecar.limiter.permit import Permit
@@ -292,7 +293,7 @@ async def test_growing_wakes_waiters_in_fifo_order() -> None:
     tasks = [asyncio.create_task(hold(bulkhead, gate, log, f"w{i}")) for i in range(4)]
     await settle()
     assert log == ["w0"]
-    bulkhead.resize(3)
+    bulkhead.resize(Limits(limit=3))
     await settle()
     assert log == ["w0", "w1", "w2"]
     gate.set()
@@ -306,12 +307,12 @@ async def test_shrink_to_zero_keeps_running_work_and_admits_nobody() -> None:
     bulkhead = make(fake)
     tasks = [asyncio.create_task(hold(bulkhead, gate, log, f"w{i}")) for i in range(2)]
     await settle()
-    bulkhead.resize(0)
+    bulkhead.resize(Limits(limit=0))
     gate.set()
     await settle()
     assert log == ["w0"]
     assert bulkhead.snapshot().queued == 1
-    bulkhead.resize(1)
+    bulkhead.resize(Limits(limit=1))
     await asyncio.gather(*tasks)
     assert log == ["w0", "w1"]
 
@@ -461,7 +462,7 @@ async def test_shrink_refuses_a_queued_request_that_can_never_fit_and_lets_the_n
     await settle()
     big, small = asyncio.create_task(run(800)), asyncio.create_task(run(200))
     await settle()
-    bulkhead.resize(500)
+    bulkhead.resize(Limits(limit=500))
     await settle()
     assert big.done()
     with pytest.raises(AdmissionRejectedError) as caught:

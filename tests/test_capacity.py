@@ -1,4 +1,4 @@
-"""Tests for sidecar.core.capacity: bytes per token and per request, pools and permits."""
+"""Tests for sidecar.core.plan.capacity: bytes per token and per request, pools and permits."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.core.capacity import Budget, KvCost, MemoryInputs, Source, Term, make_plan
-from sidecar.core.config_json import LayerKind, ModelSpec, spec_from_config
 from sidecar.core.errors import ConfigError, PlanError
-from sidecar.core.model_spec import load_model_spec, preset_names
-from sidecar.core.parallelism import valid_tp_sizes
+from sidecar.core.model.model_spec import load_model_spec, preset_names
+from sidecar.core.plan.capacity import Budget, KvCost, MemoryInputs, Source, Term, make_plan
+from sidecar.core.plan.config_json import LayerKind, ModelSpec, spec_from_config
+from sidecar.core.plan.parallelism import valid_tp_sizes
 
 CONFIGS = Path(__file__).parent / "configs"
 GiB = 1024**3
@@ -330,7 +330,7 @@ def test_tensor_parallel_sizes_vllm_refuses(name: str, tp: int, broken: list[str
 
 def test_mla_has_no_kv_heads_to_split() -> None:
     """MLA keeps one latent per layer: a KV-head count TP could not split does not matter."""
-    preset = resources.files("sidecar.core") / "presets" / "deepseek-v3.json"
+    preset = resources.files("sidecar.core.model") / "presets" / "deepseek-v3.json"
     cfg = json.loads(preset.read_text(encoding="utf-8"))
     spec = spec_from_config(cfg | {"num_key_value_heads": 6}, "deepseek-v3-kv6")
     assert KvCost(spec=spec, tp=8).bytes_per_token_per_gpu == 70_272

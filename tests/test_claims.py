@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.core.claims import (
+from sidecar.core.request.claims import (
     NO_CLAIMS,
     ClaimNames,
     Claims,

@@ -7,8 +7,8 @@ from importlib import metadata
 import pytest
 
 import sidecar
-from sidecar.core.model_spec import load_model_spec, preset_names
-from sidecar.core.preset_ids import HUB_IDS
+from sidecar.core.model.model_spec import load_model_spec, preset_names
+from sidecar.core.model.preset_ids import HUB_IDS
 from sidecar.entry.cli import COMMANDS, main, version
 from sidecar.entry.settings import Settings
 from sidecar.entry.settings_reference import setting_rows

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.core.compartments import Compartments, CompartmentSpec, parse_compartments
+from sidecar.core.admission.compartments import Compartments, CompartmentSpec, parse_compartments
 from sidecar.core.errors import ConfigError
 
 

@@ -9,10 +9,11 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from structlog.testing import capture_logs
 
-from sidecar.core.capacity import Budget, KvCost, Plan
+from sidecar.core.admission.modes import CountMode, SloMode
 from sidecar.core.errors import ProbeError, ProbeTemporaryError
-from sidecar.core.model_spec import load_model_spec
-from sidecar.core.modes import CountMode, SloMode
+from sidecar.core.limits import Limits
+from sidecar.core.model.model_spec import load_model_spec
+from sidecar.core.plan.capacity import Budget, KvCost, Plan
 from sidecar.entry.settings import load_settings
 from sidecar.entry.wiring import build_controller
 from sidecar.live.control_loop import HURRY_GAP_S, TASK_NAME, CapacityController, Floor
@@ -57,7 +58,7 @@ class ScriptedGpu:
         self.closed = True
 
 
-def controller(gpu: ScriptedGpu, clock: Clock, resized: list[int]) -> CapacityController:
+def controller(gpu: ScriptedGpu, clock: Clock, resized: list[Limits]) -> CapacityController:
     # The textbook 8 GiB example, where the engine takes the whole card (memory fraction 1).
     textbook = declared(weights_bytes=5 * GIB, overhead_bytes=3 * GIB // 2, memory_fraction=1.0)
     return CapacityController(
@@ -77,16 +78,17 @@ def controller(gpu: ScriptedGpu, clock: Clock, resized: list[int]) -> CapacityCo
 
 async def test_first_refresh_plans_the_worked_example() -> None:
     """8 GiB card, 5 GiB weights, 1.5 GiB overhead: five permits, handed to the bulkhead."""
-    resized: list[int] = []
+    resized: list[Limits] = []
     loop = controller(ScriptedGpu(), Clock(), resized)
     state = await loop.refresh()
-    assert (state.plan is not None, state.limit, state.mode, resized) == (True, 5, "fresh", [5])
+    assert (state.plan is not None, state.limit, state.mode) == (True, 5, "fresh")
+    assert resized == [Limits(limit=5)]
 
 
 async def test_a_neighbour_takes_headroom_not_permits() -> None:
     """A neighbour taking 0.5 GiB of a card the engine holds whole leaves the pool alone: one
     engine_headroom warning while it stays, cleared when it leaves, never a resize."""
-    gpu, resized = ScriptedGpu(), list[int]()
+    gpu, resized = ScriptedGpu(), list[Limits]()
     loop = controller(gpu, Clock(), resized)
     await loop.refresh()
     gpu.neighbour = GIB // 2
@@ -96,7 +98,7 @@ async def test_a_neighbour_takes_headroom_not_permits() -> None:
         taken = [h.taken_bytes for h in loop.state.headroom]
         gpu.neighbour = 0
         await loop.refresh()
-    assert resized == [5]
+    assert resized == [Limits(limit=5)]
     assert taken == [GIB // 2]
     assert [(e["event"], e["code"]) for e in logs] == [
         ("config_warning_raised", "engine_headroom"),
@@ -106,7 +108,7 @@ async def test_a_neighbour_takes_headroom_not_permits() -> None:
 
 async def test_failed_read_keeps_the_plan_then_floors_then_recovers() -> None:
     """Stale inside the grace period, the floor after it, fresh again when the GPU is back."""
-    gpu, clock, resized = ScriptedGpu(), Clock(), list[int]()
+    gpu, clock, resized = ScriptedGpu(), Clock(), list[Limits]()
     loop = controller(gpu, clock, resized)
     await loop.refresh()
     gpu.failure = ProbeTemporaryError("NVML: the GPU is lost")
@@ -122,7 +124,7 @@ async def test_failed_read_keeps_the_plan_then_floors_then_recovers() -> None:
         ("fresh", 5),
     ]
     assert stale.error == "NVML: the GPU is lost"
-    assert resized == [5, 1, 5]
+    assert resized == [Limits(limit=5), Limits(limit=1), Limits(limit=5)]
 
 
 class HeldLaw:
@@ -131,11 +133,8 @@ class HeldLaw:
     def __init__(self, held: list[int | None]) -> None:
         self.held = held
 
-    def limit_of(self, plan: Plan) -> int:
-        return plan.permits
-
-    def starts_of(self, plan: Plan) -> int:
-        return plan.permits
+    def step(self, plan: Plan) -> Limits:
+        return Limits(limit=plan.permits, in_flight=plan.permits)
 
     def hold_limit(self) -> int | None:
         return self.held[0]
@@ -144,7 +143,7 @@ class HeldLaw:
 async def test_a_held_limit_stands_on_the_floor() -> None:
     """slo admission holds its law's limit (steered by the streams, not the plan) when the
     engine's /metrics go silent: the floor never starves an engine that still streams."""
-    gpu, clock, resized = ScriptedGpu(), Clock(), list[int]()
+    gpu, clock, resized = ScriptedGpu(), Clock(), list[Limits]()
     held: list[int | None] = [12]
     loop = CapacityController(
         source="nvml",
@@ -167,7 +166,8 @@ async def test_a_held_limit_stands_on_the_floor() -> None:
     clock.now += 1
     bare = await loop.refresh()
     assert [(s.mode, s.limit) for s in (floored, bare)] == [("floor", 12), ("floor", 1)]
-    assert resized == [5, 12, 1]
+    # The cap in flight stays where the last plan left it.
+    assert resized == [Limits(limit=n, in_flight=5) for n in (5, 12, 1)]
 
 
 async def test_each_transition_is_logged_once_not_every_tick() -> None:
@@ -254,11 +254,11 @@ async def test_build_controller_hands_the_bulkhead_the_right_limit(
     extra: dict[str, str], limit: int
 ) -> None:
     """Count mode gets permits (capped), token mode gets alpha x pool in bytes."""
-    resized: list[int] = []
+    resized: list[Limits] = []
     env = settings(SIDECAR_CAPACITY_SOURCE="static", **extra)
     loop = build_controller(load_settings(env), resized.append, clock=Clock())
     await loop.refresh()
-    assert resized == [limit]
+    assert resized == [Limits(limit=limit)]
 
 
 async def test_floor_defaults_to_the_declared_static_plan() -> None:

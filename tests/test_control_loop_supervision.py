@@ -10,6 +10,7 @@ import threading
 import pytest
 from structlog.testing import capture_logs
 
+from sidecar.core.limits import Limits
 from sidecar.live.probes import GpuSnapshot
 from sidecar.live.probes.nvml_worker import NvmlWorker
 from tests.test_control_loop import Clock, ScriptedGpu, controller
@@ -50,13 +51,13 @@ async def test_a_plan_not_renewed_reads_stale_then_floor_without_another_tick() 
 
 async def test_the_watchdog_hands_the_bulkhead_the_floor() -> None:
     """enforce() (the watchdog's step) resizes to the floor once the plan is too old."""
-    clock, resized = Clock(), list[int]()
+    clock, resized = Clock(), list[Limits]()
     loop = controller(ScriptedGpu(), clock, resized)
     await loop.refresh()
     clock.now += 60
     with capture_logs() as logs:
         assert loop.enforce().mode == "floor"
-    assert resized == [5, 1]
+    assert resized == [Limits(limit=5), Limits(limit=1)]
     assert [e["event"] for e in logs] == ["capacity_on_floor"]
 
 

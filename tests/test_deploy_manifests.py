@@ -22,11 +22,11 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from sidecar.core.admission.tenancy import parse_priorities
 from sidecar.core.errors import RequestError
-from sidecar.core.model_spec import load_model, load_model_spec
-from sidecar.core.parallelism import check_tensor_parallel
-from sidecar.core.saturation import CAPACITY_REFUSALS
-from sidecar.core.tenancy import parse_priorities
+from sidecar.core.laws.saturation import CAPACITY_REFUSALS
+from sidecar.core.model.model_spec import load_model, load_model_spec
+from sidecar.core.plan.parallelism import check_tensor_parallel
 from sidecar.edge.proxy.routes import ProxyPaths, parse_forward_paths, parse_free_paths, route
 from sidecar.entry.settings import load_settings
 from tests import deploy_files as d

@@ -363,7 +363,8 @@ def test_adapter_rules_give_each_pod_its_value(stack: Stack) -> None:
 
 def test_alerts_stay_quiet_on_a_healthy_sidecar(stack: Stack) -> None:
     """Every alert expr evaluates; while permits are in use, the engine runs and requests queue
-    at the sidecar, only the saturation alert's condition holds (it would fire after its `for`)."""
+    at the sidecar well within their TTFT objective (120 s here), no alert's condition holds: a
+    queue that serves its requests within the objectives is not saturation."""
     running = stack.query('sum(vllm:num_requests_running{namespace="llm"})')
     assert value(running) > 0  # the engine's metrics arrive from its own port
     assert stack.capacity()["queued"] > 0
@@ -372,7 +373,8 @@ def test_alerts_stay_quiet_on_a_healthy_sidecar(stack: Stack) -> None:
         for rule in d.alert_rules(d.render("overlays/device-plugin-keda"))
         if stack.query(rule["expr"])
     }
-    assert holding == {"SidecarSaturated"}
+    assert stack.capacity()["utilisation"] < 1
+    assert holding == set()
 
 
 def test_dashboard_queries_return_data(stack: Stack) -> None:

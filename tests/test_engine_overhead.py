@@ -10,25 +10,25 @@ from typing import Any
 
 import pytest
 
-from sidecar.core.capacity import KvCost, Source
-from sidecar.core.config_json import spec_from_config
-from sidecar.core.engine_overhead import (
+from sidecar.core.errors import ConfigError
+from sidecar.core.plan.capacity import KvCost, Source
+from sidecar.core.plan.config_json import spec_from_config
+from sidecar.core.plan.engine_overhead import (
     EngineSettings,
     activation_peak,
     overhead_parts,
     overhead_total,
 )
-from sidecar.core.errors import ConfigError
-from sidecar.core.gpu_presets import GIB, GPUS, ServeDefaults, vllm_serve_defaults
-from sidecar.core.model_shape import ModelShape, shape_from_config
-from sidecar.core.parallelism import last_stage_is_fullest, pipeline_stages
+from sidecar.core.plan.gpu_presets import GIB, GPUS, ServeDefaults, vllm_serve_defaults
+from sidecar.core.plan.model_shape import ModelShape, shape_from_config
+from sidecar.core.plan.parallelism import last_stage_is_fullest, pipeline_stages
 
 CONFIGS = Path(__file__).parent / "configs"
 
 
 def config(name: str) -> dict[str, Any]:
     """A preset's or a test config's parsed config.json."""
-    preset = resources.files("sidecar.core") / "presets" / f"{name}.json"
+    preset = resources.files("sidecar.core.model") / "presets" / f"{name}.json"
     text = preset.read_text("utf-8") if preset.is_file() else (CONFIGS / f"{name}.json").read_text()
     cfg: dict[str, Any] = json.loads(text)
     return cfg

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.core.estimator import CompletionEstimator, EstimatorConfig, band_of
+from sidecar.core.admission.estimator import CompletionEstimator, EstimatorConfig, band_of
 
 
 @pytest.mark.parametrize(

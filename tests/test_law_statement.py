@@ -13,18 +13,20 @@ from typing import TypeVar
 
 import pytest
 
-from sidecar.core.claims import Claims
-from sidecar.core.objectives import Objectives
-from sidecar.core.slo_limit import (
+from sidecar.core.laws import slo_law
+from sidecar.core.laws.slo_law import ENGINE_QUEUE_S
+from sidecar.core.laws.slo_limit import (
     LimitEvidence,
     SloLimit,
     SloLimitConfig,
     drain_allowance,
     fits_in_cache,
 )
+from sidecar.core.request.claims import Claims
+from sidecar.core.request.objectives import Objectives
 from sidecar.live import slo as live_slo
 from sidecar.live.control_loop import HURRY_GAP_S
-from sidecar.live.slo import ENDS_WINDOW_S, ENGINE_QUEUE_S, SloControl
+from sidecar.live.slo import ENDS_WINDOW_S, SloControl
 from tests.test_slo_control import PLAN, FakeClock, control, reading
 
 ADAPTIVE_MD = Path(__file__).parent.parent / "docs" / "adaptive.md"
@@ -73,7 +75,7 @@ def code_constants() -> dict[str, float]:
     return {
         **{f.name: float(getattr(config, f.name)) for f in fields(config)},
         "least": least,
-        "ENGINE_QUEUE_S": live_slo.ENGINE_QUEUE_S,
+        "ENGINE_QUEUE_S": slo_law.ENGINE_QUEUE_S,
         "ENDS_WINDOW_S": live_slo.ENDS_WINDOW_S,
         "TTFT_SMOOTHING": live_slo.TTFT_SMOOTHING,
     }
@@ -289,8 +291,8 @@ def test_the_limit_stays_within_floor_and_ceiling() -> None:
 @states("drain = max(1, floor(fits + ends/s x ENGINE_QUEUE_S))")
 def test_the_drain_ceiling_is_what_the_cache_holds_and_what_ends_free_in_time() -> None:
     """20 held and 8 ends a second: 2 more within 0.25 s; nothing held, nothing ending: 1."""
-    assert drain_allowance(20, 8.0, live_slo.ENGINE_QUEUE_S) == 22
-    assert drain_allowance(0, 0.0, live_slo.ENGINE_QUEUE_S) == 1
+    assert drain_allowance(20, 8.0, ENGINE_QUEUE_S) == 22
+    assert drain_allowance(0, 0.0, ENGINE_QUEUE_S) == 1
 
 
 @states("`floor(running / KV usage)`, the requests the KV cache holds at the present mix")
@@ -312,7 +314,9 @@ def test_the_start_is_the_pool_over_the_typical_request_floored_at_the_worst_cas
 def start_for(typical: tuple[float, float] | None) -> int:
     slo = control(FakeClock())
     slo.observe(reading(typical=typical))
-    return slo.limit_of(PLAN)
+    in_flight = slo.step(PLAN).in_flight
+    assert in_flight is not None
+    return in_flight
 
 
 @states("max wait = min(max(0, aim x its TTFT objective - expected TTFT), its queue TTL,")

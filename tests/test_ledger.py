@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sidecar.core.ledger import Ledger, StreamUsage
+from sidecar.core.admission.ledger import Ledger, StreamUsage
 
 
 def flat(tokens: int) -> Callable[[int], int]:

@@ -1,5 +1,6 @@
-"""Tests for sidecar.core.config_json and model_spec: KV-cache shapes from real-shaped config.json
-files, and finding a model's config and weights (path, directory, Hugging Face cache, preset)."""
+"""Tests for sidecar.core.plan.config_json and model_spec: KV-cache shapes from real-shaped
+config.json files, and finding a model's config and weights (path, directory, Hugging Face cache,
+preset)."""
 
 from __future__ import annotations
 
@@ -12,17 +13,17 @@ from typing import Any
 
 import pytest
 
-from sidecar.core.capacity import Source, Term
-from sidecar.core.config_json import LayerKind, ModelSpec, spec_from_config
 from sidecar.core.errors import ModelConfigError
-from sidecar.core.hub_cache import hub_cache_dir
-from sidecar.core.model_spec import (
+from sidecar.core.model.hub_cache import hub_cache_dir
+from sidecar.core.model.model_spec import (
     SAFETENSORS_INDEX,
     load_model,
     load_model_spec,
     preset_names,
     weights_bytes_in,
 )
+from sidecar.core.plan.capacity import Source, Term
+from sidecar.core.plan.config_json import LayerKind, ModelSpec, spec_from_config
 
 CONFIGS = Path(__file__).parent / "configs"
 FULL, SLIDING, STATE, NONE = LayerKind.FULL, LayerKind.SLIDING, LayerKind.STATE, LayerKind.NONE
@@ -323,7 +324,9 @@ def test_gpt_oss_presets_alternate_windowed_and_full_layers(
 ) -> None:
     """gpt-oss: sliding (128) then full attention, 8 KV heads of 64; no dtype in its config.json,
     so the preset says bfloat16 as vLLM reads it from the safetensors."""
-    raw = json.loads((resources.files("sidecar.core") / "presets" / f"{name}.json").read_text())
+    raw = json.loads(
+        (resources.files("sidecar.core.model") / "presets" / f"{name}.json").read_text()
+    )
     assert "torch_dtype" not in raw
     assert (raw["num_local_experts"], raw["quantization_config"]["quant_method"]) == (
         experts,

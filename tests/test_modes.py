@@ -7,12 +7,13 @@ from dataclasses import replace
 
 import pytest
 
-from sidecar.core.capacity import Budget, Plan, Source, Term, engine_cost, make_plan
+from sidecar.core.admission.estimator import EstimatorConfig
+from sidecar.core.admission.ledger import StreamUsage
+from sidecar.core.admission.modes import AdaptiveMode, AdmissionMode, CountMode, SloMode, TokenMode
 from sidecar.core.errors import AdmissionRejectedError
-from sidecar.core.estimator import EstimatorConfig
-from sidecar.core.ledger import StreamUsage
-from sidecar.core.modes import AdaptiveMode, AdmissionMode, CountMode, SloMode, TokenMode
-from sidecar.core.request_checks import CheckedRequest
+from sidecar.core.limits import Limits
+from sidecar.core.plan.capacity import Budget, Plan, Source, Term, engine_cost, make_plan
+from sidecar.core.request.request_checks import CheckedRequest
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.live.adaptive import AdaptiveCapacity
 
@@ -70,11 +71,8 @@ class Steered:
         self.limit = limit
         self.starts = limit if starts is None else starts
 
-    def limit_of(self, plan: Plan) -> int:
-        return self.limit
-
-    def starts_of(self, plan: Plan) -> int:
-        return min(self.limit, self.starts)
+    def step(self, plan: Plan) -> Limits:
+        return Limits(limit=min(self.limit, self.starts), in_flight=self.limit)
 
     def hold_limit(self) -> int | None:
         return self.starts
@@ -98,7 +96,7 @@ def test_each_mode_derives_its_limit_from_the_plan(
     mode: AdmissionMode, slots: int | None, limit: int
 ) -> None:
     """Limits counted in requests are capped by the engine's slots; bytes and tokens are not."""
-    assert mode.limit_of(PLAN, slots) == limit
+    assert mode.step(PLAN, slots).limit == limit
 
 
 def test_only_adaptive_names_a_ceiling_and_caps_requests_by_the_slots() -> None:
@@ -107,10 +105,10 @@ def test_only_adaptive_names_a_ceiling_and_caps_requests_by_the_slots() -> None:
     adaptive = AdaptiveCapacity()
     adaptive.slots = 4
     mode = AdaptiveMode(adaptive)
-    mode.limit_of(PLAN)
-    assert (mode.ceiling(), mode.in_flight_cap()) == (100_000, 4)
-    for other in (CountMode(), SloMode(Steered(5)), TokenMode(lambda: COST)):
-        assert (other.ceiling(), other.in_flight_cap()) == (None, None)
+    assert (mode.step(PLAN).in_flight, mode.ceiling()) == (4, 100_000)
+    for other in (CountMode(), TokenMode(lambda: COST)):
+        assert (other.step(PLAN, slots=4).in_flight, other.ceiling()) == (None, None)
+    assert SloMode(Steered(5)).ceiling() is None  # its cap in flight is the law's, below
 
 
 @pytest.mark.parametrize(
@@ -126,7 +124,7 @@ def test_slo_limits_streams_starting_and_caps_requests_in_flight(
 ) -> None:
     """slo's limit counts streams starting (the law's starts), its cap requests in flight (the
     law's in-flight limit); SIDECAR_MAX_CONCURRENT_CALLS and the engine's slots cap both."""
-    assert (mode.limit_of(PLAN, slots), mode.in_flight_cap()) == (limit, in_flight)
+    assert mode.step(PLAN, slots) == Limits(limit=limit, in_flight=in_flight)
 
 
 def test_slo_prices_a_stream_until_its_first_token_and_nothing_else() -> None:
@@ -155,7 +153,7 @@ async def test_adaptive_bulkhead_queues_past_the_limit_and_refuses_past_the_pool
     mode = AdaptiveMode(adaptive)
     bulkhead = Bulkhead(limit=0, max_queue=4, max_wait_s=3.0, mode=mode)
     # alpha 0.001: the limit is one request of the budget, 10,000 tokens, of a 100,000 pool.
-    bulkhead.resize(mode.limit_of(replace(PLAN, alpha=0.001)))
+    bulkhead.resize(mode.step(replace(PLAN, alpha=0.001)))
     big = StreamUsage(compartment="default", prompt_tokens=15_000, max_tokens=5_000)
     waiter = asyncio.ensure_future(bulkhead.admit(big.worst(), usage=big).__aenter__())
     await asyncio.sleep(0)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.core.claims import Claims, read_claims
-from sidecar.core.objectives import Objectives, objectives_of
+from sidecar.core.request.claims import Claims, read_claims
+from sidecar.core.request.objectives import Objectives, objectives_of
 
 DEFAULTS = Objectives(ttft_s=2.0, tpot_s=0.1)
 

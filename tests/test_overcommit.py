@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.core.overcommit import AimdConfig, Overcommit, OvercommitEvidence
+from sidecar.core.laws.overcommit import AimdConfig, Overcommit, OvercommitEvidence
 
 CALM = OvercommitEvidence(preemptions_total=0.0, kv_usage_ratio=0.5, requests_waiting=0.0)
 IDLE = OvercommitEvidence(

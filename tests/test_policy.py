@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from sidecar.core.claims import Claims
-from sidecar.core.request_checks import CheckedRequest
+from sidecar.core.request.claims import Claims
+from sidecar.core.request.request_checks import CheckedRequest
 from sidecar.entry.policy import SidecarPolicy
 from sidecar.entry.settings import load_settings
 from sidecar.entry.wiring import build_controller, build_mode, build_slo

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from sidecar.core.errors import RequestError
-from sidecar.core.prompt_estimate import (
+from sidecar.core.request.prompt_estimate import (
     MESSAGE_OVERHEAD_TOKENS,
     PromptRates,
     estimate_prompt,

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.core.errors import RequestError
-from sidecar.core.request_checks import (
+from sidecar.core.request.request_checks import (
     MESSAGE_OVERHEAD_TOKENS,
     TokenPolicy,
     check_request,

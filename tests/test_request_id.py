@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.core.request_id import MAX_REQUEST_ID, accepted_request_id
+from sidecar.core.request.request_id import MAX_REQUEST_ID, accepted_request_id
 
 
 @pytest.mark.parametrize(

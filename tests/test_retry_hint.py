@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.core.retry_hint import MAX_RETRY_S, HintBounds, ReleaseRate, Returns, spread_s
+from sidecar.core.admission.retry_hint import (
+    MAX_RETRY_S,
+    HintBounds,
+    ReleaseRate,
+    Returns,
+    spread_s,
+)
 
 
 def feed(times: list[float]) -> ReleaseRate:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.core.room_hint import RoomHint
+from sidecar.core.admission.room_hint import RoomHint
 
 
 @pytest.mark.parametrize(

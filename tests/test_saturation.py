@@ -9,9 +9,7 @@ from typing import TYPE_CHECKING, cast
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from sidecar.core.objectives import Objectives
-from sidecar.core.outcomes import EDGE_FAULTS, REJECTIONS
-from sidecar.core.saturation import (
+from sidecar.core.laws.saturation import (
     CAPACITY_REFUSALS,
     LatencyShare,
     MeanWindow,
@@ -20,7 +18,9 @@ from sidecar.core.saturation import (
     SaturationEvidence,
     saturation,
 )
-from sidecar.core.stream_timing import StreamTiming
+from sidecar.core.outcomes import EDGE_FAULTS, REJECTIONS
+from sidecar.core.request.objectives import Objectives
+from sidecar.core.request.stream_timing import StreamTiming
 from sidecar.live.probes import EngineReading
 from sidecar.live.sources import Readings
 from sidecar.telemetry.saturation_metrics import SaturationSignal
@@ -106,11 +106,11 @@ def test_the_floor_is_a_bucket_low_tenth_not_one_lucky_stream() -> None:
 
 
 def test_the_floor_is_capped() -> None:
-    """A pod never seen lightly loaded (every sample at 0.8) counts its floor as 0.5 at most:
-    at the objective it still reads 1, and 0.8 reads 0.6, not 0."""
+    """A pod never seen lightly loaded (every sample at 0.8) counts its floor as 0.35 at most:
+    at the objective it still reads 1, and 0.8 reads 0.45 / 0.65, not 0."""
     share = latency([(float(t), 0.8) for t in range(30)])
-    assert share.base(30.0) == 0.5
-    assert share.share(30.0) == pytest.approx(0.6)
+    assert share.base(30.0) == 0.35
+    assert share.share(30.0) == pytest.approx(0.45 / 0.65)
 
 
 def test_the_floor_is_forgotten_after_its_window() -> None:
@@ -132,9 +132,9 @@ def test_the_window_forgets_its_samples() -> None:
 
 def test_the_stores_are_bounded() -> None:
     """Ten thousand samples in one bucket keep at most max_samples in the window and the
-    bucket (all at 0.5: the floor is 0.5 and the term 0)."""
+    bucket (all at 0.3: the floor is 0.3 and the term 0)."""
     config = SaturationConfig(max_samples=100)
-    share = latency([(t / 1e6, 0.5) for t in range(10_000)], config)
+    share = latency([(t / 1e6, 0.3) for t in range(10_000)], config)
     assert share.share(0.5) == 0.0
     assert len(share._window) == 100
     assert len(share._open) == 100
@@ -187,17 +187,19 @@ def test_capacity_refusals_are_known_outcomes() -> None:
 
 
 def pod(in_use: int = 1) -> tuple[SaturationSignal, Counter, SimpleNamespace, SimpleNamespace]:
-    """A signal over a bulkhead with ``in_use`` streams, a fresh outcome counter, read on a clock
-    the test sets (``clock.now``); objectives 2 s and 100 ms."""
+    """A signal over a bulkhead with ``in_use`` streams and its oldest waiter's wait
+    (``bulkhead.oldest_wait_s``), a fresh outcome counter, read on a clock the test sets
+    (``clock.now``); objectives 2 s and 100 ms."""
     registry = CollectorRegistry()
     requests = Counter("sidecar_requests", "r", ["outcome"], registry=registry)
     clock = SimpleNamespace(now=0.0)
-    bulkhead = SimpleNamespace(in_use=in_use, queued=0)
+    bulkhead = SimpleNamespace(in_use=in_use, queued=0, oldest_wait_s=0.0)
     signal = SaturationSignal(
         lambda: cast("BulkheadSnapshot", bulkhead),
         requests,
         lambda: clock.now,
         objectives=Objectives(ttft_s=2.0, tpot_s=0.1),
+        oldest_wait_s=lambda: bulkhead.oldest_wait_s,
     )
     return signal, requests, clock, bulkhead
 
@@ -275,4 +277,14 @@ def test_an_idle_pod_reads_zero_at_once() -> None:
     clock.now = 1.0
     assert signal.read().utilisation == pytest.approx(0.4)
     bulkhead.in_use = 0
+    assert signal.read().utilisation == 0.0
+
+
+def test_a_request_waiting_past_its_objective_reads_past_one() -> None:
+    """Nothing ended yet, one request has waited 3 s for admission against a 2 s objective:
+    the ttft term reads 1.5 at once; a wait still within the objective adds nothing."""
+    signal, _, _, bulkhead = pod()
+    bulkhead.queued, bulkhead.oldest_wait_s = 1, 3.0
+    assert signal.read().ttft == pytest.approx(1.5)
+    bulkhead.oldest_wait_s = 1.5
     assert signal.read().utilisation == 0.0

@@ -78,10 +78,14 @@ async def test_streams_slower_than_the_objective_read_past_one(
 async def test_a_refusal_pushes_the_signal_to_two(
     start_sidecar: StartSidecar, slow_engine: str
 ) -> None:
-    """Two streams hold both permits, a third waits; a fourth is refused (queue full), the only
-    request that ended lately: the refusal term reads 1 + 1/1."""
+    """Two streams hold both permits, a third waits: once it has waited past its 200 ms TTFT
+    objective the ttft term reads past 1. A fourth is refused (queue full), the only request
+    that ended lately: the refusal term reads 1 + 1/1."""
     server = await start_sidecar(
-        SIDECAR_UPSTREAM_URL=slow_engine, SIDECAR_MAX_QUEUE="1", SIDECAR_MAX_WAIT_MS="60000"
+        SIDECAR_UPSTREAM_URL=slow_engine,
+        SIDECAR_MAX_QUEUE="1",
+        SIDECAR_MAX_WAIT_MS="60000",
+        SIDECAR_SLO_TTFT_MS="200",
     )
     admin = admin_url(server)
     assert (await get_json(f"{admin}/capacity"))["utilisation"] == 0  # the refusal window's base
@@ -93,6 +97,11 @@ async def test_a_refusal_pushes_the_signal_to_two(
             return bool(doc["in_use"] == 2 and doc["queued"] == 1)
 
         assert await until(one_waiting)
+
+        async def waited_past_the_objective() -> bool:
+            return bool((await get_json(f"{admin}/capacity"))["saturation"]["ttft"] > 1)
+
+        assert await until(waited_past_the_objective)
         async with session.post(f"{proxy_url(server)}/v1/completions", json=BODY) as refused:
             assert refused.status == 429
         doc = await get_json(f"{admin}/capacity")
@@ -106,9 +115,7 @@ async def test_a_refusal_pushes_the_signal_to_two(
         await asyncio.gather(*streams, return_exceptions=True)
 
 
-async def _stream(
-    session: aiohttp.ClientSession, url: str, max_tokens: int = 28
-) -> None:
+async def _stream(session: aiohttp.ClientSession, url: str, max_tokens: int = 28) -> None:
     body = json.dumps({**BODY, "stream": True, "max_tokens": max_tokens})
     headers = {"Content-Type": "application/json"}
     async with session.post(f"{url}/v1/completions", data=body, headers=headers) as response:

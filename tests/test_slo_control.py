@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
-from sidecar.core.capacity import Budget, Source, Term, engine_cost, make_plan
-from sidecar.core.claims import NO_CLAIMS, Claims
-from sidecar.core.objectives import Objectives
-from sidecar.core.stream_timing import StreamTiming
+from sidecar.core.plan.capacity import Budget, Source, Term, engine_cost, make_plan
+from sidecar.core.request.claims import NO_CLAIMS, Claims
+from sidecar.core.request.objectives import Objectives
+from sidecar.core.request.stream_timing import StreamTiming
 from sidecar.live.probes import EngineReading
 from sidecar.live.slo import SloControl
 from sidecar.live.sources import Readings
@@ -80,14 +80,14 @@ def test_a_cold_engine_starts_at_its_worst_case_permits() -> None:
     """No history at the engine: pool / worst case = 10 requests to start."""
     slo = control(FakeClock())
     slo.observe(reading())
-    assert slo.limit_of(PLAN) == 10
+    assert slo.step(PLAN).in_flight == 10
 
 
 def test_a_warm_engine_primes_the_start_from_its_histograms() -> None:
     """The engine served requests of 40 + 360 tokens on average: 100,000 / 400 = 250 to start."""
     slo = control(FakeClock())
     slo.observe(reading(typical=(40.0, 360.0)))
-    assert slo.limit_of(PLAN) == 250
+    assert slo.step(PLAN).in_flight == 250
 
 
 def test_fast_first_tokens_grow_the_limit_while_streams_still_run() -> None:
@@ -96,11 +96,11 @@ def test_fast_first_tokens_grow_the_limit_while_streams_still_run() -> None:
     clock = FakeClock()
     slo = control(clock)
     slo.observe(reading())
-    assert (slo.limit_of(PLAN), slo.starts_of(PLAN)) == (10, 10)
+    assert (slo.step(PLAN).in_flight, slo.step(PLAN).limit) == (10, 10)
     fast_starts(slo, clock)  # target: 2 s x 0.5 = 1 s; 0.1 / 1 = 0.1 of it
     clock.advance(1.0)
     slo.observe(reading())
-    assert (slo.limit_of(PLAN), slo.starts_of(PLAN)) == (20, 20)
+    assert (slo.step(PLAN).in_flight, slo.step(PLAN).limit) == (20, 20)
 
 
 def test_a_burst_on_a_fresh_pod_is_let_in_on_the_first_healthy_tick() -> None:
@@ -111,11 +111,11 @@ def test_a_burst_on_a_fresh_pod_is_let_in_on_the_first_healthy_tick() -> None:
         objectives=Objectives(2.0, 0.1), binding=lambda: True, demand=lambda: 35, clock=clock
     )
     slo.observe(reading())
-    assert slo.limit_of(PLAN) == 10
+    assert slo.step(PLAN).in_flight == 10
     fast_starts(slo, clock)
     clock.advance(1.0)
     slo.observe(reading())
-    assert slo.limit_of(PLAN) == 35
+    assert slo.step(PLAN).in_flight == 35
 
 
 def test_streams_still_waiting_past_their_target_shrink_it() -> None:
@@ -125,12 +125,12 @@ def test_streams_still_waiting_past_their_target_shrink_it() -> None:
     clock = FakeClock()
     slo = control(clock)
     slo.observe(reading())
-    assert slo.starts_of(PLAN) == 10
+    assert slo.step(PLAN).limit == 10
     for _ in range(3):
         slo.track(StreamTiming(sent=clock()), NO_CLAIMS)
     clock.advance(2.0)
     slo.observe(reading())
-    assert (slo.starts_of(PLAN), slo.limit_of(PLAN)) == (5, 20)
+    assert (slo.step(PLAN).limit, slo.step(PLAN).in_flight) == (5, 20)
 
 
 def test_a_request_objective_in_its_headers_is_the_one_it_is_held_to() -> None:
@@ -140,7 +140,7 @@ def test_a_request_objective_in_its_headers_is_the_one_it_is_held_to() -> None:
     clock = FakeClock()
     slo = control(clock)
     slo.observe(reading())
-    assert slo.limit_of(PLAN) == 10
+    assert slo.step(PLAN).in_flight == 10
     claims = Claims(ttft_slo_ms=200)
     for _ in range(3):
         timing = StreamTiming(sent=clock())
@@ -148,7 +148,7 @@ def test_a_request_objective_in_its_headers_is_the_one_it_is_held_to() -> None:
         timing.saw(1, clock() + 0.3)
         slo.ended(timing, completed=False)
     slo.observe(reading())
-    assert slo.starts_of(PLAN) == 5
+    assert slo.step(PLAN).limit == 5
     assert slo.expected_ttft_s == pytest.approx(0.15)
     assert slo.max_wait_s(claims) == pytest.approx(0.01)
     assert slo.max_wait_s(NO_CLAIMS) == pytest.approx(1.45)
@@ -160,7 +160,7 @@ def test_slow_tokens_after_a_fast_start_shrink_it() -> None:
     clock = FakeClock()
     slo = control(clock)
     slo.observe(reading())
-    assert slo.limit_of(PLAN) == 10
+    assert slo.step(PLAN).in_flight == 10
     for _ in range(3):
         timing = StreamTiming(sent=clock())
         slo.track(timing, NO_CLAIMS)
@@ -168,7 +168,7 @@ def test_slow_tokens_after_a_fast_start_shrink_it() -> None:
             timing.saw(1, clock() + 0.01 + 0.2 * i)
         slo.ended(timing, completed=True)
     slo.observe(reading())
-    assert slo.limit_of(PLAN) == 5
+    assert slo.step(PLAN).in_flight == 5
 
 
 def test_an_engine_that_cannot_preempt_keeps_the_worst_case_permits() -> None:
@@ -176,7 +176,7 @@ def test_an_engine_that_cannot_preempt_keeps_the_worst_case_permits() -> None:
     clock = FakeClock()
     slo = control(clock)
     slo.observe(reading(preemptions=None))
-    assert slo.limit_of(PLAN) == 10
+    assert slo.step(PLAN).in_flight == 10
     for _ in range(3):
         timing = StreamTiming(sent=clock())
         slo.track(timing, NO_CLAIMS)
@@ -184,7 +184,7 @@ def test_an_engine_that_cannot_preempt_keeps_the_worst_case_permits() -> None:
     slo.observe(reading(preemptions=None))
     assert slo.law is not None
     assert slo.law.limit == 20  # the law moved ...
-    assert slo.limit_of(PLAN) == 10  # ... the limit did not
+    assert slo.step(PLAN).in_flight == 10  # ... the limit did not
     assert slo.pricing == "worst-case"
 
 
@@ -194,19 +194,19 @@ def test_streams_sent_before_a_cut_do_not_cut_again() -> None:
     clock = FakeClock()
     slo = control(clock)
     slo.observe(reading())
-    assert slo.limit_of(PLAN) == 10
+    assert slo.step(PLAN).in_flight == 10
     for _ in range(3):
         slo.track(StreamTiming(sent=clock()), NO_CLAIMS)
     clock.advance(2.0)
     slo.observe(reading())
-    assert slo.starts_of(PLAN) == 5
+    assert slo.step(PLAN).limit == 5
     clock.advance(1.0)
     slo.observe(reading())
-    assert slo.starts_of(PLAN) == 5  # the same late streams, no second cut
+    assert slo.step(PLAN).limit == 5  # the same late streams, no second cut
     fast_starts(slo, clock)
     clock.advance(1.0)
     slo.observe(reading())
-    assert slo.starts_of(PLAN) == 6  # new streams, fast: growth (gentle, after the cut)
+    assert slo.step(PLAN).limit == 6  # new streams, fast: growth (gentle, after the cut)
 
 
 def test_slow_first_tokens_with_nothing_waiting_at_the_engine_do_not_cut() -> None:
@@ -216,7 +216,7 @@ def test_slow_first_tokens_with_nothing_waiting_at_the_engine_do_not_cut() -> No
     clock = FakeClock()
     slo = control(clock)
     slo.observe(reading(waiting=0))
-    assert slo.limit_of(PLAN) == 10
+    assert slo.step(PLAN).in_flight == 10
     for _ in range(3):
         timing = StreamTiming(sent=clock())
         slo.track(timing, NO_CLAIMS)
@@ -224,7 +224,7 @@ def test_slow_first_tokens_with_nothing_waiting_at_the_engine_do_not_cut() -> No
             timing.saw(1, clock() + 2.0 + 0.01 * i)
         slo.ended(timing, completed=True)
     slo.observe(reading(waiting=0))
-    assert (slo.limit_of(PLAN), slo.starts_of(PLAN)) == (20, 20)
+    assert (slo.step(PLAN).in_flight, slo.step(PLAN).limit) == (20, 20)
 
 
 def test_ended_streams_are_forgotten() -> None:
@@ -247,7 +247,7 @@ def test_the_law_holds_its_limit_only_for_an_engine_that_preempts() -> None:
     slo = control(FakeClock())
     assert slo.hold_limit() is None  # no plan yet
     slo.observe(reading())
-    assert slo.limit_of(PLAN) == 10
+    assert slo.step(PLAN).in_flight == 10
     assert slo.hold_limit() == 10
     slo.observe(reading(preemptions=None))
     assert slo.hold_limit() is None
@@ -271,7 +271,7 @@ def test_a_step_now_can_grow_the_limit_only_in_slow_start_and_uncapped(
     slo = control(clock)
     assert not slo.grows_fast(10)  # no plan yet: no law to step
     slo.observe(reading(preemptions=preemptions))
-    slo.limit_of(PLAN)
+    slo.step(PLAN)
     if slow_first_tokens:
         for _ in range(3):
             slo.track(StreamTiming(sent=clock()), NO_CLAIMS)
@@ -288,11 +288,11 @@ def test_slow_start_stops_where_the_cache_is_full() -> None:
         objectives=Objectives(2.0, 0.1), binding=lambda: True, demand=lambda: 90, clock=clock
     )
     slo.observe(reading(running=10, kv=0.4))
-    assert slo.limit_of(PLAN) == 10
+    assert slo.step(PLAN).in_flight == 10
     fast_starts(slo, clock)
     clock.advance(1.0)
     slo.observe(reading(running=10, kv=0.4))
-    assert slo.limit_of(PLAN) == 25
+    assert slo.step(PLAN).in_flight == 25
 
 
 def test_late_first_tokens_cut_the_starts_and_the_pace_of_tokens_steers_in_flight() -> None:
@@ -305,13 +305,16 @@ def test_late_first_tokens_cut_the_starts_and_the_pace_of_tokens_steers_in_fligh
         starting=lambda: demand[0], clock=clock,
     )  # fmt: skip
     slo.observe(reading())
-    assert slo.limit_of(PLAN) == 10
+    assert slo.step(PLAN).in_flight == 10
     running = [StreamTiming(sent=clock()) for _ in range(6)]
     for timing in running:
         slo.track(timing, NO_CLAIMS)
     clock.advance(2.0)
     slo.observe(reading())
-    assert (slo.starts_of(PLAN), slo.limit_of(PLAN)) == (5, 12)  # in flight: up to the demand
+    assert (slo.step(PLAN).limit, slo.step(PLAN).in_flight) == (
+        5,
+        12,
+    )  # in flight: up to the demand
     for timing in running:
         timing.saw(1, clock())
         timing.saw(40, clock() + 1.0)  # 40 tokens in a second: 25 ms a token, a quarter of 0.1 s
@@ -321,8 +324,8 @@ def test_late_first_tokens_cut_the_starts_and_the_pace_of_tokens_steers_in_fligh
     slo.observe(reading())
     # Sent before the cut: their first tokens do not judge the starts again; the queue at the
     # engine holds it. Their pace is heard in flight: in slow start, it reaches for the 30.
-    assert slo.starts_of(PLAN) == 5
-    assert slo.limit_of(PLAN) == 30
+    assert slo.step(PLAN).limit == 5
+    assert slo.step(PLAN).in_flight == 30
 
 
 def test_a_plan_from_declared_figures_does_not_outlive_the_engines_first() -> None:
@@ -335,10 +338,10 @@ def test_a_plan_from_declared_figures_does_not_outlive_the_engines_first() -> No
         Budget(2_000, 8_000),
         1.0,
     )
-    assert slo.limit_of(declared) == 64  # blind: the declared pool over the worst case
+    assert slo.step(declared).in_flight == 64  # blind: the declared pool over the worst case
     slo.observe(reading(typical=(40.0, 360.0)))
-    assert slo.limit_of(PLAN) == 250
-    assert slo.limit_of(PLAN) == 250  # started once
+    assert slo.step(PLAN).in_flight == 250
+    assert slo.step(PLAN).in_flight == 250  # started once
 
 
 def test_the_starts_never_pass_the_requests_in_flight() -> None:
@@ -348,7 +351,7 @@ def test_the_starts_never_pass_the_requests_in_flight() -> None:
     clock = FakeClock()
     slo = control(clock)
     slo.observe(reading(waiting=0))
-    assert slo.limit_of(PLAN) == 10
+    assert slo.step(PLAN).in_flight == 10
     for _ in range(3):
         timing = StreamTiming(sent=clock())
         slo.track(timing, NO_CLAIMS)
@@ -357,7 +360,7 @@ def test_the_starts_never_pass_the_requests_in_flight() -> None:
         slo.ended(timing, completed=True)
     slo.observe(reading(waiting=0))
     assert slo.starts is not None
-    assert (slo.limit_of(PLAN), slo.starts.limit) == (5, 5)
+    assert (slo.step(PLAN).in_flight, slo.starts.limit) == (5, 5)
 
 
 @pytest.mark.parametrize(
@@ -378,12 +381,12 @@ def test_why_requests_wait_at_the_engine_says_which_limit_answers_late_first_tok
     clock = FakeClock()
     slo = control(clock)
     slo.observe(reading(running=6, kv=kv))
-    assert slo.limit_of(PLAN) == 10
+    assert slo.step(PLAN).in_flight == 10
     for _ in range(3):
         slo.track(StreamTiming(sent=clock()), NO_CLAIMS)
     clock.advance(2.0)
     slo.observe(reading(running=6, kv=kv))
-    assert (slo.starts_of(PLAN), slo.limit_of(PLAN)) == (5, in_flight)
+    assert (slo.step(PLAN).limit, slo.step(PLAN).in_flight) == (5, in_flight)
     assert slo.law is not None
     assert slo.law.limit >= 10
 
@@ -396,7 +399,7 @@ def test_in_flight_is_held_to_what_the_cache_holds_and_what_ends_free_in_time() 
     clock = FakeClock()
     slo = control(clock, demand=60)
     slo.observe(reading(running=5, kv=0.1))
-    assert slo.limit_of(PLAN) == 10  # the worst case: 100,000 / 10,000
+    assert slo.step(PLAN).in_flight == 10  # the worst case: 100,000 / 10,000
     assert slo.law is not None
     for _ in range(20):
         timing = StreamTiming(sent=clock())
@@ -412,17 +415,17 @@ def test_in_flight_is_held_to_what_the_cache_holds_and_what_ends_free_in_time() 
     clock.advance(1.0)
     slo.observe(reading(running=20, kv=0.95))
     assert (slo.drain_limit, slo.ends_per_s) == (22, 4.0)
-    assert slo.limit_of(PLAN) == 22 < grown
+    assert slo.step(PLAN).in_flight == 22 < grown
     fast_starts(slo, clock)
     clock.advance(0.5)
     slo.observe(reading(running=20, kv=0.95))
     assert slo.law.limit == grown  # bound by the ceiling, not by itself: no growth
     clock.advance(5.0)  # the ends fall out of the window: the cache holds what it holds
     slo.observe(reading(running=20, kv=0.95))
-    assert (slo.drain_limit, slo.limit_of(PLAN)) == (21, 21)
+    assert (slo.drain_limit, slo.step(PLAN).in_flight) == (21, 21)
     slo.observe(reading(running=20, kv=0.5))
     assert slo.drain_limit == 40
-    assert slo.limit_of(PLAN) == min(slo.law.limit, 40) >= min(grown, 40)
+    assert slo.step(PLAN).in_flight == min(slo.law.limit, 40) >= min(grown, 40)
 
 
 def test_no_hurried_steps_once_the_limit_in_flight_was_cut() -> None:
@@ -431,7 +434,7 @@ def test_no_hurried_steps_once_the_limit_in_flight_was_cut() -> None:
     clock = FakeClock()
     slo = control(clock)
     slo.observe(reading(waiting=0))
-    slo.limit_of(PLAN)
+    slo.step(PLAN)
     assert slo.grows_fast(10)
     for _ in range(3):
         timing = StreamTiming(sent=clock())
@@ -463,19 +466,19 @@ def test_slow_tokens_of_streams_sent_before_a_cut_do_not_cut_again() -> None:
     clock = FakeClock()
     slo = control(clock)
     slo.observe(reading())
-    assert slo.limit_of(PLAN) == 10
+    assert slo.step(PLAN).in_flight == 10
     before = clock()
     clock.advance(1.0)
     slow_tokens(slo, clock, before)
     slo.observe(reading())
-    assert slo.limit_of(PLAN) == 5  # the cut: 10 x 1 / 2
+    assert slo.step(PLAN).in_flight == 5  # the cut: 10 x 1 / 2
     clock.advance(1.0)
     slow_tokens(slo, clock, before)
     slo.observe(reading())
-    assert slo.limit_of(PLAN) == 5  # the same burst's victims: no second cut
+    assert slo.step(PLAN).in_flight == 5  # the same burst's victims: no second cut
     slow_tokens(slo, clock, clock())
     slo.observe(reading())
-    assert slo.limit_of(PLAN) == 2  # sent after the cut, and still slow: 5 x 1 / 2
+    assert slo.step(PLAN).in_flight == 2  # sent after the cut, and still slow: 5 x 1 / 2
 
 
 def test_a_quiet_spell_after_a_cut_logs_one_restart() -> None:
@@ -490,18 +493,18 @@ def test_a_quiet_spell_after_a_cut_logs_one_restart() -> None:
         clock=clock,
     )
     slo.observe(reading())
-    slo.limit_of(PLAN)
+    slo.step(PLAN)
     with capture_logs() as logs:
         clock.advance(1.0)
         slow_tokens(slo, clock, clock() - 1.0)
         slo.observe(reading())
-        slo.limit_of(PLAN)
+        slo.step(PLAN)
         pressed[0] = False
         for _ in range(7):
             clock.advance(1.0)
             slo.observe(reading())
-            slo.limit_of(PLAN)
+            slo.step(PLAN)
     events = [entry["event"] for entry in logs]
     assert events.count("slo_backoff") == 1
     assert events.count("slo_restart") == 1
-    assert slo.limit_of(PLAN) == 10  # back at the start: pool / worst case
+    assert slo.step(PLAN).in_flight == 10  # back at the start: pool / worst case

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sidecar.core.objectives import Objectives
-from sidecar.core.stream_timing import StreamTiming
+from sidecar.core.request.objectives import Objectives
+from sidecar.core.request.stream_timing import StreamTiming
 from sidecar.telemetry.metrics import RequestMetrics, SloResult, slo_result
 
 OBJECTIVES = Objectives(ttft_s=2.0, tpot_s=0.1)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.core.slo_limit import (
+from sidecar.core.laws.slo_limit import (
     LimitEvidence,
     SloLimit,
     SloLimitConfig,

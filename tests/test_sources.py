@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.core.capacity import (
+from sidecar.core.errors import ProbeTemporaryError, ProbeUnavailableError
+from sidecar.core.model.model_spec import load_model_spec
+from sidecar.core.plan.capacity import (
     Budget,
     KvCost,
     MemoryFraction,
@@ -16,8 +18,6 @@ from sidecar.core.capacity import (
     Term,
     make_plan,
 )
-from sidecar.core.errors import ProbeTemporaryError, ProbeUnavailableError
-from sidecar.core.model_spec import load_model_spec
 from sidecar.live.declared_memory import static_memory
 from sidecar.live.engine_pricing import engine_pricing
 from sidecar.live.probes import (

@@ -8,10 +8,11 @@ import asyncio
 
 import pytest
 
-from sidecar.core.capacity import Budget, Plan, Source, Term, engine_cost, make_plan
+from sidecar.core.admission.modes import SloMode
+from sidecar.core.admission.retry_hint import ReleaseRate
 from sidecar.core.errors import AdmissionRejectedError
-from sidecar.core.modes import SloMode
-from sidecar.core.retry_hint import ReleaseRate
+from sidecar.core.limits import Limits
+from sidecar.core.plan.capacity import Budget, Plan, Source, Term, engine_cost, make_plan
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.limiter.permit import Permit
 from tests.fake_time import FakeTime
@@ -30,11 +31,8 @@ class Steered:
     def __init__(self, in_flight: int, starts: int) -> None:
         self.in_flight, self.starts = in_flight, starts
 
-    def limit_of(self, plan: Plan) -> int:
-        return self.in_flight
-
-    def starts_of(self, plan: Plan) -> int:
-        return min(self.in_flight, self.starts)
+    def step(self, plan: Plan) -> Limits:
+        return Limits(limit=min(self.in_flight, self.starts), in_flight=self.in_flight)
 
     def hold_limit(self) -> int | None:
         return self.starts
@@ -47,7 +45,7 @@ def gate(fake: FakeTime, in_flight: int, starts: int, max_queue: int = 4) -> Bul
         limit=0, max_queue=max_queue, max_wait_s=3.0, mode=mode, clock=fake.clock,
         call_later=fake.call_later, hint=ReleaseRate(draw=lambda: 0.0),
     )  # fmt: skip
-    bulkhead.resize(mode.limit_of(PLAN))
+    bulkhead.resize(mode.step(PLAN))
     return bulkhead
 
 

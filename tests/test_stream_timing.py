@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.core.stream_timing import StreamTiming
+from sidecar.core.request.stream_timing import StreamTiming
 
 
 def test_ttft_runs_from_sent_to_the_first_token_event() -> None:

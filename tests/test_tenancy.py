@@ -6,8 +6,7 @@ import hashlib
 
 import pytest
 
-from sidecar.core.claims import ClaimNames, read_claims
-from sidecar.core.tenancy import (
+from sidecar.core.admission.tenancy import (
     compartment_key,
     hash_api_key,
     is_sheddable,
@@ -15,6 +14,7 @@ from sidecar.core.tenancy import (
     parse_priorities,
     tenant_id,
 )
+from sidecar.core.request.claims import ClaimNames, read_claims
 
 SECRET = "sk-live-do-not-leak-0123456789"
 HASHED = "key-" + hashlib.sha256(SECRET.encode()).hexdigest()[:12]

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from sidecar.core.errors import ProbeTemporaryError, RequestError
-from sidecar.core.request_checks import TokenPolicy, check_request
-from sidecar.core.token_budget import TokenBudget, resolve_budget
+from sidecar.core.plan.token_budget import TokenBudget, resolve_budget
+from sidecar.core.request.request_checks import TokenPolicy, check_request
 from sidecar.live.engine_health import EngineHealth
 from sidecar.live.probes import EngineReading
 from sidecar.live.sources import Readings

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.core.capacity import engine_cost
+from sidecar.core.admission.modes import TokenMode
 from sidecar.core.errors import ConfigError
-from sidecar.core.modes import TokenMode
+from sidecar.core.plan.capacity import engine_cost
 from sidecar.entry.settings import load_settings
 from sidecar.entry.wiring import build_bulkhead, build_mode, model_cost
 

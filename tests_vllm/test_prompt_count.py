@@ -9,7 +9,7 @@ import pytest
 from conftest import Stack
 from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 
-from sidecar.core.request_checks import TokenPolicy, check_request
+from sidecar.core.request.request_checks import TokenPolicy, check_request
 from sidecar.edge.engine.pool import EnginePool
 from sidecar.edge.proxy.prompt_count import EnginePromptCounter
 

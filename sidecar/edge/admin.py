@@ -13,7 +13,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from sidecar.core.decisions import LIMIT_UNITS
+from sidecar.core.admission.decisions import LIMIT_UNITS
 from sidecar.edge.http.request import Request
 from sidecar.edge.http.response import Response
 from sidecar.edge.http.server import Handler

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 
+from sidecar.core.admission.retry_hint import clamped_retry_s
 from sidecar.core.errors import (
     AdmissionRejectedError,
     EdgeRefusedError,
@@ -21,7 +22,6 @@ from sidecar.core.errors import (
     UpstreamError,
 )
 from sidecar.core.outcomes import DROPPED_REASON_HEADER, Refusal, error_body, refusal_body
-from sidecar.core.retry_hint import clamped_retry_s
 from sidecar.edge.http.response import Response, internal_error
 
 

@@ -12,10 +12,10 @@ from collections.abc import Callable
 import structlog
 from prometheus_client import CollectorRegistry
 
-from sidecar.core.claims import parse_claim_trust
-from sidecar.core.compartments import parse_compartments
+from sidecar.core.admission.compartments import parse_compartments
 from sidecar.core.outcomes import EDGE_FAULTS, EdgeFault
 from sidecar.core.redaction import redact_url
+from sidecar.core.request.claims import parse_claim_trust
 from sidecar.edge.admin import Admin, admin_handler
 from sidecar.edge.engine.pool import EnginePool
 from sidecar.edge.http.limits import ConnectionCount, EdgeLimits
@@ -82,6 +82,7 @@ class SidecarServer:
             self.metrics.requests,
             clock,
             objectives=objectives_of_settings(settings),
+            oldest_wait_s=self.bulkhead.oldest_wait_s,
             config=signal_config_of_settings(settings),
         )
         self.controller: CapacityController = build_controller(

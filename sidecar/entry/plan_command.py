@@ -8,7 +8,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.core.capacity import (
+from sidecar.core.errors import ConfigError
+from sidecar.core.model.hub_cache import hub_cache_dir
+from sidecar.core.model.model_spec import Model, load_model, preset_names, weights_in
+from sidecar.core.model.preset_ids import HUB_IDS
+from sidecar.core.plan.capacity import (
     DEFAULT_MEMORY_FRACTION,
     Budget,
     KvCost,
@@ -19,17 +23,13 @@ from sidecar.core.capacity import (
     Term,
     make_plan,
 )
-from sidecar.core.engine_overhead import (
+from sidecar.core.plan.engine_overhead import (
     EngineSettings,
     overhead_parts,
     overhead_total,
 )
-from sidecar.core.errors import ConfigError
-from sidecar.core.gpu_presets import GPUS, GpuPreset, vllm_serve_defaults
-from sidecar.core.hub_cache import hub_cache_dir
-from sidecar.core.model_spec import Model, load_model, preset_names, weights_in
-from sidecar.core.parallelism import last_stage_is_fullest
-from sidecar.core.preset_ids import HUB_IDS
+from sidecar.core.plan.gpu_presets import GPUS, GpuPreset, vllm_serve_defaults
+from sidecar.core.plan.parallelism import last_stage_is_fullest
 from sidecar.core.sizes import parse_size
 from sidecar.entry.plan_render import render
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sidecar.core.capacity import Plan, Source
-from sidecar.core.config_json import LayerKind
-from sidecar.core.model_spec import Model
+from sidecar.core.model.model_spec import Model
+from sidecar.core.plan.capacity import Plan, Source
+from sidecar.core.plan.config_json import LayerKind
 from sidecar.core.sizes import format_size
 
 

@@ -6,20 +6,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from functools import partial
 
-from sidecar.core.claims import ClaimNames, Claims, parse_claim_trust
-from sidecar.core.ledger import StreamUsage
-from sidecar.core.modes import AdmissionMode
-from sidecar.core.outcomes import EdgeFault
-from sidecar.core.request_checks import CheckedRequest, TokenPolicy
-from sidecar.core.stream_timing import StreamTiming
-from sidecar.core.tenancy import (
+from sidecar.core.admission.ledger import StreamUsage
+from sidecar.core.admission.modes import AdmissionMode
+from sidecar.core.admission.tenancy import (
     compartment_key,
     is_sheddable,
     parse_names,
     parse_priorities,
     tenant_id,
 )
-from sidecar.core.token_budget import TokenBudget
+from sidecar.core.outcomes import EdgeFault
+from sidecar.core.plan.token_budget import TokenBudget
+from sidecar.core.request.claims import ClaimNames, Claims, parse_claim_trust
+from sidecar.core.request.request_checks import CheckedRequest, TokenPolicy
+from sidecar.core.request.stream_timing import StreamTiming
 from sidecar.entry.settings import Settings
 from sidecar.live.adaptive import AdaptiveCapacity
 from sidecar.live.control_loop import CapacityController

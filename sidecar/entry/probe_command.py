@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from sidecar.core.decisions import LIMIT_UNITS
+from sidecar.core.admission.decisions import LIMIT_UNITS
 from sidecar.core.errors import ProbeUnavailableError
 from sidecar.core.sizes import format_size
 from sidecar.entry.logs import configure_logging

@@ -15,16 +15,16 @@ from urllib.parse import urlsplit
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from sidecar.core.claims import parse_claim_trust
-from sidecar.core.compartments import parse_compartments
+from sidecar.core.admission.compartments import parse_compartments
+from sidecar.core.admission.estimator import EstimatorConfig
+from sidecar.core.admission.tenancy import parse_priorities
 from sidecar.core.errors import ConfigError, RequestError
-from sidecar.core.estimator import EstimatorConfig
-from sidecar.core.objectives import Objectives
-from sidecar.core.overcommit import AimdConfig
+from sidecar.core.laws.overcommit import AimdConfig
+from sidecar.core.laws.saturation import SaturationConfig
 from sidecar.core.redaction import redact_url
-from sidecar.core.saturation import SaturationConfig
+from sidecar.core.request.claims import parse_claim_trust
+from sidecar.core.request.objectives import Objectives
 from sidecar.core.sizes import parse_size
-from sidecar.core.tenancy import parse_priorities
 from sidecar.edge.proxy.routes import parse_forward_paths
 from sidecar.entry.event_loop import EventLoop
 

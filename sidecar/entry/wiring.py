@@ -14,17 +14,18 @@ from typing import Any
 
 import aiohttp
 
-from sidecar.core.capacity import Budget, KvCost, engine_cost, make_plan
-from sidecar.core.compartments import parse_compartments
-from sidecar.core.decisions import Mode
+from sidecar.core.admission.compartments import parse_compartments
+from sidecar.core.admission.decisions import Mode
+from sidecar.core.admission.estimator import EstimatorConfig
+from sidecar.core.admission.modes import AdaptiveMode, AdmissionMode, CountMode, SloMode, TokenMode
 from sidecar.core.errors import ConfigError
-from sidecar.core.estimator import EstimatorConfig
-from sidecar.core.model_spec import load_model_spec, weights_bytes_in
-from sidecar.core.modes import AdaptiveMode, AdmissionMode, CountMode, SloMode, TokenMode
-from sidecar.core.objectives import Objectives
-from sidecar.core.overcommit import AimdConfig
-from sidecar.core.saturation import SaturationConfig
-from sidecar.core.token_budget import resolve_budget
+from sidecar.core.laws.overcommit import AimdConfig
+from sidecar.core.laws.saturation import SaturationConfig
+from sidecar.core.limits import Limits
+from sidecar.core.model.model_spec import load_model_spec, weights_bytes_in
+from sidecar.core.plan.capacity import Budget, KvCost, engine_cost, make_plan
+from sidecar.core.plan.token_budget import resolve_budget
+from sidecar.core.request.objectives import Objectives
 from sidecar.core.warnings import ConfigWarning
 from sidecar.entry.settings import Settings
 from sidecar.limiter.bulkhead import Bulkhead
@@ -167,7 +168,7 @@ def model_cost(settings: Settings) -> KvCost | None:
 
 def build_controller(
     settings: Settings,
-    resize: Callable[[int], None],
+    resize: Callable[[Limits], None],
     mode: AdmissionMode | None = None,
     *,
     clock: Callable[[], float] = time.monotonic,
@@ -264,7 +265,8 @@ def _floor(
         return Floor(None, settings.floor_permits * per_request)
     if declared.plannable:
         plan = make_plan(cost, static_memory(declared), budget, settings.safety_factor)
-        return Floor(plan, mode.limit_of(plan))
+        limits = mode.step(plan)
+        return Floor(plan, limits.limit, limits.in_flight)
     return Floor(None, per_request)
 
 

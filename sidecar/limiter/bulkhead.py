@@ -14,14 +14,15 @@ from dataclasses import fields
 
 import structlog
 
-from sidecar.core.admission import Admission
-from sidecar.core.compartments import DEFAULT, Compartments
-from sidecar.core.decisions import Granted, Outcome, Queued, Rejected
+from sidecar.core.admission.compartments import DEFAULT, Compartments
+from sidecar.core.admission.decisions import Granted, Outcome, Queued, Rejected
+from sidecar.core.admission.ledger import Ledger, StreamUsage
+from sidecar.core.admission.machine import Admission
+from sidecar.core.admission.modes import AdmissionMode, CountMode
+from sidecar.core.admission.retry_hint import ReleaseRate
 from sidecar.core.errors import AdmissionRejectedError
-from sidecar.core.ledger import Ledger, StreamUsage
-from sidecar.core.modes import AdmissionMode, CountMode
+from sidecar.core.limits import Limits
 from sidecar.core.outcomes import RejectReason
-from sidecar.core.retry_hint import ReleaseRate
 from sidecar.limiter.events import AdmissionEvent, BulkheadSnapshot, EventKind
 from sidecar.limiter.expiry import CallLater, Expiry
 from sidecar.limiter.permit import Permit
@@ -100,15 +101,14 @@ class Bulkhead:
             permit.max_wait_s = max_wait_s
         return permit
 
-    def resize(self, limit: int) -> None:
-        """New limit (in the mode's unit): growing wakes waiters now, shrinking revokes nothing;
-        a waiter that can never fit (the mode's ceiling, else the new limit) is refused at once
-        (``too_large``). The mode's cap on requests in flight is applied first."""
-        # The engine's fixed slots where the mode caps requests by them (its limit counts tokens):
-        # a larger cap wakes waiters now, a smaller revokes nothing.
-        self._wake(self._core.cap_in_flight(self._mode.in_flight_cap()))
+    def resize(self, limits: Limits) -> None:
+        """New limits, pushed by whoever decided them (the control loop): growing wakes waiters
+        now, shrinking revokes nothing; a waiter that can never fit (the mode's ceiling, else the
+        new limit) is refused at once (``too_large``). The cap on requests in flight is applied
+        first: a larger one wakes waiters now, a smaller one revokes nothing."""
+        self._wake(self._core.cap_in_flight(limits.in_flight))
         self.sync()
-        grants = self._core.resize(limit)
+        grants = self._core.resize(limits.limit)
         for ticket in self._core.refused_oversize():
             self._refuse_waiter(self._waiters.pop(ticket), "too_large")
         self._wake(grants)
@@ -198,6 +198,11 @@ class Bulkhead:
         if permit.max_wait_s is None:
             return self._max_wait_s
         return min(self._max_wait_s, permit.max_wait_s)
+
+    def oldest_wait_s(self) -> float:
+        """How long the request queued longest has waited so far; 0 while none waits."""
+        oldest = next(iter(self._waiters.values()), None)  # queued in ticket order
+        return 0.0 if oldest is None else max(0.0, self._clock() - oldest.started)
 
     def pressed(self) -> bool:
         """Whether the limit bound since the last call: a request waited, waits now, or was

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from sidecar.core.decisions import AdmissionSnapshot, Mode
+from sidecar.core.admission.decisions import AdmissionSnapshot, Mode
 from sidecar.core.outcomes import RejectReason
 
 EventKind = Literal["granted", "queued", "rejected"]

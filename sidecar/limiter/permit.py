@@ -7,8 +7,8 @@ import asyncio
 from types import TracebackType
 from typing import Literal, Protocol
 
-from sidecar.core.decisions import Outcome
-from sidecar.core.ledger import StreamUsage
+from sidecar.core.admission.decisions import Outcome
+from sidecar.core.admission.ledger import StreamUsage
 from sidecar.core.outcomes import RejectReason
 
 State = Literal["asked", "held", "released"]

@@ -14,11 +14,12 @@ from functools import partial
 
 import structlog
 
-from sidecar.core.capacity import Plan
-from sidecar.core.estimator import CompletionEstimator, EstimatorConfig
+from sidecar.core.admission.estimator import CompletionEstimator, EstimatorConfig
+from sidecar.core.admission.ledger import StreamUsage, in_blocks
 from sidecar.core.exact import exact
-from sidecar.core.ledger import StreamUsage, in_blocks
-from sidecar.core.overcommit import AimdConfig, Overcommit, OvercommitEvidence
+from sidecar.core.laws.overcommit import AimdConfig, Overcommit, OvercommitEvidence
+from sidecar.core.limits import Limits
+from sidecar.core.plan.capacity import Plan
 from sidecar.core.warnings import ConfigWarning, adaptive_unsupported
 from sidecar.live.sources import Readings
 
@@ -94,13 +95,15 @@ class AdaptiveCapacity:
             log.info("adaptive_backoff", pressure=self.overcommit.last_pressure, ratio=ratio)
         return ()
 
-    def limit_of(self, plan: Plan) -> int:
-        """floor(pool tokens x alpha x ratio), never below one worst-case request of the budget."""
+    def step(self, plan: Plan) -> Limits:
+        """The law hears ``plan`` (its block size and pool price the requests that follow): the
+        limit is floor(pool tokens x alpha x ratio), never below one worst-case request of the
+        budget; the engine's fixed slots, where it has them, cap the requests in flight."""
         self.block_size = plan.cost.block_size or 1
         self.pool_tokens = plan.kv_pool_tokens
         admissible = math.floor(plan.kv_pool_tokens * exact(plan.alpha) * exact(self.ratio))
         one = in_blocks(plan.request_max_tokens, self.block_size)
-        return max(admissible, min(one, plan.kv_pool_tokens))
+        return Limits(limit=max(admissible, min(one, plan.kv_pool_tokens)), in_flight=self.slots)
 
     def ceiling(self) -> int | None:
         """The largest worst case that can ever run: the whole pool (None before a plan)."""

@@ -22,10 +22,11 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from sidecar.core.capacity import Budget, KvCost, Plan, engine_cost, make_plan
+from sidecar.core.admission.modes import AdmissionMode
 from sidecar.core.errors import PlanError, ProbeError, ProbeTemporaryError
-from sidecar.core.modes import AdmissionMode
-from sidecar.core.token_budget import TokenBudget
+from sidecar.core.limits import Limits
+from sidecar.core.plan.capacity import Budget, KvCost, Plan, engine_cost, make_plan
+from sidecar.core.plan.token_budget import TokenBudget
 from sidecar.core.warnings import CLEARED_EVENT, RAISED_EVENT, ConfigWarning, changes, no_capacity
 from sidecar.live.engine_health import EngineHealth
 from sidecar.live.headroom import Headroom
@@ -48,6 +49,7 @@ class CapacityState:
     plan: Plan | None
     source: str
     limit: int
+    in_flight: int | None = None  # the mode's cap on requests in flight beside the limit
     stale: bool = False
     on_floor: bool = False
     planned_at: float | None = None
@@ -56,6 +58,11 @@ class CapacityState:
     error: str | None = None
     warnings: tuple[ConfigWarning, ...] = ()
     headroom: tuple[Headroom, ...] = ()  # per GPU; neighbours threaten this, not the pool
+
+    @property
+    def limits(self) -> Limits:
+        """What the bulkhead enforces while this state is in force."""
+        return Limits(limit=self.limit, in_flight=self.in_flight)
 
     @property
     def available(self) -> bool:
@@ -74,10 +81,13 @@ class CapacityState:
 
 @dataclass(frozen=True)
 class Floor:
-    """What the sidecar falls back to when it cannot see: the static plan, or a fixed limit."""
+    """What the sidecar falls back to when it cannot see: the static plan, or a fixed limit; and
+    the cap on requests in flight until a plan says one (the static plan's, where the mode has
+    one)."""
 
     plan: Plan | None
     limit: int
+    in_flight: int | None = None
 
 
 def judged(
@@ -110,7 +120,7 @@ class CapacityController:
         budget: Budget,
         alpha: float,
         declared: Declared,
-        resize: Callable[[int], None],
+        resize: Callable[[Limits], None],
         mode: AdmissionMode,
         floor: Floor,
         gpu_probe: GpuProbe | None = None,
@@ -139,7 +149,9 @@ class CapacityController:
         self._clock, self._sleep = clock, sleep
         self._probe_timeout_s = probe_timeout_s
         self._feedback, self._available = feedback, available
-        self._state = CapacityState(plan=None, source="none", limit=floor.limit, on_floor=True)
+        self._state = CapacityState(
+            plan=None, source="none", limit=floor.limit, in_flight=floor.in_flight, on_floor=True
+        )
         self._budget_rule = budget_rule
         self._engine = EngineHealth()
         self.token_budget: TokenBudget = (
@@ -153,7 +165,7 @@ class CapacityController:
                 completion_origin="setting",
             )
         )
-        self._resized_to: tuple[int, int | None] | None = None  # the limit, the in-flight cap
+        self._resized_to: Limits | None = None  # the limits last pushed to the bulkhead
         self._published = False
         self._task: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
@@ -225,10 +237,12 @@ class CapacityController:
             detail = str(exc) if isinstance(exc, ProbeError | PlanError) else repr(exc)
             new = replace(failed, readings=readings, error=detail)
         else:
+            limits = self._limits(plan, readings)
             new = CapacityState(
                 plan=plan,
                 source=inputs.source,
-                limit=self._limit(plan, readings),
+                limit=limits.limit,
+                in_flight=limits.in_flight,
                 planned_at=now,
                 readings=readings,
                 disagreements=inputs.disagreements,
@@ -238,12 +252,12 @@ class CapacityController:
         self._publish(new)
         return new
 
-    def _limit(self, plan: Plan, readings: Readings) -> int:
-        """The mode's limit for ``plan``, told the engine's fixed slots (llama.cpp's -np) where
+    def _limits(self, plan: Plan, readings: Readings) -> Limits:
+        """The mode's limits for ``plan``, told the engine's fixed slots (llama.cpp's -np) where
         this tick read them: a request past them would only wait at the engine, outside the
         sidecar's queue."""
         slots = readings.engine.slots if readings.engine is not None else None
-        return self._mode.limit_of(plan, slots)
+        return self._mode.step(plan, slots)
 
     def engine_unready(self) -> str | None:
         """Why the engine cannot serve, judged now from the age of its last good reading (a loop
@@ -358,11 +372,11 @@ class CapacityController:
 
     def _publish(self, new: CapacityState) -> None:
         old, self._state = self._state, new
-        # The mode's cap on requests in flight moves with its limit (slo: two limits).
-        resized = (new.limit, self._mode.in_flight_cap())
-        if resized != self._resized_to:
-            self._resize(new.limit)
-            self._resized_to = resized
+        # The one place the bulkhead's limits are set: pushed whenever they change.
+        limits = new.limits
+        if limits != self._resized_to:
+            self._resize(limits)
+            self._resized_to = limits
         if (old.mode, old.source) != (new.mode, new.source) or not self._published:
             _log_transition(old, new)
         self._published = True

@@ -3,8 +3,8 @@ terms the other sources take from them: the weights and the engine's memory frac
 
 from __future__ import annotations
 
-from sidecar.core.capacity import MemoryFraction, MemoryInputs, Source, Term
 from sidecar.core.errors import ProbeUnavailableError
+from sidecar.core.plan.capacity import MemoryFraction, MemoryInputs, Source, Term
 from sidecar.live.probes.static import Declared
 
 

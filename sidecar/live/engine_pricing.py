@@ -4,8 +4,8 @@ Pure: the engine's cache config in, a pool and a pricing out."""
 
 from __future__ import annotations
 
-from sidecar.core.capacity import KvCost, engine_cost
 from sidecar.core.errors import ProbeUnavailableError
+from sidecar.core.plan.capacity import KvCost, engine_cost
 from sidecar.core.warnings import ConfigWarning, model_mismatch
 from sidecar.live.probes import EngineCacheConfig
 

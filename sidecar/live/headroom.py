@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sidecar.core.capacity import MemoryFraction
+from sidecar.core.plan.capacity import MemoryFraction
 from sidecar.core.warnings import ConfigWarning, engine_headroom
 from sidecar.live.engine_process import neighbour_bytes
 from sidecar.live.probes import GpuSnapshot

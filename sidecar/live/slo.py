@@ -1,21 +1,10 @@
 """The default admission's moving parts: the relayed streams' latencies against their objectives,
-gathered between control-loop ticks, and the two SLO-steered limits they drive
-(sidecar.core.slo_limit).
+gathered between control-loop ticks, the engine's verdict and figures, and each tick's ``Tick`` to
+the pure law (``sidecar.core.laws.slo_law``), whose ``Step`` is logged here as it is.
 
-- ``law`` counts requests in flight at the engine, steered by their time per output token and
-  bounded, while it grows fast, by what the engine's KV cache holds at the present mix. It
-  starts from what the engine can run: the pool over the typical request where the engine's own
-  histograms say what that is (a warm engine, a restarted sidecar), else the pool over the worst
-  case. An engine that exports no preemption counter (it fails on overflow instead) never gets
-  more than its worst-case permits.
-- ``drain_limit``: the requests in flight the engine's KV cache holds at the present mix, and
-  those the streams ending make room for within ``ENGINE_QUEUE_S``. A ceiling read each tick
-  from the engine's figures, never a cut of ``law``: as soon as the cache has room again the
-  law's own limit stands.
-- ``starts`` counts streams between admission and their first token, steered by their time to
-  first token: how many prefills the engine is given at once. A stream's first token lets the
-  next request start at once (the bulkhead's start gate), so the engine is fed as fast as it
-  starts streams, not as fast as streams end.
+The law decides (which evidence each limit hears, the drain ceiling, where the limits start, what
+caps them); this module only gathers: each stream's first token (or how late it runs), its pace
+once it completed, the streams that ended, the engine's typical request, and whether it preempts.
 """
 
 from __future__ import annotations
@@ -28,19 +17,13 @@ from dataclasses import dataclass
 
 import structlog
 
-from sidecar.core.capacity import Plan
-from sidecar.core.claims import Claims
-from sidecar.core.exact import exact
-from sidecar.core.objectives import Objectives, objectives_of
-from sidecar.core.slo_limit import (
-    LimitEvidence,
-    SloLimit,
-    SloLimitConfig,
-    drain_allowance,
-    fits_in_cache,
-    quantile,
-)
-from sidecar.core.stream_timing import StreamTiming
+from sidecar.core.laws.slo_law import SloLaw, Step, Tick, start_limit
+from sidecar.core.laws.slo_limit import SloLimit, SloLimitConfig, quantile
+from sidecar.core.limits import Limits
+from sidecar.core.plan.capacity import Plan
+from sidecar.core.request.claims import Claims
+from sidecar.core.request.objectives import Objectives, objectives_of
+from sidecar.core.request.stream_timing import StreamTiming
 from sidecar.core.warnings import ConfigWarning, adaptive_unsupported
 from sidecar.live.probes import EngineReading
 from sidecar.live.sources import Readings
@@ -58,12 +41,6 @@ STEERED = "the limit follows the streams' TTFT and TPOT against their objectives
 TTFT_SMOOTHING = 0.5
 # Streams that ended in the last this many seconds give the pace at which a full cache frees.
 ENDS_WINDOW_S = 5.0
-# How long a request may wait at the engine for a full cache to free room: enough waiters there
-# to refill the sequences that end within a few engine steps, the rest waiting at the sidecar,
-# where they can still be refused with a Retry-After. At 0.8 s (the engine's share of a 2 s
-# objective at the aim), vLLM on short prompts kept ~12 requests waiting and TTFT p99 at 2.7 s;
-# at 0.25 s, SLO goodput went from 3,238 to 3,568 tok/s in the same run (docs/adaptive.md).
-ENGINE_QUEUE_S = 0.25
 
 
 @dataclass(slots=True)
@@ -99,12 +76,11 @@ class SloControl:
         self.demand = demand
         self.starting = starting
         self.clock = clock  # the proxy's: the streams' timings are read on it
-        self.law: SloLimit | None = None  # made at the first plan, from what the engine can run
-        self.starts: SloLimit | None = None  # made with it
+        self.limits = SloLaw(self.config)  # the law: started at the first plan
+        self.last_step: Step | None = None  # what the last tick decided, and why
         self.unsupported: str | None = NO_ENGINE
         self.slots: int | None = None
         self.expected_ttft_s = 0.0  # engine TTFT p90, smoothed over ticks
-        self.drain_limit: int | None = None  # what the KV cache holds and frees; None: unknown
         self.ends_per_s = 0.0  # relayed streams ended, over the last ENDS_WINDOW_S
         self._ends: deque[float] = deque()  # when each of them ended
         self._samples: tuple[list[float], list[float]] = ([], [])  # TTFT, TPOT over target
@@ -112,11 +88,25 @@ class SloControl:
         # Streams being relayed, with their objectives, and whether their TTFT was sampled.
         self._open: dict[StreamTiming, _Tracked] = {}
         self._typical: float | None = None  # tokens of a typical request, per the engine
-        self._started_blind = False  # the law started from a plan made before the engine was seen
         self._start_now: int | None = None  # where a fresh pod would start, at the last plan
         # The last cut: streams sent before it were admitted under the old limit, and what
         # they show is already answered, so only streams sent since count (one cut per round).
         self._epoch = -math.inf
+
+    @property
+    def law(self) -> SloLimit | None:
+        """The limit on requests in flight (None before the first plan)."""
+        return self.limits.in_flight
+
+    @property
+    def starts(self) -> SloLimit | None:
+        """The limit on streams starting (None before the first plan)."""
+        return self.limits.starts
+
+    @property
+    def drain_limit(self) -> int | None:
+        """What the KV cache holds and frees, at the last tick (None: it does not tell)."""
+        return self.limits.drain
 
     @property
     def pricing(self) -> str:
@@ -134,11 +124,7 @@ class SloControl:
         rather than at the next tick (``CapacityController.hurry``). Not once the limit in
         flight was cut: hurried ticks would step it four times a second, past what the cache
         holds, while the starts, never cut, asked for them."""
-        law, starts = self.law, self.starts
-        if law is None or starts is None or self.unsupported:
-            return False
-        binding = starts if starts.limit < law.limit else law
-        return binding.slow_start and in_force >= binding.limit
+        return not self.unsupported and self.limits.grows_fast(in_force)
 
     @property
     def tracked(self) -> int:
@@ -216,8 +202,9 @@ class SloControl:
         engine = readings.engine
         if engine is not None:
             self._engine_seen(engine)
+        warnings = (adaptive_unsupported(self.unsupported, "slo"),) if self.unsupported else ()
         if self.law is None:  # no plan yet: the samples wait for the first limit
-            return (adaptive_unsupported(self.unsupported, "slo"),) if self.unsupported else ()
+            return warnings
         now = self.clock()
         self._harvest(now)
         (ttft, tpot), self._samples = self._samples, ([], [])
@@ -225,81 +212,58 @@ class SloControl:
         if ttfts:
             p90 = quantile(ttfts, self.config.quantile)
             self.expected_ttft_s += TTFT_SMOOTHING * (p90 - self.expected_ttft_s)
-        law, starts = self.law, self.starts
-        assert starts is not None  # made with the law
-        before = (law.limit, starts.limit)
-        pressed = self.binding()
-        waiting = engine.requests_waiting if engine is not None else None
-        queued = waiting is None or waiting > 0
-        kv = engine.kv_usage_ratio if engine is not None else None
-        fits = fits_in_cache(engine.requests_running, kv) if engine is not None else None
-        demand = self.demand()
         self._forget_ends(now)
         self.ends_per_s = len(self._ends) / ENDS_WINDOW_S
-        # The drain ceiling: what the cache holds at the present mix (``fits``), and those the
-        # streams ending free room for within ENGINE_QUEUE_S; none where the cache cannot tell.
-        self.drain_limit = (
-            None if fits is None else drain_allowance(fits, self.ends_per_s, ENGINE_QUEUE_S)
+        step = self.limits.step(
+            Tick(
+                now=now,
+                ttft=tuple(ttft),
+                tpot=tuple(tpot),
+                pressed=self.binding(),
+                demand=self.demand(),
+                starting=self.starting(),
+                waiting=None if engine is None else engine.requests_waiting,
+                kv_usage=None if engine is None else engine.kv_usage_ratio,
+                running=None if engine is None else engine.requests_running,
+                ends_per_s=self.ends_per_s,
+                start=self._start_now,
+            )
         )
-        draining = self.drain_limit is not None and self.drain_limit < law.limit
-        # In flight: the pace of tokens and the cache judge; the drain ceiling holds it to what
-        # the cache holds and frees, and the law, where that ceiling binds and not its own
-        # limit, does not grow. Late first tokens judge it only where the engine does not say
-        # how full its cache is: where it does, a queue waiting for memory is the ceiling's to
-        # answer (the law's cuts overshot it and grew back slowly: on the GPU-shaped emulated
-        # engine, 327 tok/s of SLO goodput against the ceiling's 490, median of three, in
-        # docs/lab/overload.md), and one waiting for compute or the engine's sequence cap is the
-        # starts' (the start gate), not fewer running. It binds only where there is demand.
-        slow_starts = (law.slow_start, starts.slow_start)
-        in_flight = LimitEvidence(
-            ttft=tuple(ttft),
-            tpot=tuple(tpot),
-            pressed=pressed and demand >= law.limit and not draining,
-            ttft_judges=queued and kv is None,
-            demand=demand,
-            fits=fits,
-            now=now,
-            start=self._start_now,
-        )
-        # Starting: first tokens judge, while requests wait at the engine.
-        starting = LimitEvidence(
-            ttft=tuple(ttft),
-            pressed=pressed,
-            ttft_judges=queued,
-            demand=self.starting(),
-            now=now,
-            start=self._start_now,
-        )
-        in_flight_limit = law.update(in_flight)
-        starts.update(starting)
-        starts.hold_within(in_flight_limit)  # more starting than may run would bind nothing
-        after = (in_flight_limit, starts.limit)
-        back = (law.slow_start and not slow_starts[0], starts.slow_start and not slow_starts[1])
-        if any(back):  # a limit back in slow start (a cut ends it: slo_backoff says so)
-            log.info("slo_restart", limit=after[0], starts=after[1], start=self._start_now)
+        if step is not None:
+            self._log(step, ttft_samples=len(ttft), tpot_samples=len(tpot))
+        return warnings
+
+    def _log(self, step: Step, *, ttft_samples: int, tpot_samples: int) -> None:
+        """The step as the law decided it; a cut starts a new round of samples."""
+        self.last_step = step
+        if step.restarted:  # a limit back in slow start (a cut ends it: slo_backoff says so)
+            log.info(
+                "slo_restart", limit=step.in_flight, starts=step.starting, start=self._start_now
+            )
         log.debug(
             "slo_step",
-            limit=after[0],
-            starts=after[1],
-            gradient=law.last_gradient,
-            starts_gradient=starts.last_gradient,
-            ttft_samples=len(ttft),
-            tpot_samples=len(tpot),
-            pressed=pressed,
+            limit=step.in_flight,
+            starts=step.starting,
+            gradient=step.gradient,
+            starts_gradient=step.starts_gradient,
+            ttft_samples=ttft_samples,
+            tpot_samples=tpot_samples,
+            pressed=step.pressed,
             expected_ttft_s=self.expected_ttft_s,
-            drain_limit=self.drain_limit,
+            drain_limit=step.drain,
             ends_per_s=self.ends_per_s,
+            reason=step.reason,
         )
-        if after[0] < before[0] or after[1] < before[1]:
+        if step.cut:
             self._epoch = self.clock()
             log.info(
                 "slo_backoff",
-                limit=after[0],
-                starts=after[1],
-                gradient=law.last_gradient,
-                starts_gradient=starts.last_gradient,
+                limit=step.in_flight,
+                starts=step.starting,
+                gradient=step.gradient,
+                starts_gradient=step.starts_gradient,
+                reason=step.reason,
             )
-        return (adaptive_unsupported(self.unsupported, "slo"),) if self.unsupported else ()
 
     def _forget_ends(self, now: float) -> None:
         """Drop the stream ends older than ``ENDS_WINDOW_S``."""
@@ -317,51 +281,21 @@ class SloControl:
         if prompt is not None and generation is not None:
             self._typical = prompt + generation
 
-    def limit_of(self, plan: Plan) -> int:
-        """The law's limit; never above the worst-case permits where the engine cannot preempt."""
-        law = self.law
-        if law is None or (
-            self._started_blind and self.unsupported != NO_ENGINE and law.last_gradient is None
-        ):
-            law = self._start_law(plan)
-        self._start_now = self._start(plan)
-        limit = law.limit if self.drain_limit is None else min(law.limit, self.drain_limit)
-        return min(limit, max(1, plan.permits)) if self.unsupported else limit
-
-    def starts_of(self, plan: Plan) -> int:
-        """Of the requests in flight, how many may be starting at once (no first token yet)."""
-        in_flight = self.limit_of(plan)
-        assert self.starts is not None  # made with the law
-        return min(in_flight, self.starts.limit)
-
-    def _start_law(self, plan: Plan) -> SloLimit:
-        """The law, from what the engine can run. A plan made before the engine was seen (the
-        floor's, from declared figures) starts it only until the engine's first plan: then it
-        starts again, with the engine's pool and typical request, unless it already stepped."""
-        start = self._start(plan)
-        if self.law is None or self.starts is None:
-            self.law = SloLimit(start, self.config)
-            self.starts = SloLimit(start, self.config)
-        else:
-            self.law.restart(start)
-            self.starts.restart(start)
-        self._started_blind = self.unsupported == NO_ENGINE
-        log.info("slo_limit_start", limit=self.law.limit, typical_tokens=self._typical)
-        return self.law
+    def step(self, plan: Plan) -> Limits:
+        """The law hears ``plan``: the first one starts it (and the engine's first, one made
+        before the engine was seen). Returns the requests in flight it allows and, of them, how
+        many may be starting at once (``SloLaw.limits``)."""
+        worst_case_only = self.unsupported is not None
+        start = start_limit(plan, self._typical, worst_case_only=worst_case_only)
+        if self.limits.needs_start(engine_seen=self.unsupported != NO_ENGINE):
+            self.limits.start(start, blind=self.unsupported == NO_ENGINE)
+            log.info("slo_limit_start", limit=self.limits.held(), typical_tokens=self._typical)
+        self._start_now = start
+        return self.limits.limits(permits=plan.permits, worst_case_only=worst_case_only)
 
     def hold_limit(self) -> int | None:
         """The starts limit, which stands when the plan goes stale (the engine's /metrics slow
         or gone): it is steered by the streams the sidecar relays, not by the plan (the cap on
         requests in flight stays where the last plan left it). None where the engine was not
         seen to preempt (its worst case rules) or before the first plan."""
-        if self.law is None or self.starts is None or self.unsupported is not None:
-            return None
-        return min(self.law.limit, self.starts.limit)
-
-    def _start(self, plan: Plan) -> int:
-        """What the engine can run: the pool over its typical request where it says one, else
-        over the worst case (the plan's permits)."""
-        if self._typical is None or self._typical <= 0 or self.unsupported:
-            return max(1, plan.permits)
-        fit = math.floor(plan.kv_pool_tokens * exact(plan.alpha) / exact(self._typical))
-        return max(1, plan.permits, fit)
+        return None if self.unsupported is not None else self.limits.held()

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from sidecar.core.capacity import (
+from sidecar.core.errors import ProbeError, ProbeTemporaryError, ProbeUnavailableError
+from sidecar.core.plan.capacity import (
     KvCost,
     MemoryFraction,
     MemoryInputs,
     Source,
     Term,
 )
-from sidecar.core.errors import ProbeError, ProbeTemporaryError, ProbeUnavailableError
 from sidecar.core.warnings import ConfigWarning, engine_process_unseen
 from sidecar.live.declared_memory import declared_fraction, static_memory, weights_term
 from sidecar.live.engine_pricing import engine_pool_per_gpu, engine_pricing

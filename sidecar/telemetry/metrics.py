@@ -10,10 +10,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sidecar.core.decisions import LIMIT_UNITS, CompartmentSnapshot
-from sidecar.core.objectives import Objectives
+from sidecar.core.admission.decisions import LIMIT_UNITS, CompartmentSnapshot
 from sidecar.core.outcomes import REQUEST_OUTCOMES
-from sidecar.core.stream_timing import StreamTiming
+from sidecar.core.request.objectives import Objectives
+from sidecar.core.request.stream_timing import StreamTiming
 from sidecar.limiter.events import BulkheadSnapshot
 from sidecar.telemetry.gauges import gauge
 

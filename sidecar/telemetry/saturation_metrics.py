@@ -1,6 +1,6 @@
 """The scale-out signal: each stream's latency against the objectives, the engine's KV use as
 the capacity loop reads it, the requests refused lately and whether any load is left, handed to
-the pure ``sidecar.core.saturation``."""
+the pure ``sidecar.core.laws.saturation``."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sidecar.core.objectives import Objectives
-from sidecar.core.saturation import (
+from sidecar.core.laws.saturation import (
     TERMS,
     LatencyShare,
     MeanWindow,
@@ -22,7 +21,8 @@ from sidecar.core.saturation import (
     SaturationEvidence,
     saturation,
 )
-from sidecar.core.stream_timing import StreamTiming
+from sidecar.core.request.objectives import Objectives
+from sidecar.core.request.stream_timing import StreamTiming
 from sidecar.limiter.events import BulkheadSnapshot
 from sidecar.telemetry.gauges import gauge
 
@@ -42,7 +42,8 @@ def outcome_counts(requests: Counter) -> dict[str, float]:
 
 class SaturationSignal:
     """``streamed`` hears each stream as it ends, ``observe`` each capacity tick; ``read``
-    gathers the rest and computes."""
+    gathers the rest (the bulkhead's queue, how long its oldest request has waited) and
+    computes."""
 
     def __init__(
         self,
@@ -51,9 +52,11 @@ class SaturationSignal:
         clock: Callable[[], float],
         *,
         objectives: Objectives,
+        oldest_wait_s: Callable[[], float] = lambda: 0.0,
         config: SaturationConfig | None = None,
     ) -> None:
         self._snapshot, self._requests, self._clock = snapshot, requests, clock
+        self._oldest_wait_s = oldest_wait_s
         self.objectives = objectives
         self.config = c = config or SaturationConfig()
         self._ttft, self._tpot = LatencyShare(c), LatencyShare(c)
@@ -85,6 +88,7 @@ class SaturationSignal:
         offered, refused = self._window.recent(now, outcome_counts(self._requests))
         return SaturationEvidence(
             ttft=self._ttft.share(now),
+            waited=self._oldest_wait_s() / self.objectives.ttft_s,
             tpot=self._tpot.share(now),
             kv=self._kv.mean(now),
             loaded=snap.in_use > 0 or snap.queued > 0,

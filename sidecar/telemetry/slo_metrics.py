@@ -9,7 +9,8 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from sidecar.live.slo import ENDS_WINDOW_S, ENGINE_QUEUE_S, SloControl
+from sidecar.core.laws.slo_law import ENGINE_QUEUE_S
+from sidecar.live.slo import ENDS_WINDOW_S, SloControl
 from sidecar.telemetry.gauges import gauge
 
 
@@ -82,6 +83,7 @@ def slo_json(slo: SloControl) -> dict[str, Any]:
         "last_gradient": None if law is None else law.last_gradient,
         "starts_gradient": None if slo.starts is None else slo.starts.last_gradient,
         "drain_limit": slo.drain_limit,
+        "reason": None if slo.last_step is None else slo.last_step.reason,
         "ends_per_s": round(slo.ends_per_s, 3),
         "expected_ttft_s": round(slo.expected_ttft_s, 4),
         "objectives": {"ttft_s": slo.objectives.ttft_s, "tpot_s": slo.objectives.tpot_s},

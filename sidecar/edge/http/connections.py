@@ -26,8 +26,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Generic, Literal, Protocol, TypeVar
 
+from sidecar.core.admission.room_hint import RoomHint
 from sidecar.core.outcomes import EdgeFault
-from sidecar.core.room_hint import RoomHint
 from sidecar.edge.http.limits import ConnectionCount
 
 Kind = Literal["partial", "idle", "busy"]

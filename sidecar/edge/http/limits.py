@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from sidecar.core.room_hint import RoomHint
+from sidecar.core.admission.room_hint import RoomHint
 
 # The body budget's refusals (rows of EDGE_FAULTS): the port's, or one address's share.
 BudgetFault = Literal["body_budget_full", "client_body_budget_full"]

@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from sidecar.core.accept import wants_event_stream
 from sidecar.core.errors import AdmissionRejectedError
 from sidecar.core.outcomes import refusal_body
+from sidecar.core.request.accept import wants_event_stream
 from sidecar.edge.http.response import Response
 from sidecar.edge.openai_errors import error_response, refusal_headers, retry_headers
 

@@ -15,7 +15,7 @@ from multidict import CIMultiDict
 
 from sidecar.core.errors import AdmissionRejectedError, UpstreamError
 from sidecar.core.outcomes import RELAY_OUTCOMES, Ending, ending
-from sidecar.core.stream_timing import StreamTiming
+from sidecar.core.request.stream_timing import StreamTiming
 from sidecar.edge.engine.client import read_all, release, send
 from sidecar.edge.engine.http1 import end_to_end
 from sidecar.edge.engine.pool import EnginePool, EngineResponse

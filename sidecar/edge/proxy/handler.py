@@ -13,15 +13,15 @@ from typing import Literal, NamedTuple
 
 import structlog
 
-from sidecar.core.claims import Claims
 from sidecar.core.errors import (
     AdmissionRejectedError,
     EdgeRefusedError,
     RequestError,
     UpstreamError,
 )
-from sidecar.core.request_id import accepted_request_id
-from sidecar.core.stream_timing import StreamTiming
+from sidecar.core.request.claims import Claims
+from sidecar.core.request.request_id import accepted_request_id
+from sidecar.core.request.stream_timing import StreamTiming
 from sidecar.edge.engine.client import release, send
 from sidecar.edge.engine.pool import EnginePool
 from sidecar.edge.http.request import Request

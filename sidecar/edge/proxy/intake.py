@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 from multidict import CIMultiDict
 
+from sidecar.core.admission.room_hint import RoomHint
 from sidecar.core.errors import EdgeRefusedError, RequestError
-from sidecar.core.request_checks import (
+from sidecar.core.request.request_checks import (
     CheckedRequest,
     Endpoint,
     TokenPolicy,
@@ -22,7 +23,6 @@ from sidecar.core.request_checks import (
     template_unpriced,
     with_prompt_tokens,
 )
-from sidecar.core.room_hint import RoomHint
 from sidecar.edge.http.request import Request
 from sidecar.edge.message import charset_of
 from sidecar.edge.proxy.prompt_count import EnginePromptCounter

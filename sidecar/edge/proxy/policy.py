@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from sidecar.core.claims import Claims
-from sidecar.core.ledger import StreamUsage
+from sidecar.core.admission.ledger import StreamUsage
 from sidecar.core.outcomes import EdgeFault
-from sidecar.core.request_checks import CheckedRequest, TokenPolicy
-from sidecar.core.stream_timing import StreamTiming
+from sidecar.core.request.claims import Claims
+from sidecar.core.request.request_checks import CheckedRequest, TokenPolicy
+from sidecar.core.request.stream_timing import StreamTiming
 
 
 class ProxyPolicy(Protocol):

@@ -23,10 +23,10 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from sidecar.core.admission.ledger import StreamUsage
 from sidecar.core.errors import UpstreamError
-from sidecar.core.ledger import StreamUsage
 from sidecar.core.outcomes import REJECTIONS, Refusal, RelayEnd, refusal_body
-from sidecar.core.stream_timing import StreamTiming
+from sidecar.core.request.stream_timing import StreamTiming
 from sidecar.edge.engine.client import read_chunk
 from sidecar.edge.engine.pool import EngineResponse
 from sidecar.edge.http.request import Request

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sidecar.core.errors import RequestError
-from sidecar.core.request_checks import Endpoint
+from sidecar.core.request.request_checks import Endpoint
 
 RouteKind = Literal["priced", "admitted", "free"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sidecar.core.capacity import Budget
+from sidecar.core.plan.capacity import Budget
 
 FALLBACK_PROMPT_TOKENS = 3000
 FALLBACK_COMPLETION_TOKENS = 1000

@@ -18,7 +18,9 @@ the sidecar measures on every stream against the same objectives its SLO attainm
   decode and the prompts that join it), so its latency climbs from ``base`` at no load to the
   objective at capacity about in proportion to the load: the term is the share of capacity in
   use, and past 1 the objective is missed. Before the pod has a floor, ``base`` is 0 (a fresh
-  pod reads high rather than low).
+  pod reads high rather than low). A request still waiting for admission past its TTFT
+  objective sets ``ttft`` to at least its wait over the objective: a queue shows before anyone
+  leaves it.
 - ``kv``: the engine's KV cache use over ``kv_full`` (1: the whole pool), the mean of the
   readings in the window: where memory, not compute, binds, the pool's share is the load's.
 - ``refusals``: 1 + the share of the requests that ended in the window that were refused for
@@ -41,8 +43,8 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from sidecar.core.laws.slo_limit import quantile
 from sidecar.core.outcomes import EDGE_FAULTS, REJECTIONS
-from sidecar.core.slo_limit import quantile
 
 # The outcomes that refuse a request for want of capacity, at every cap the sidecar has: each
 # busy answer of admission but too_large (a client error) and draining (a shutdown), and each 503
@@ -66,7 +68,7 @@ class SaturationConfig:
     kv_full: float = 1.0
     floor_window_s: float = 3600.0
     floor_bucket_s: float = 60.0
-    floor_cap: float = 0.5
+    floor_cap: float = 0.35
     max_samples: int = 4096  # a window's samples at most, newest kept
 
     def __post_init__(self) -> None:
@@ -151,6 +153,7 @@ class SaturationEvidence:
     """What is known now: each term's figure over the window, and whether any load is left."""
 
     ttft: float = 0.0
+    waited: float = 0.0  # the oldest request waiting for admission, its wait over the objective
     tpot: float = 0.0
     kv: float = 0.0
     loaded: bool = False  # requests in flight through the sidecar or waiting for it
@@ -184,9 +187,10 @@ def saturation(evidence: SaturationEvidence) -> Saturation:
     if not evidence.loaded:
         return IDLE
     refusals = _refusals(evidence)
+    ttft = max(evidence.ttft, evidence.waited if evidence.waited > 1 else 0.0)
     return Saturation(
-        utilisation=max(evidence.ttft, evidence.tpot, evidence.kv, refusals),
-        ttft=evidence.ttft,
+        utilisation=max(ttft, evidence.tpot, evidence.kv, refusals),
+        ttft=ttft,
         tpot=evidence.tpot,
         kv=evidence.kv,
         refusals=refusals,

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sidecar.core.capacity import Source, Term
 from sidecar.core.errors import ConfigError
-from sidecar.core.model_shape import ModelShape
+from sidecar.core.plan.capacity import Source, Term
+from sidecar.core.plan.model_shape import ModelShape
 
 MIB = 1024**2
 # The non-torch memory vLLM's profile counts (NCCL, cuBLAS workspaces that appear during the

@@ -2,7 +2,7 @@
 
 An API key is a secret: it becomes ``key-`` + 12 hex digits of its SHA-256 here and is never kept,
 returned or logged in clear. It is also the one proof of who a client is, so its tenant wins over
-any tenant a header claims (:mod:`sidecar.core.claims`, honoured only from a trusted peer).
+any tenant a header claims (:mod:`sidecar.core.request.claims`, honoured only from a trusted peer).
 
 An objective is sheddable when listed so, or when its priority (copied from the
 InferenceObjective's ``spec.priority``) is negative, llm-d's router's own rule
@@ -16,8 +16,8 @@ import hashlib
 from collections.abc import Mapping
 from typing import Literal
 
-from sidecar.core.claims import Claims, clean_name, header
-from sidecar.core.compartments import DEFAULT
+from sidecar.core.admission.compartments import DEFAULT
+from sidecar.core.request.claims import Claims, clean_name, header
 
 _BEARER = "bearer "
 

@@ -13,8 +13,8 @@ vLLM's two rules, as its source states them:
 
 from __future__ import annotations
 
-from sidecar.core.config_json import LayerKind, ModelSpec
 from sidecar.core.errors import ConfigError
+from sidecar.core.plan.config_json import LayerKind, ModelSpec
 
 _CACHED = (LayerKind.FULL, LayerKind.SLIDING)
 

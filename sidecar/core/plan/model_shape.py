@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.core.config_json import DTYPE_BYTES, text_part
+from sidecar.core.plan.config_json import DTYPE_BYTES, text_part
 
 # Activations of a config that names no dtype are taken as 16-bit, as vLLM's default is.
 DEFAULT_ACTIVATION_BYTES = 2

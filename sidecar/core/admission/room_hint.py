@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from sidecar.core.retry_hint import MAX_RETRY_S
+from sidecar.core.admission.retry_hint import MAX_RETRY_S
 
 ROOM_WINDOW_S = 30.0
 MIN_ROOM_S = 1.0

@@ -13,12 +13,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from sidecar.core.capacity import Source, Term
-from sidecar.core.config_json import ModelSpec, spec_from_config
 from sidecar.core.errors import ModelConfigError
-from sidecar.core.hub_cache import cached_snapshot, is_hub_id
-from sidecar.core.model_shape import ModelShape, shape_from_config
-from sidecar.core.preset_ids import preset_for_hub_id
+from sidecar.core.model.hub_cache import cached_snapshot, is_hub_id
+from sidecar.core.model.preset_ids import preset_for_hub_id
+from sidecar.core.plan.capacity import Source, Term
+from sidecar.core.plan.config_json import ModelSpec, spec_from_config
+from sidecar.core.plan.model_shape import ModelShape, shape_from_config
 
 WEIGHT_SUFFIXES = ((".safetensors",), (".bin", ".pt"), (".gguf",))
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -38,7 +38,7 @@ class Model:
 
 def preset_names() -> list[str]:
     """Names of the built-in presets, e.g. "qwen2.5-7b"."""
-    folder = resources.files("sidecar.core") / "presets"
+    folder = resources.files("sidecar.core.model") / "presets"
     return sorted(
         p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json")
     )
@@ -106,7 +106,7 @@ def _preset_key(ref: str) -> str:
 
 
 def _preset(key: str) -> Model:
-    text = (resources.files("sidecar.core") / "presets" / f"{key}.json").read_text("utf-8")
+    text = (resources.files("sidecar.core.model") / "presets" / f"{key}.json").read_text("utf-8")
     cfg = _parse_json(text, key)
     meta = cfg.pop(PRESET_META, {})
     if not any(cfg.get(k) for k in ("torch_dtype", "dtype")) and "dtype" in meta:

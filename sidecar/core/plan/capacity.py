@@ -11,10 +11,10 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Any
 
-from sidecar.core.config_json import DTYPE_BYTES, LayerKind, ModelSpec
 from sidecar.core.errors import ConfigError, PlanError
 from sidecar.core.exact import exact
-from sidecar.core.parallelism import check_tensor_parallel, fullest_pipeline_stage
+from sidecar.core.plan.config_json import DTYPE_BYTES, LayerKind, ModelSpec
+from sidecar.core.plan.parallelism import check_tensor_parallel, fullest_pipeline_stage
 
 
 class Source(StrEnum):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sidecar.core.prompt_estimate import Endpoint
+from sidecar.core.request.prompt_estimate import Endpoint
 
 
 def tokenize_payload(body: dict[str, Any], endpoint: Endpoint) -> dict[str, Any] | None:

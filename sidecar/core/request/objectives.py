@@ -1,12 +1,12 @@
 """A request's latency objectives: its TTFT and per-output-token targets, where its claims state
-them (``sidecar.core.claims``: llm-d's SLO headers, from trusted peers), else the defaults the
-operator set."""
+them (``sidecar.core.request.claims``: llm-d's SLO headers, from trusted peers), else the defaults
+the operator set."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sidecar.core.claims import Claims
+from sidecar.core.request.claims import Claims
 
 
 @dataclass(frozen=True, slots=True)

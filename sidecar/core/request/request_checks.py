@@ -3,8 +3,8 @@
 A request the engine could run past the budget never reaches it: a missing ``max_tokens`` is set to
 the completion budget (unless the budget is the engine's own context, which the engine enforces
 itself), one above it is refused (or clamped, if configured), and the prompt is estimated from
-everything the engine renders into it (:mod:`sidecar.core.prompt_estimate`) so token-weighted
-admission can price it.
+everything the engine renders into it (:mod:`sidecar.core.request.prompt_estimate`) so
+token-weighted admission can price it.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from sidecar.core.errors import RequestError
-from sidecar.core.json_body import parse_object, serialise
-from sidecar.core.prompt_estimate import (
+from sidecar.core.request.json_body import parse_object, serialise
+from sidecar.core.request.prompt_estimate import (
     MESSAGE_OVERHEAD_TOKENS,
     Endpoint,
     PromptRates,
     estimate_prompt,
 )
-from sidecar.core.tokenize_payload import tokenize_payload
+from sidecar.core.request.tokenize_payload import tokenize_payload
 
 __all__ = ["MESSAGE_OVERHEAD_TOKENS", "Endpoint", "TokenPolicy", "check_request"]
 TOKEN_KEYS = ("max_completion_tokens", "max_tokens")

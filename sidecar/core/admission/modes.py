@@ -1,9 +1,10 @@
 """The admission modes (SIDECAR_ADMISSION): one strategy object per mode, chosen once at start-up.
 
 A mode answers, in its one unit: what a request costs, what one request of the whole token budget
-costs (a request with no budget of its own, and the floor), what the limit is for a plan and its
-control law's output, the largest request that can ever run, the cap it puts on requests in
-flight, and what must drain before a refused caller fits (its Retry-After).
+costs (a request with no budget of its own, and the floor), the limits a plan gives (``step``:
+the one call where its control law hears the plan, returning the ``Limits`` the control loop
+pushes to the bulkhead: the limit and the cap on requests in flight), the largest request that
+can ever run, and what must drain before a refused caller fits (its Retry-After).
 
 - count: permits, one per sequence; the plan's worst-case permits (and the engine's slots).
 - slo: a permit per stream until its first token (none after it, nor for a request that does not
@@ -16,7 +17,7 @@ flight, and what must drain before a refused caller fits (its Retry-After).
   is bigger than the whole pool, since the limit grows back.
 
 The control laws themselves (the SLO gradient, the over-commit AIMD) keep their evidence and their
-log lines in ``sidecar.live``; a mode reads their output through the small protocols below.
+log lines in ``sidecar.live``; a mode steps them through the small protocols below.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from sidecar.core.admission import Admission
-from sidecar.core.capacity import KvCost, Plan
-from sidecar.core.decisions import Mode
-from sidecar.core.ledger import StreamUsage, in_blocks
-from sidecar.core.request_checks import CheckedRequest
+from sidecar.core.admission.decisions import Mode
+from sidecar.core.admission.ledger import StreamUsage, in_blocks
+from sidecar.core.admission.machine import Admission
+from sidecar.core.limits import Limits
+from sidecar.core.plan.capacity import KvCost, Plan
+from sidecar.core.request.request_checks import CheckedRequest
 
 Price = tuple[int, StreamUsage | None]  # (cost in the mode's unit, live usage if adaptive)
 
@@ -47,18 +49,14 @@ class AdmissionMode(Protocol):
         token."""
         ...
 
-    def limit_of(self, plan: Plan, slots: int | None = None) -> int:
-        """The bulkhead's limit for ``plan``; ``slots``: the engine's fixed slots, where it has
-        them (llama.cpp's ``-np``)."""
+    def step(self, plan: Plan, slots: int | None = None) -> Limits:
+        """The limits for ``plan``, its law told of the plan (a law starts from the first one);
+        ``slots``: the engine's fixed slots, where it has them (llama.cpp's ``-np``)."""
         ...
 
     def ceiling(self) -> int | None:
         """The largest worst case that can ever run; None: the limit's own reach (what cannot fit
         it is refused at once, one unit excepted: it waits)."""
-        ...
-
-    def in_flight_cap(self) -> int | None:
-        """A cap on requests in flight beside the limit (None: none)."""
         ...
 
     def must_drain(self, admission: Admission, compartment: str) -> int | None:
@@ -78,13 +76,11 @@ class AdmissionMode(Protocol):
 
 
 class SteeredLimit(Protocol):
-    """The SLO law's output, for a plan: the requests in flight the streams' latencies allow
-    (``limit_of``) and, of them, how many may be starting at once (``starts_of``); and the
-    starts limit that stands without a plan (None: none)."""
+    """The SLO law, stepped on a plan: the requests in flight the streams' latencies allow
+    (``Limits.in_flight``) and, of them, how many may be starting at once (``Limits.limit``);
+    and the starts limit that stands without a plan (None: none)."""
 
-    def limit_of(self, plan: Plan) -> int: ...
-
-    def starts_of(self, plan: Plan) -> int: ...
+    def step(self, plan: Plan) -> Limits: ...
 
     def hold_limit(self) -> int | None: ...
 
@@ -94,9 +90,8 @@ class OvercommitLaw(Protocol):
     pool as the ceiling, each request's learned footprint, the engine's slots."""
 
     block_size: int
-    slots: int | None
 
-    def limit_of(self, plan: Plan) -> int: ...
+    def step(self, plan: Plan) -> Limits: ...
 
     def ceiling(self) -> int | None: ...
 
@@ -116,9 +111,6 @@ class _Permits:
 
     def ceiling(self) -> int | None:
         return None
-
-    def in_flight_cap(self) -> int | None:
-        return None  # the limit counts requests: the slots cap it already
 
     def must_drain(self, admission: Admission, compartment: str) -> int | None:
         return None
@@ -142,8 +134,9 @@ class CountMode(_Permits):
     def __init__(self, cap: int | None = None) -> None:
         self.cap = cap
 
-    def limit_of(self, plan: Plan, slots: int | None = None) -> int:
-        return _capped(plan.permits, self.cap, slots)
+    def step(self, plan: Plan, slots: int | None = None) -> Limits:
+        # The limit counts requests: the slots cap it already, no cap in flight beside it.
+        return Limits(limit=_capped(plan.permits, self.cap, slots))
 
 
 class SloMode(_Permits):
@@ -156,19 +149,17 @@ class SloMode(_Permits):
     def __init__(self, law: SteeredLimit, cap: int | None = None) -> None:
         self.law = law
         self.cap = cap
-        self._in_flight: int | None = None  # for the last plan; None before the first
 
     def price(self, request: CheckedRequest, compartment: str) -> Price:
         # A request that does not stream shows no first token: it is held by the cap on
         # requests in flight alone. A stream of n sequences starts as one: its prefill is one.
         return (1 if request.stream else 0), None
 
-    def limit_of(self, plan: Plan, slots: int | None = None) -> int:
-        self._in_flight = _capped(self.law.limit_of(plan), self.cap, slots)
-        return min(self._in_flight, self.law.starts_of(plan))
-
-    def in_flight_cap(self) -> int | None:
-        return self._in_flight
+    def step(self, plan: Plan, slots: int | None = None) -> Limits:
+        steered = self.law.step(plan)
+        own = steered.limit if steered.in_flight is None else steered.in_flight
+        in_flight = _capped(own, self.cap, slots)
+        return Limits(limit=min(in_flight, steered.limit), in_flight=in_flight)
 
     def held_limit(self) -> int | None:
         return self.law.hold_limit()  # steered by the streams the sidecar relays, not the plan
@@ -192,13 +183,10 @@ class TokenMode:
     def full_request(self, tokens: int, cost: KvCost) -> int:
         return cost.request_bytes(tokens)
 
-    def limit_of(self, plan: Plan, slots: int | None = None) -> int:
-        return plan.admissible_bytes
+    def step(self, plan: Plan, slots: int | None = None) -> Limits:
+        return Limits(limit=plan.admissible_bytes)
 
     def ceiling(self) -> int | None:
-        return None
-
-    def in_flight_cap(self) -> int | None:
         return None
 
     def must_drain(self, admission: Admission, compartment: str) -> int | None:
@@ -232,14 +220,11 @@ class AdaptiveMode:
     def full_request(self, tokens: int, cost: KvCost) -> int:
         return in_blocks(tokens, self.law.block_size)
 
-    def limit_of(self, plan: Plan, slots: int | None = None) -> int:
-        return self.law.limit_of(plan)  # the slots cap requests in flight instead
+    def step(self, plan: Plan, slots: int | None = None) -> Limits:
+        return self.law.step(plan)  # its slots cap requests in flight, not the tokens
 
     def ceiling(self) -> int | None:
         return self.law.ceiling()
-
-    def in_flight_cap(self) -> int | None:
-        return self.law.slots
 
     def must_drain(self, admission: Admission, compartment: str) -> int | None:
         # Tokens that must drain before this caller fits: those ahead, beyond the limit.

@@ -1,8 +1,8 @@
 """The admission state machine: limit, in-flight work, bounded FIFO queues; no clock, no I/O.
 
 Every call returns what happened as frozen values; the asyncio layer (``bulkhead``) turns them into
-woken waiters and timers. Costs are in the admission mode's unit (``sidecar.core.modes``): permits,
-KV bytes or tokens.
+woken waiters and timers. Costs are in the admission mode's unit
+(``sidecar.core.admission.modes``): permits, KV bytes or tokens.
 
 Compartments borrow: capacity another compartment leaves idle, its reserve included, may be used
 up to the borrower's cap. Nothing is revoked, so borrowed capacity comes back as that work ends;
@@ -27,8 +27,8 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Protocol, get_args
 
-from sidecar.core.compartments import DEFAULT, Compartments
-from sidecar.core.decisions import (
+from sidecar.core.admission.compartments import DEFAULT, Compartments
+from sidecar.core.admission.decisions import (
     AdmissionSnapshot,
     CompartmentSnapshot,
     Decision,
@@ -51,7 +51,7 @@ class _Waiter:
 
 
 class Reach(Protocol):
-    """What the admission mode says can ever run (``sidecar.core.modes``)."""
+    """What the admission mode says can ever run (``sidecar.core.admission.modes``)."""
 
     def ceiling(self) -> int | None:
         """The largest worst case that can ever run; None: the limit's own reach."""
