@@ -12,7 +12,7 @@ from sidecar.core.request.claims import NO_CLAIMS, Claims
 from sidecar.core.request.objectives import Objectives
 from sidecar.core.request.stream_timing import StreamTiming
 from sidecar.live.probes import EngineReading
-from sidecar.live.slo import SloControl
+from sidecar.live.slo import MAX_SAMPLES, SloControl
 from sidecar.live.sources import Readings
 from tests.declared import NOTHING_DECLARED
 
@@ -508,3 +508,19 @@ def test_a_quiet_spell_after_a_cut_logs_one_restart() -> None:
     assert events.count("slo_backoff") == 1
     assert events.count("slo_restart") == 1
     assert slo.step(PLAN).in_flight == 10  # back at the start: pool / worst case
+
+
+def test_samples_waiting_for_a_first_plan_are_bounded() -> None:
+    """No plan ever starts the law (a source that never answers): the samples of streams that
+    keep ending wait for it, the newest MAX_SAMPLES of each kind, not every one."""
+    clock = FakeClock()
+    slo = control(clock)
+    for _ in range(MAX_SAMPLES + 100):
+        timing = StreamTiming(sent=clock())
+        slo.track(timing, NO_CLAIMS)
+        timing.saw(1, clock() + 0.1)
+        timing.saw(5, clock() + 0.5)
+        slo.ended(timing, completed=True)
+        slo.observe(reading())
+    assert [len(kind) for kind in slo._samples] == [MAX_SAMPLES, MAX_SAMPLES]
+    assert len(slo._ttfts) == MAX_SAMPLES

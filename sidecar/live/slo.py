@@ -43,6 +43,17 @@ TTFT_SMOOTHING = 0.5
 ENDS_WINDOW_S = 5.0
 
 
+# The most samples of each kind kept between two steps, the newest: while no plan has started
+# the law (a capacity source that never answers) they wait for it, and must not grow without end.
+# A quantile over 4,096 samples is as good as over more; more streams than that rarely end in a
+# tick (the law's ceiling is 4,096 in flight).
+MAX_SAMPLES = 4096
+
+
+def _samples() -> deque[float]:
+    return deque(maxlen=MAX_SAMPLES)
+
+
 @dataclass(slots=True)
 class _Tracked:
     objectives: Objectives
@@ -83,8 +94,8 @@ class SloControl:
         self.expected_ttft_s = 0.0  # engine TTFT p90, smoothed over ticks
         self.ends_per_s = 0.0  # relayed streams ended, over the last ENDS_WINDOW_S
         self._ends: deque[float] = deque()  # when each of them ended
-        self._samples: tuple[list[float], list[float]] = ([], [])  # TTFT, TPOT over target
-        self._ttfts: list[float] = []
+        self._samples = _samples(), _samples()  # TTFT, TPOT over target
+        self._ttfts = _samples()  # engine TTFTs in seconds, for the expected TTFT
         # Streams being relayed, with their objectives, and whether their TTFT was sampled.
         self._open: dict[StreamTiming, _Tracked] = {}
         self._typical: float | None = None  # tokens of a typical request, per the engine
@@ -207,10 +218,10 @@ class SloControl:
             return warnings
         now = self.clock()
         self._harvest(now)
-        (ttft, tpot), self._samples = self._samples, ([], [])
-        ttfts, self._ttfts = self._ttfts, []
+        (ttft, tpot), self._samples = self._samples, (_samples(), _samples())
+        ttfts, self._ttfts = self._ttfts, _samples()
         if ttfts:
-            p90 = quantile(ttfts, self.config.quantile)
+            p90 = quantile(list(ttfts), self.config.quantile)
             self.expected_ttft_s += TTFT_SMOOTHING * (p90 - self.expected_ttft_s)
         self._forget_ends(now)
         self.ends_per_s = len(self._ends) / ENDS_WINDOW_S
