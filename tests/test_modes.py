@@ -16,6 +16,7 @@ from sidecar.core.plan.capacity import Budget, Plan, Source, Term, engine_cost, 
 from sidecar.core.request.request_checks import CheckedRequest
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.live.adaptive import AdaptiveCapacity
+from tests.quiet_law import QuietLaw
 
 COST = engine_cost(1024, 16)  # the tiny model: 1 KiB a token, 16-token blocks
 
@@ -63,7 +64,7 @@ PLAN = make_plan(
 )
 
 
-class Steered:
+class Steered(QuietLaw):
     """The SLO law's output, fixed: it allows ``limit`` requests in flight, ``starts`` of them
     starting at once (all of them unless given)."""
 

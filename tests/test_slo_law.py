@@ -1,5 +1,6 @@
 """The default admission's law (sidecar.core.laws.slo_law) on its own: a Tick in, a Step out, one
-behaviour a test, as Netflix's concurrency-limits tests its limits; no clock, no samples gathered."""
+behaviour a test, as Netflix's concurrency-limits tests its limits; no clock, no samples
+gathered."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from sidecar.core.plan.capacity import Budget, Plan, Source, Term, engine_cost, 
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.limiter.permit import Permit
 from tests.fake_time import FakeTime
+from tests.quiet_law import QuietLaw
 
 PLAN = make_plan(
     engine_cost(1, None),
@@ -25,7 +26,7 @@ PLAN = make_plan(
 )
 
 
-class Steered:
+class Steered(QuietLaw):
     """The SLO law's output, fixed: ``in_flight`` requests, ``starts`` of them starting."""
 
     def __init__(self, in_flight: int, starts: int) -> None:

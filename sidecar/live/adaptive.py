@@ -11,9 +11,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import structlog
 
+from sidecar.core.admission.decisions import AdmissionSnapshot
 from sidecar.core.admission.estimator import CompletionEstimator, EstimatorConfig
 from sidecar.core.admission.ledger import StreamUsage, in_blocks
 from sidecar.core.exact import exact
@@ -127,3 +129,22 @@ class AdaptiveCapacity:
     def learn(self, usage: StreamUsage) -> None:
         """A request completed: its real completion length teaches its band."""
         self.estimator.observe(usage.compartment, usage.max_tokens, usage.completion_tokens())
+
+    def document(self, snapshot: AdmissionSnapshot) -> dict[str, Any]:
+        """The adaptive terms for /capacity: ratio, limit, ledger, learned lengths."""
+        return {
+            "pricing": self.pricing,
+            "pricing_reason": self.pricing_reason,
+            "overcommit_ratio": round(self.ratio, 4),
+            "last_pressure": self.overcommit.last_pressure,
+            "fallback_reason": self.unsupported,
+            "min_samples": self.estimator.config.min_samples,
+            "pool_tokens": self.pool_tokens,
+            "limit_tokens": snapshot.limit,
+            "ledger_tokens": snapshot.ledger_tokens,
+            "ledger_reserved_tokens": snapshot.ledger_reserved_tokens,
+            "expected_completion_tokens": [
+                {"compartment": c, "band": band, "tokens": tokens, "samples": count}
+                for (c, band), (tokens, count) in self.estimator.estimates().items()
+            ],
+        }

@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -303,6 +304,25 @@ class SloControl:
             log.info("slo_limit_start", limit=self.limits.held(), typical_tokens=self._typical)
         self._start_now = start
         return self.limits.limits(permits=plan.permits, worst_case_only=worst_case_only)
+
+    def document(self) -> dict[str, Any]:
+        """The /capacity section: the limit, why it is priced so, and what steers it."""
+        law = self.law
+        return {
+            "pricing": self.pricing,
+            "pricing_reason": self.pricing_reason,
+            "limit": law.limit if law is not None else None,
+            "starts_limit": self.starts.limit if self.starts is not None else None,
+            "last_gradient": None if law is None else law.last_gradient,
+            "starts_gradient": None if self.starts is None else self.starts.last_gradient,
+            "drain_limit": self.drain_limit,
+            "reason": None if self.last_step is None else self.last_step.reason,
+            "ends_per_s": round(self.ends_per_s, 3),
+            "expected_ttft_s": round(self.expected_ttft_s, 4),
+            "objectives": {"ttft_s": self.objectives.ttft_s, "tpot_s": self.objectives.tpot_s},
+            "engine_share": self.config.engine_share,
+            "streams_tracked": self.tracked,
+        }
 
     def hold_limit(self) -> int | None:
         """The starts limit, which stands when the plan goes stale (the engine's /metrics slow
