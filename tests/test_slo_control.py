@@ -51,10 +51,15 @@ def reading(
     tell how many fit, and two wait."""
     prompt, generation = typical if typical is not None else (None, None)
     engine = EngineReading(
-        cache=None, kv_usage_ratio=kv, requests_running=running, requests_waiting=waiting,
-        preemptions_total=preemptions, observed_at=0.0,
-        typical_prompt_tokens=prompt, typical_generation_tokens=generation,
-    )  # fmt: skip
+        cache=None,
+        kv_usage_ratio=kv,
+        requests_running=running,
+        requests_waiting=waiting,
+        preemptions_total=preemptions,
+        observed_at=0.0,
+        typical_prompt_tokens=prompt,
+        typical_generation_tokens=generation,
+    )
     return Readings(declared=DECLARED, engine=engine)
 
 
@@ -71,9 +76,12 @@ def control(clock: FakeClock, pressed: bool = True, demand: int = 20) -> SloCont
     """Objectives of 2 s and 100 ms; ``demand`` requests in flight and waiting, all of them
     starting or waiting to."""
     return SloControl(
-        objectives=Objectives(2.0, 0.1), binding=lambda: pressed, demand=lambda: demand,
-        starting=lambda: demand, clock=clock,
-    )  # fmt: skip
+        objectives=Objectives(2.0, 0.1),
+        binding=lambda: pressed,
+        demand=lambda: demand,
+        starting=lambda: demand,
+        clock=clock,
+    )
 
 
 def test_a_cold_engine_starts_at_its_worst_case_permits() -> None:
@@ -301,9 +309,12 @@ def test_late_first_tokens_cut_the_starts_and_the_pace_of_tokens_steers_in_fligh
     complete at a quarter of the TPOT objective, and the limit in flight grows on that pace."""
     clock, demand = FakeClock(), [12]
     slo = SloControl(
-        objectives=Objectives(2.0, 0.1), binding=lambda: True, demand=lambda: demand[0],
-        starting=lambda: demand[0], clock=clock,
-    )  # fmt: skip
+        objectives=Objectives(2.0, 0.1),
+        binding=lambda: True,
+        demand=lambda: demand[0],
+        starting=lambda: demand[0],
+        clock=clock,
+    )
     slo.observe(reading())
     assert slo.step(PLAN).in_flight == 10
     running = [StreamTiming(sent=clock()) for _ in range(6)]

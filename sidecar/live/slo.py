@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from sidecar.core.laws.slo_law import SloLaw, Step, Tick, start_limit
+from sidecar.core.laws.slo_law import SloLaw, Step, Tick, max_wait_s, start_limit
 from sidecar.core.laws.slo_limit import SloLimit, SloLimitConfig, quantile
 from sidecar.core.limits import Limits
 from sidecar.core.plan.capacity import Plan
@@ -150,9 +150,12 @@ class SloControl:
         """How long a request may wait for a permit: ``aim`` x its TTFT objective less the
         engine's expected TTFT (past that it would likely miss, so it is told at once), and no
         longer than its queue TTL where it claims one."""
-        budget = self.config.aim * self.objectives_for(claims).ttft_s
-        wait = max(0.0, budget - self.expected_ttft_s)
-        return wait if claims.ttl_s is None else min(wait, claims.ttl_s)
+        return max_wait_s(
+            aim=self.config.aim,
+            ttft_objective_s=self.objectives_for(claims).ttft_s,
+            expected_ttft_s=self.expected_ttft_s,
+            ttl_s=claims.ttl_s,
+        )
 
     def track(self, timing: StreamTiming, claims: Claims) -> None:
         """A stream is about to be relayed: its first token is sampled on the tick it comes."""

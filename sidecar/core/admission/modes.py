@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from sidecar.core.admission.decisions import AdmissionSnapshot, Mode
 from sidecar.core.admission.ledger import StreamUsage, in_blocks
 from sidecar.core.admission.machine import Admission
+from sidecar.core.laws.slo_law import capped
 from sidecar.core.limits import Limits
 from sidecar.core.plan.capacity import KvCost, Plan
 from sidecar.core.request.claims import Claims
@@ -222,10 +223,7 @@ class SloMode(_Permits):
         return (1 if request.stream else 0), None
 
     def step(self, plan: Plan, slots: int | None = None) -> Limits:
-        steered = self.law.step(plan)
-        own = steered.limit if steered.in_flight is None else steered.in_flight
-        in_flight = _capped(own, self.cap, slots)
-        return Limits(limit=min(in_flight, steered.limit), in_flight=in_flight)
+        return capped(self.law.step(plan), self.cap, slots)
 
     def held_limit(self) -> int | None:
         return self.law.hold_limit()  # steered by the streams the sidecar relays, not the plan
