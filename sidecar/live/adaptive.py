@@ -22,16 +22,12 @@ from sidecar.core.exact import exact
 from sidecar.core.laws.overcommit import AimdConfig, Overcommit, OvercommitEvidence
 from sidecar.core.limits import Limits
 from sidecar.core.plan.capacity import Plan
-from sidecar.core.warnings import ConfigWarning, adaptive_unsupported
+from sidecar.core.warnings import ConfigWarning
+from sidecar.live.pricing import PricingVerdict
 from sidecar.live.sources import Readings
 
 log = structlog.get_logger("sidecar.live.adaptive")
 
-NO_PREEMPTION_SERIES = (
-    "the engine exports no preemption counter (vllm:num_preemptions_total, "
-    "sglang:num_retracted_requests_total): it may not preempt"
-)
-NO_ENGINE = "no engine metrics to watch (capacity source without the engine)"
 STEERED = "the engine reports its KV usage, preemptions and queue: the limit follows them"
 
 
@@ -50,19 +46,26 @@ class AdaptiveCapacity:
         self.estimator = CompletionEstimator(estimator)
         self.binding = binding
         self.overcommit = Overcommit(aimd)
-        self.unsupported: str | None = NO_ENGINE
+        self.verdict = PricingVerdict(
+            mode="adaptive", steered=STEERED, without_preemption="it may not preempt"
+        )
         self.block_size = 1
         self.pool_tokens = 0
         self.slots: int | None = None  # the engine's fixed slots, where it has them (llama.cpp)
 
     @property
+    def unsupported(self) -> str | None:
+        """Why requests are priced at their worst case (None: over-commit steers)."""
+        return self.verdict.unsupported
+
+    @property
     def pricing(self) -> str:
         """closed-loop (steered by the engine's evidence) or worst-case (nothing to steer by)."""
-        return "worst-case" if self.unsupported else "closed-loop"
+        return self.verdict.pricing
 
     @property
     def pricing_reason(self) -> str:
-        return self.unsupported or STEERED
+        return self.verdict.reason
 
     @property
     def ratio(self) -> float:
@@ -74,14 +77,12 @@ class AdaptiveCapacity:
         engine = readings.engine
         if engine is None:
             # Not seen this tick: hold the ratio, keep the last verdict (unless never seen).
-            return (adaptive_unsupported(self.unsupported),) if self.unsupported else ()
+            return self.verdict.warnings()
         self.slots = engine.slots
-        reason = NO_PREEMPTION_SERIES if engine.preemptions_total is None else None
-        if reason != self.unsupported:
-            self.unsupported = reason
+        if self.verdict.hear(engine):
             log.info("admission_pricing", pricing=self.pricing, reason=self.pricing_reason)
-        if reason is not None:
-            return (adaptive_unsupported(reason),)
+        if self.unsupported is not None:
+            return self.verdict.warnings()
         before = self.overcommit.ratio
         ratio = self.overcommit.observe(
             OvercommitEvidence(

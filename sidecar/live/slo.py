@@ -25,19 +25,15 @@ from sidecar.core.plan.capacity import Plan
 from sidecar.core.request.claims import Claims
 from sidecar.core.request.objectives import Objectives, objectives_of
 from sidecar.core.request.stream_timing import StreamTiming
-from sidecar.core.warnings import ConfigWarning, adaptive_unsupported
+from sidecar.core.warnings import ConfigWarning
+from sidecar.live.pricing import PricingVerdict
 from sidecar.live.probes import EngineReading
 from sidecar.live.sources import Readings
 
 log = structlog.get_logger("sidecar.live.slo")
 
-NO_PREEMPTION_SERIES = (
-    "the engine exports no preemption counter (vllm:num_preemptions_total, "
-    "sglang:num_retracted_requests_total): it may fail on overflow, so the limit never passes "
-    "the worst-case permits"
-)
-NO_ENGINE = "no engine metrics to watch (capacity source without the engine)"
 STEERED = "the limit follows the streams' TTFT and TPOT against their objectives"
+WITHOUT_PREEMPTION = "it may fail on overflow, so the limit never passes the worst-case permits"
 # Weight of a new tick's p90 engine TTFT in the expected TTFT that bounds the queue wait.
 TTFT_SMOOTHING = 0.5
 # Streams that ended in the last this many seconds give the pace at which a full cache frees.
@@ -90,7 +86,9 @@ class SloControl:
         self.clock = clock  # the proxy's: the streams' timings are read on it
         self.limits = SloLaw(self.config)  # the law: started at the first plan
         self.last_step: Step | None = None  # what the last tick decided, and why
-        self.unsupported: str | None = NO_ENGINE
+        self.verdict = PricingVerdict(
+            mode="slo", steered=STEERED, without_preemption=WITHOUT_PREEMPTION
+        )
         self.slots: int | None = None
         self.expected_ttft_s = 0.0  # engine TTFT p90, smoothed over ticks
         self.ends_per_s = 0.0  # relayed streams ended, over the last ENDS_WINDOW_S
@@ -121,12 +119,17 @@ class SloControl:
         return self.limits.drain
 
     @property
+    def unsupported(self) -> str | None:
+        """Why the limit keeps to the worst case (None: the streams steer it)."""
+        return self.verdict.unsupported
+
+    @property
     def pricing(self) -> str:
-        return "worst-case" if self.unsupported else "closed-loop"
+        return self.verdict.pricing
 
     @property
     def pricing_reason(self) -> str:
-        return self.unsupported or STEERED
+        return self.verdict.reason
 
     def grows_fast(self, in_force: int) -> bool:
         """Whether a step now could raise the limit in force (``in_force``) by more than one:
@@ -217,7 +220,7 @@ class SloControl:
         engine = readings.engine
         if engine is not None:
             self._engine_seen(engine)
-        warnings = (adaptive_unsupported(self.unsupported, "slo"),) if self.unsupported else ()
+        warnings = self.verdict.warnings()
         if self.law is None:  # no plan yet: the samples wait for the first limit
             return warnings
         now = self.clock()
@@ -288,9 +291,7 @@ class SloControl:
 
     def _engine_seen(self, engine: EngineReading) -> None:
         self.slots = engine.slots
-        reason = NO_PREEMPTION_SERIES if engine.preemptions_total is None else None
-        if reason != self.unsupported:
-            self.unsupported = reason
+        if self.verdict.hear(engine):
             log.info("admission_pricing", pricing=self.pricing, reason=self.pricing_reason)
         prompt, generation = engine.typical_prompt_tokens, engine.typical_generation_tokens
         if prompt is not None and generation is not None:
@@ -302,8 +303,8 @@ class SloControl:
         many may be starting at once (``SloLaw.limits``)."""
         worst_case_only = self.unsupported is not None
         start = start_limit(plan, self._typical, worst_case_only=worst_case_only)
-        if self.limits.needs_start(engine_seen=self.unsupported != NO_ENGINE):
-            self.limits.start(start, blind=self.unsupported == NO_ENGINE)
+        if self.limits.needs_start(engine_seen=self.verdict.engine_seen):
+            self.limits.start(start, blind=not self.verdict.engine_seen)
             log.info("slo_limit_start", limit=self.limits.held(), typical_tokens=self._typical)
         self._start_now = start
         return self.limits.limits(permits=plan.permits, worst_case_only=worst_case_only)
