@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import random
 import sys
@@ -48,7 +49,10 @@ ENGINE_FLAGS = (
 MODEL = "qwen2.5-14b"
 PROMPT_WORDS = 2000  # the emulator counts a word a token
 MAX_TOKENS = 256
-SWEEP = tuple(int(n) for n in os.environ.get("CAPACITY_SWEEP", "24,32,40,48,56").split(","))
+SWEEP = tuple(
+    int(n) for n in os.environ.get("CAPACITY_SWEEP", "24,32,40,48,56,64,72,80").split(",")
+)
+GIVEN = int(os.environ.get("CAPACITY_USERS", "0"))
 SHARES = (0.25, 0.5, 0.75, 1.0, 1.5)
 STEP_S = float(os.environ.get("CAPACITY_STEP_S", "30"))
 WARM_S = float(os.environ.get("CAPACITY_WARM_S", "10"))
@@ -63,13 +67,47 @@ class Step:
     busy: int
     running: float
     slo_tokens_per_s: float
+    signal: tuple[float, float, float] | None = None  # sidecar_utilisation: mean, low, high
 
     @property
     def share_within(self) -> float:
         return self.within / self.requests if self.requests else 0.0
 
 
-async def closed_loop(url: str, engine: str, users: int, seed: int) -> Step:
+class SignalWatch:
+    """``sidecar_utilisation`` read from the sidecar's ``/capacity`` every second."""
+
+    def __init__(self, admin: str) -> None:
+        self.url, self.seen = admin + "/capacity", list[tuple[float, float]]()
+
+    async def run(self, until: float) -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            while (now := time.monotonic()) < until:
+                async with session.get(self.url) as response:
+                    self.seen.append((now, float((await response.json())["utilisation"])))
+                await asyncio.sleep(1.0)
+
+    def over(self, start: float, end: float) -> tuple[float, float, float] | None:
+        values = [v for at, v in self.seen if start <= at <= end]
+        if not values:
+            return None
+        return sum(values) / len(values), min(values), max(values)
+
+    async def fall_s(self, below: float, limit_s: float = 60.0) -> float:
+        """Seconds from now until the signal reads under ``below`` (the load has stopped)."""
+        start = time.monotonic()
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            while (waited := time.monotonic() - start) < limit_s:
+                async with session.get(self.url) as response:
+                    if float((await response.json())["utilisation"]) < below:
+                        return waited
+                await asyncio.sleep(0.5)
+        return math.inf
+
+
+async def closed_loop(
+    url: str, engine: str, users: int, seed: int, signal: SignalWatch | None = None
+) -> Step:
     """``users`` users, each sending its next request when the last one ended, for WARM_S and
     then STEP_S; the requests begun in the second part are counted."""
     rng = random.Random(seed)
@@ -87,9 +125,11 @@ async def closed_loop(url: str, engine: str, users: int, seed: int) -> Step:
                 got = await one_user(session, url, body(MODEL, PROMPT_WORDS, rng, MAX_TOKENS))
                 done.append((began, got))
 
-        watcher = asyncio.create_task(watch(engine + "/metrics", timeline, window[1]))
+        watchers = [asyncio.create_task(watch(engine + "/metrics", timeline, window[1]))]
+        if signal is not None:
+            watchers.append(asyncio.create_task(signal.run(window[1])))
         await asyncio.gather(*(user() for _ in range(users)))
-        await watcher
+        await asyncio.gather(*watchers)
     counted = [u for began, u in done if window[0] <= began < window[1]]
     within = [u for u in counted if u.within_slo()]
     return Step(
@@ -99,21 +139,23 @@ async def closed_loop(url: str, engine: str, users: int, seed: int) -> Step:
         busy=sum(u.busy for u in counted),
         running=timeline.mean("running", *window),
         slo_tokens_per_s=sum(u.tokens for u in within) / STEP_S,
+        signal=signal.over(*window) if signal is not None else None,
     )
 
 
 def show(label: str, step: Step) -> None:
+    signal = "" if step.signal is None else ", signal {:.2f} ({:.2f}-{:.2f})".format(*step.signal)
     print(
         f"{label:>14} {step.users:>3} users: within {step.within}/{step.requests} "
         f"({step.share_within:.0%}), {step.slo_tokens_per_s:,.0f} SLO tok/s, busy {step.busy}, "
-        f"running {step.running:.1f}",
+        f"running {step.running:.1f}{signal}",
         flush=True,
     )
 
 
 async def sweep(engine: str) -> list[Step]:
-    steps = []
-    for users in SWEEP:
+    steps: list[Step] = []
+    for users in () if GIVEN else SWEEP:
         steps.append(await closed_loop(engine, engine, users, users))
         show("alone", steps[-1])
     return steps
@@ -127,37 +169,46 @@ def main() -> int:
     with servers.emulator(ENGINE_FLAGS, logs / "emulator.log") as engine:
         alone = asyncio.run(sweep(engine))
         capable = [s for s in alone if s.share_within >= 0.95]
-        capacity = max((s.users for s in capable), default=SWEEP[0])
-        best = max(alone, key=lambda s: s.slo_tokens_per_s)
-        print(f"capacity within the objectives: {capacity} users; best SLO goodput "
-              f"{best.slo_tokens_per_s:,.0f} tok/s at {best.users}", flush=True)  # fmt: skip
+        capacity = GIVEN or max((s.users for s in capable), default=SWEEP[0])
+        best = max(alone, key=lambda s: s.slo_tokens_per_s, default=None)
+        print(f"capacity within the objectives: {capacity} users"
+              + ("" if best is None else f"; best SLO goodput {best.slo_tokens_per_s:,.0f} "
+                 f"tok/s at {best.users}"), flush=True)  # fmt: skip
         counts = [max(1, round(share * capacity)) for share in SHARES]
         rows = []
-        with servers.sidecar(engine, None, logs / "sidecar.log") as front:
+        admin = servers.free_port()
+        log = logs / "sidecar.log"
+        with servers.sidecar(engine, None, log, admin_port=str(admin)) as front:
+            watch_signal = SignalWatch(f"http://127.0.0.1:{admin}")
             for users in counts:
-                through = asyncio.run(closed_loop(front, engine, users, users))
+                through = asyncio.run(closed_loop(front, engine, users, users, watch_signal))
                 show("sidecar", through)
                 rows.append(through)
+            fall_s = asyncio.run(watch_signal.fall_s(0.5))
+            print(f"the load stopped: the signal under 0.5 after {fall_s:.1f} s", flush=True)
         beside = [asyncio.run(closed_loop(engine, engine, users, users)) for users in counts]
         for step in beside:
             show("alone", step)
     result = {
         "capacity": capacity,
-        "best": asdict(best),
+        "best": None if best is None else asdict(best),
+        "signal_fall_s": fall_s,
         "sweep": [asdict(s) for s in alone],
         "sidecar": [asdict(s) for s in rows],
         "alone": [asdict(s) for s in beside],
     }
     (OUT / "capacity.json").write_text(json.dumps(result, indent=1))
     print(
-        "\n| load | users | within SLO: sidecar / alone | ratio | busy | running: sidecar / alone |"
+        "\n| load | users | within SLO: sidecar / alone | ratio | busy | running: sidecar / alone "
+        "| signal: mean (range) |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for share, side, own in zip(SHARES, rows, beside, strict=True):
         ratio = side.within / own.within if own.within else float("nan")
+        signal = "-" if side.signal is None else "{:.2f} ({:.2f}-{:.2f})".format(*side.signal)
         print(f"| {share:.0%} | {side.users} | {side.within}/{side.requests} / "
               f"{own.within}/{own.requests} | {ratio:.2f}x | {side.busy} | "
-              f"{side.running:.1f} / {own.running:.1f} |")  # fmt: skip
+              f"{side.running:.1f} / {own.running:.1f} | {signal} |")  # fmt: skip
     return 0
 
 

@@ -10,7 +10,7 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from aiohttp import web
@@ -175,13 +175,15 @@ def signal_section() -> list[str]:
         "",
         *body.strip().splitlines(),
         "",
-        "| parameter | value |",
-        "|---|---|",
-        f"| `kv_threshold` | {config.kv_threshold} |",
-        f"| `queue_threshold` | {config.queue_threshold} requests waiting at the engine |",
-        f"| `hold_s` | {config.hold_s:g} s |",
-        f"| `refusal_window_s` | {config.refusal_window_s:g} s |",
-        f"| refusals | {refusals} |",
+        "| parameter | setting | default |",
+        "|---|---|---|",
+        *(
+            f"| `{f.name}` | `SIDECAR_UTILISATION_{f.name.upper()}` | {getattr(config, f.name):g} |"
+            for f in fields(config)
+            if f.name != "max_samples"
+        ),
+        f"| `max_samples` | - | {config.max_samples} samples a window, newest kept |",
+        f"| refusals | - | {refusals} |",
         "",
         "## The admission limit's unit",
         "",

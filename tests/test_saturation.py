@@ -1,4 +1,5 @@
-"""The scale-out signal's arithmetic: each ratio by hand, the largest wins, the windows forget."""
+"""The scale-out signal's arithmetic: each term by hand, the largest wins, the windows forget,
+the unloaded floor is remembered, an idle pod reads 0."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from sidecar.core.outcomes import EDGE_FAULTS, REJECTIONS
+from sidecar.core.request.objectives import Objectives
+from sidecar.core.request.stream_timing import StreamTiming
 from sidecar.core.saturation import (
     CAPACITY_REFUSALS,
-    EngineEvidence,
-    EnginePeaks,
+    LatencyShare,
+    MeanWindow,
     OutcomeWindow,
     SaturationConfig,
     SaturationEvidence,
-    engine_ratios,
     saturation,
 )
 from sidecar.live.probes import EngineReading
@@ -27,51 +29,28 @@ from tests.declared import NOTHING_DECLARED
 if TYPE_CHECKING:
     from sidecar.limiter.events import BulkheadSnapshot
 
-CONFIG = SaturationConfig(kv_threshold=0.8, queue_threshold=5)
-
-
-@pytest.mark.parametrize(
-    ("engine", "expected"),
-    [
-        pytest.param(EngineEvidence(), (0.0, 0.0), id="engine-says-nothing"),
-        pytest.param(EngineEvidence(0.0, 0, 0), (0.0, 0.0), id="idle"),
-        # 96 streams at 1 % of the pool, nothing waiting: 0.01 / 0.8.
-        pytest.param(EngineEvidence(0.01, 96, 0), (0.0125, 0.0), id="96-streams-pool-untouched"),
-        pytest.param(EngineEvidence(0.4, 20, 0), (0.5, 0.0), id="half-the-kv-threshold"),
-        # A request or two waits for the next step: below the threshold, not saturation.
-        pytest.param(EngineEvidence(0.01, 96, 4), (0.0125, 0.0), id="brief-wait-below-threshold"),
-        # 256 running (max_num_seqs) and 64 waiting: (256 + 64) / 256.
-        pytest.param(EngineEvidence(0.03, 256, 64), (0.0375, 1.25), id="at-max-num-seqs"),
-        pytest.param(EngineEvidence(0.96, 30, 0), (1.2, 0.0), id="kv-past-threshold"),
-        pytest.param(EngineEvidence(None, 0, 10), (0.0, 10.0), id="waiting-nothing-running"),
-    ],
-)
-def test_engine_ratios(engine: EngineEvidence, expected: tuple[float, float]) -> None:
-    """(kv, engine_queue) of one engine reading, computed by hand."""
-    assert engine_ratios(engine, CONFIG) == pytest.approx(expected)
+CONFIG = SaturationConfig()
 
 
 @pytest.mark.parametrize(
     ("evidence", "utilisation", "term"),
     [
-        pytest.param(SaturationEvidence(), 0.0, "kv", id="idle-pod"),
-        pytest.param(SaturationEvidence(engine_kv=0.45, sidecar_in_flight=96), 0.45, "kv",
-                     id="kv-only"),
-        # 21 running, 64 waiting for admission: (21 + 64) / 21.
-        pytest.param(SaturationEvidence(engine_kv=0.01, sidecar_in_flight=21, sidecar_queued=64),
-                     85 / 21, "sidecar_queue", id="queued-at-the-sidecar"),
-        pytest.param(SaturationEvidence(sidecar_queued=3), 3.0, "sidecar_queue",
-                     id="queued-with-nothing-in-flight"),
-        # One refusal in four lately: 1 + 0.25.
-        pytest.param(SaturationEvidence(engine_kv=0.2, recent_offered=400, recent_refused=100),
-                     1.25, "refusals", id="refusing"),
-        pytest.param(SaturationEvidence(recent_offered=10, recent_refused=10), 2.0, "refusals",
-                     id="refusing-everything"),
-        pytest.param(SaturationEvidence(engine_kv=0.3, engine_queue=1.25), 1.25, "engine_queue",
-                     id="waiting-at-the-engine"),
+        pytest.param(SaturationEvidence(loaded=True, ttft=0.3, tpot=0.45, kv=0.2), 0.45, "tpot",
+                     id="compute-bound"),
+        pytest.param(SaturationEvidence(loaded=True, ttft=0.7, tpot=0.45), 0.7, "ttft",
+                     id="prefill-bound"),
+        pytest.param(SaturationEvidence(loaded=True, tpot=0.1, kv=0.85), 0.85, "kv",
+                     id="memory-bound"),
+        # One refusal in four lately: 1 + 0.25, whatever the latency says.
+        pytest.param(SaturationEvidence(loaded=True, tpot=0.6, recent_offered=400,
+                                        recent_refused=100), 1.25, "refusals", id="refusing"),
+        pytest.param(SaturationEvidence(loaded=True, recent_offered=10, recent_refused=10), 2.0,
+                     "refusals", id="refusing-everything"),
+        pytest.param(SaturationEvidence(loaded=True, ttft=1.8), 1.8, "ttft",
+                     id="missing-the-ttft-objective"),
     ],
 )  # fmt: skip
-def test_the_signal_is_the_largest_ratio(
+def test_the_signal_is_the_largest_term(
     evidence: SaturationEvidence, utilisation: float, term: str
 ) -> None:
     """The utilisation equals its largest term, and that term is the one expected."""
@@ -80,41 +59,112 @@ def test_the_signal_is_the_largest_ratio(
     assert getattr(result, term) == pytest.approx(utilisation)
 
 
-def test_any_refusal_or_wait_reaches_one() -> None:
-    """One refusal among many, or one request queued, is enough for 1 or more."""
-    assert saturation(SaturationEvidence(recent_offered=1000, recent_refused=1)).utilisation > 1
-    assert saturation(SaturationEvidence(sidecar_in_flight=200, sidecar_queued=1)).utilisation > 1
+def test_once_the_load_has_ended_every_term_reads_zero() -> None:
+    """Nothing in flight or waiting: 0, though the window still holds the load's latency and
+    refusals (an autoscaler's scale-down starts at the next scrape)."""
+    busy = SaturationEvidence(ttft=1.4, tpot=0.9, kv=0.7, recent_offered=10, recent_refused=5)
+    assert saturation(busy).to_dict() == dict.fromkeys(
+        ("utilisation", "ttft", "tpot", "kv", "refusals"), 0.0
+    )
 
 
-def test_engine_peaks_hold_for_their_window() -> None:
-    """A reading's ratios count until hold_s after it, then are forgotten."""
-    peaks = EnginePeaks(hold_s=30.0)
-    assert peaks.ratios(0.0, CONFIG) == (0.0, 0.0)
-    peaks.add(0.0, EngineEvidence(0.08, 100, 30))  # 130 / 100
-    peaks.add(10.0, EngineEvidence(0.16, 20, 0))
-    assert peaks.ratios(29.0, CONFIG) == pytest.approx((0.2, 1.3))
-    assert peaks.ratios(31.0, CONFIG) == pytest.approx((0.2, 0.0))
-    assert peaks.ratios(41.0, CONFIG) == (0.0, 0.0)
+def test_any_refusal_reaches_one() -> None:
+    """One refusal among many is enough for 1 or more."""
+    evidence = SaturationEvidence(loaded=True, recent_offered=1000, recent_refused=1)
+    assert saturation(evidence).utilisation > 1
 
 
-def test_without_load_only_the_latest_reading_counts() -> None:
-    """Nothing runs through the sidecar: the held peaks are not demand, the latest reading is."""
-    peaks = EnginePeaks(hold_s=30.0)
-    assert peaks.ratios(0.0, CONFIG, hold=False) == (0.0, 0.0)
-    peaks.add(0.0, EngineEvidence(0.128, 100, 30))
-    peaks.add(1.0, EngineEvidence(0.0, 0, 0))
-    assert peaks.ratios(2.0, CONFIG) == pytest.approx((0.16, 1.3))
-    assert peaks.ratios(2.0, CONFIG, hold=False) == (0.0, 0.0)
+def latency(samples: list[tuple[float, float]], config: SaturationConfig = CONFIG) -> LatencyShare:
+    share = LatencyShare(config)
+    for at, ratio in samples:
+        share.add(at, ratio)
+    return share
 
 
-def test_a_queue_between_waves_is_priced_against_what_the_engine_ran() -> None:
-    """256 ran (max_num_seqs), then a wave ended: 50 running, 64 waiting. Against 256 that is
-    (256 + 64) / 256 at the full reading, and the lull adds nothing larger; against its own 50
-    the lull would have read 2.28."""
-    peaks = EnginePeaks(hold_s=30.0)
-    peaks.add(0.0, EngineEvidence(0.03, 256, 64))
-    peaks.add(1.0, EngineEvidence(0.01, 50, 64))
-    assert peaks.ratios(2.0, CONFIG)[1] == pytest.approx(320 / 256)
+def test_without_a_floor_the_term_is_the_quantile_itself() -> None:
+    """Nine samples (too few for a floor): the P90 of 0.1..0.9 is 0.9, over a base of 0."""
+    share = latency([(1.0, r / 10) for r in range(1, 10)])
+    assert share.base(1.0) == 0.0
+    assert share.share(1.0) == pytest.approx(0.9)
+
+
+def test_the_term_climbs_from_the_unloaded_floor_to_the_objective() -> None:
+    """A light minute at 0.25 of the objective is the floor; then a P90 at 0.625 reads half
+    of capacity ((0.625 - 0.25) / 0.75), and one at the objective reads 1."""
+    share = latency([(float(t), 0.25) for t in range(30)])
+    share.add(61.0, 0.625)
+    assert share.base(61.0) == pytest.approx(0.25)
+    assert share.share(61.0) == pytest.approx(0.5)
+    share.add(62.0, 1.0)
+    assert share.share(62.0) == pytest.approx(1.0)
+
+
+def test_the_floor_is_a_bucket_low_tenth_not_one_lucky_stream() -> None:
+    """One stream at 0.01 among nineteen at 0.3: the bucket's P10 is 0.3, not 0.01."""
+    share = latency([(0.0, 0.01)] + [(float(t), 0.3) for t in range(1, 20)])
+    assert share.base(20.0) == pytest.approx(0.3)
+
+
+def test_the_floor_is_capped() -> None:
+    """A pod never seen lightly loaded (every sample at 0.8) counts its floor as 0.5 at most:
+    at the objective it still reads 1, and 0.8 reads 0.6, not 0."""
+    share = latency([(float(t), 0.8) for t in range(30)])
+    assert share.base(30.0) == 0.5
+    assert share.share(30.0) == pytest.approx(0.6)
+
+
+def test_the_floor_is_forgotten_after_its_window() -> None:
+    """A floor of 0.2 from the first minute counts for floor_window_s, then is gone."""
+    config = SaturationConfig(floor_window_s=600.0, floor_bucket_s=60.0)
+    share = latency([(float(t), 0.2) for t in range(20)], config)
+    share.add(100.0, 0.9)  # closes the first bucket; one sample is no floor of its own
+    assert share.base(500.0) == pytest.approx(0.2)
+    assert share.base(700.0) == 0.0
+
+
+def test_the_window_forgets_its_samples() -> None:
+    """Samples older than window_s leave the quantile; with none left the term reads 0."""
+    share = latency([(0.0, 0.9), (20.0, 0.3)])
+    assert share.share(25.0) == pytest.approx(0.9)
+    assert share.share(31.0) == pytest.approx(0.3)
+    assert share.share(51.0) == 0.0
+
+
+def test_the_stores_are_bounded() -> None:
+    """Ten thousand samples in one bucket keep at most max_samples in the window and the
+    bucket (all at 0.5: the floor is 0.5 and the term 0)."""
+    config = SaturationConfig(max_samples=100)
+    share = latency([(t / 1e6, 0.5) for t in range(10_000)], config)
+    assert share.share(0.5) == 0.0
+    assert len(share._window) == 100
+    assert len(share._open) == 100
+
+
+def test_kv_is_the_mean_over_its_window() -> None:
+    """Readings of 0.2 and 0.6 average 0.4; past the window only the later one counts."""
+    kv = MeanWindow(window_s=30.0, max_samples=10)
+    kv.add(0.0, 0.2)
+    kv.add(10.0, 0.6)
+    assert kv.mean(20.0) == pytest.approx(0.4)
+    assert kv.mean(35.0) == pytest.approx(0.6)
+    assert kv.mean(50.0) == 0.0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param({"window_s": 0}, id="window"),
+        pytest.param({"quantile": 0}, id="quantile-zero"),
+        pytest.param({"quantile": 1.5}, id="quantile-past-one"),
+        pytest.param({"floor_cap": 1.0}, id="floor-cap-one"),
+        pytest.param({"kv_full": 0}, id="kv-full"),
+        pytest.param({"max_samples": 0}, id="max-samples"),
+    ],
+)
+def test_a_bad_config_is_refused(bad: dict[str, float]) -> None:
+    """Each setting out of its range is a ValueError, not a signal that divides by zero."""
+    with pytest.raises(ValueError, match="must be"):
+        SaturationConfig(**bad)  # type: ignore[arg-type]
 
 
 def test_outcome_window_counts_what_ended_lately() -> None:
@@ -136,19 +186,50 @@ def test_capacity_refusals_are_known_outcomes() -> None:
     assert {"queue_full", "shed", "no_capacity", "too_many_client_connections"} <= CAPACITY_REFUSALS
 
 
-def idle_pod() -> tuple[SaturationSignal, Counter, SimpleNamespace]:
-    """A signal over an idle bulkhead and a fresh outcome counter, read on a clock the test sets
-    (``clock.now``)."""
+def pod(in_use: int = 1) -> tuple[SaturationSignal, Counter, SimpleNamespace, SimpleNamespace]:
+    """A signal over a bulkhead with ``in_use`` streams, a fresh outcome counter, read on a clock
+    the test sets (``clock.now``); objectives 2 s and 100 ms."""
     registry = CollectorRegistry()
     requests = Counter("sidecar_requests", "r", ["outcome"], registry=registry)
     clock = SimpleNamespace(now=0.0)
-    idle = cast("BulkheadSnapshot", SimpleNamespace(in_use=0, queued=0))
-    return SaturationSignal(lambda: idle, requests, lambda: clock.now), requests, clock
+    bulkhead = SimpleNamespace(in_use=in_use, queued=0)
+    signal = SaturationSignal(
+        lambda: cast("BulkheadSnapshot", bulkhead),
+        requests,
+        lambda: clock.now,
+        objectives=Objectives(ttft_s=2.0, tpot_s=0.1),
+    )
+    return signal, requests, clock, bulkhead
+
+
+def stream(arrived: float, first: float, last: float, tokens: int) -> StreamTiming:
+    return StreamTiming(sent=arrived, first=first, last=last, tokens=tokens)
+
+
+def test_a_stream_is_judged_from_its_arrival_against_the_objectives() -> None:
+    """Arrived at 0, waited for admission, first token at 1.2 s (0.6 of 2 s); 11 tokens over
+    0.5 s: TPOT 50 ms (0.5 of 100 ms). Nine such streams: no floor yet, the terms are the
+    ratios."""
+    signal, _, clock, _ = pod()
+    clock.now = 1.7
+    for _ in range(9):
+        signal.streamed(stream(0.0, 1.2, 1.7, 11), arrived=0.0, completed=True)
+    read = signal.read()
+    assert (read.ttft, read.tpot) == pytest.approx((0.6, 0.5))
+
+
+def test_a_stream_cut_short_gives_its_ttft_not_its_tpot() -> None:
+    """A stream the client left: its first token counts, its pace does not (the client set it)."""
+    signal, _, clock, _ = pod()
+    clock.now = 3.0
+    signal.streamed(stream(0.0, 0.4, 3.0, 3), arrived=0.0, completed=False)
+    read = signal.read()
+    assert (read.ttft, read.tpot) == pytest.approx((0.2, 0.0))
 
 
 def test_refusals_leave_the_signal_a_window_after_they_ended_however_rarely_it_is_read() -> None:
     """Ticks sample the outcomes, so refusals read long after they ended no longer count."""
-    signal, requests, clock = idle_pod()
+    signal, requests, clock, _ = pod()
     readings = Readings(declared=NOTHING_DECLARED)
     assert signal.read().refusals == 0.0  # read once at start-up, then not for 10 minutes
     requests.labels(outcome="queue_full").inc(10)
@@ -165,12 +246,10 @@ def test_refusals_leave_the_signal_a_window_after_they_ended_however_rarely_it_i
         pytest.param(32.0, 0.0, id="gone-32s-later"),
     ],
 )
-def test_a_refusal_counts_for_the_longest_scrape_interval_then_leaves(
-    read_at: float, refusals: float
-) -> None:
-    """Ten refusals half a second in, nothing else ended: a scrape up to 30 s later still reads
-    the pod as refusing; two seconds past that window it reads idle again."""
-    signal, requests, clock = idle_pod()
+def test_a_refusal_counts_for_the_window_then_leaves(read_at: float, refusals: float) -> None:
+    """Ten refusals half a second in, nothing else ended, a stream still running: a scrape up
+    to 30 s later still reads the pod as refusing; two seconds past that window it does not."""
+    signal, requests, clock, _ = pod()
     readings = Readings(declared=NOTHING_DECLARED)
     signal.observe(readings)
     requests.labels(outcome="queue_full").inc(10)
@@ -180,31 +259,20 @@ def test_a_refusal_counts_for_the_longest_scrape_interval_then_leaves(
     assert signal.read().refusals == refusals
 
 
-def test_an_idle_pod_reads_zero_at_the_first_tick_after_its_load() -> None:
-    """A stream running, the engine at 12.8 % of its KV: 0.16. The stream ends and the next
-    tick reads an empty engine: 0 at once, not the held 0.16 for 30 s; under load, it holds."""
-    registry = CollectorRegistry()
-    requests = Counter("sidecar_requests", "r", ["outcome"], registry=registry)
-    clock = SimpleNamespace(now=0.0)
-    pod = SimpleNamespace(in_use=1, queued=0)
-    signal = SaturationSignal(lambda: cast("BulkheadSnapshot", pod), requests, lambda: clock.now)
-    declared = NOTHING_DECLARED
-
-    def tick(at: float, kv: float, running: float) -> None:
-        clock.now = at
-        engine = EngineReading(
-            cache=None,
-            kv_usage_ratio=kv,
-            requests_running=running,
-            requests_waiting=0.0,
-            preemptions_total=0.0,
-            observed_at=at,
-        )
-        signal.observe(Readings(declared=declared, engine=engine))
-
-    tick(0.0, 0.128, 1)
-    assert signal.read().utilisation == pytest.approx(0.16)
-    tick(1.0, 0.0, 0)
-    assert signal.read().utilisation == pytest.approx(0.16)  # one stream still running: held
-    pod.in_use = 0
+def test_an_idle_pod_reads_zero_at_once() -> None:
+    """A stream running, the engine at 40 % of its KV: 0.4. The stream ends: 0 at once, not the
+    window's 0.4 for 30 s."""
+    signal, _, clock, bulkhead = pod()
+    engine = EngineReading(
+        cache=None,
+        kv_usage_ratio=0.4,
+        requests_running=1.0,
+        requests_waiting=0.0,
+        preemptions_total=0.0,
+        observed_at=0.0,
+    )
+    signal.observe(Readings(declared=NOTHING_DECLARED, engine=engine))
+    clock.now = 1.0
+    assert signal.read().utilisation == pytest.approx(0.4)
+    bulkhead.in_use = 0
     assert signal.read().utilisation == 0.0

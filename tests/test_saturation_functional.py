@@ -1,5 +1,6 @@
-"""The scale-out signal on a live sidecar: 0 idle, past 1 once a request waits, 2 once every
-request lately was refused; /capacity and /metrics say the same, with the limit's unit."""
+"""The scale-out signal on a live sidecar: 0 idle, the streams' pace against the objective while
+they run, 2 once every request lately was refused; /capacity and /metrics say the same, with the
+limit's unit."""
 
 from __future__ import annotations
 
@@ -26,13 +27,22 @@ async def slow_engine() -> AsyncIterator[str]:
     await runner.cleanup()
 
 
+@pytest.fixture
+async def fast_engine() -> AsyncIterator[str]:
+    """An emulated engine at 25 tokens/s a stream: 40 ms a token."""
+    config = EmulatorConfig(model_name="tiny-llama", tokens_per_s=25)
+    runner, url = await serve_app(build_app(config))
+    yield url
+    await runner.cleanup()
+
+
 async def test_idle_sidecar_reads_zero_and_names_its_unit(start_sidecar: StartSidecar) -> None:
     """Idle: utilisation 0 in /capacity and /metrics; count admission's limit is in sequences."""
     server = await start_sidecar()
     doc = await get_json(f"{admin_url(server)}/capacity")
     assert doc["utilisation"] == 0
     assert doc["saturation"] == {
-        "utilisation": 0, "kv": 0, "engine_queue": 0, "sidecar_queue": 0, "refusals": 0
+        "utilisation": 0, "ttft": 0, "tpot": 0, "kv": 0, "refusals": 0
     }  # fmt: skip
     assert (doc["limit"], doc["limit_unit"], doc["worst_case_permits"]) == (2, "sequences", 2)
     metrics = await scrape(f"{admin_url(server)}/metrics")
@@ -41,11 +51,35 @@ async def test_idle_sidecar_reads_zero_and_names_its_unit(start_sidecar: StartSi
     assert metrics["sidecar_admission_in_use{unit=sequences}"] == 0
 
 
-async def test_a_wait_then_a_refusal_push_the_signal_past_one(
+async def test_streams_slower_than_the_objective_read_past_one(
+    start_sidecar: StartSidecar, fast_engine: str
+) -> None:
+    """An engine at 25 tokens/s (40 ms a token) against a 20 ms TPOT objective: once short
+    streams complete while a long one runs, the tpot term reads their pace over the objective
+    (about 2, no floor yet); when the long one ends, the pod is idle and reads 0."""
+    server = await start_sidecar(SIDECAR_UPSTREAM_URL=fast_engine, SIDECAR_SLO_TPOT_MS="20")
+    admin = admin_url(server)
+    async with aiohttp.ClientSession() as session:
+        long = asyncio.create_task(_stream(session, proxy_url(server), max_tokens=28))
+        for _ in range(3):
+            await _stream(session, proxy_url(server), max_tokens=4)
+        doc = await get_json(f"{admin}/capacity")
+        assert doc["in_use"] >= 1  # the long stream is still running
+        assert 1.5 < doc["saturation"]["tpot"] < 3.0
+        assert doc["utilisation"] == doc["saturation"]["tpot"]
+        metrics = await scrape(f"{admin}/metrics")
+        assert metrics["sidecar_utilisation_term{term=tpot}"] == pytest.approx(
+            doc["saturation"]["tpot"], abs=1e-3
+        )
+        await long
+    assert (await get_json(f"{admin}/capacity"))["utilisation"] == 0
+
+
+async def test_a_refusal_pushes_the_signal_to_two(
     start_sidecar: StartSidecar, slow_engine: str
 ) -> None:
-    """Two streams hold both permits, a third waits: (2 + 1) / 2. A fourth is refused (queue
-    full), the only request that ended lately: the refusal term reads 1 + 1/1."""
+    """Two streams hold both permits, a third waits; a fourth is refused (queue full), the only
+    request that ended lately: the refusal term reads 1 + 1/1."""
     server = await start_sidecar(
         SIDECAR_UPSTREAM_URL=slow_engine, SIDECAR_MAX_QUEUE="1", SIDECAR_MAX_WAIT_MS="60000"
     )
@@ -59,9 +93,6 @@ async def test_a_wait_then_a_refusal_push_the_signal_past_one(
             return bool(doc["in_use"] == 2 and doc["queued"] == 1)
 
         assert await until(one_waiting)
-        doc = await get_json(f"{admin}/capacity")
-        assert doc["saturation"]["sidecar_queue"] == pytest.approx(1.5)
-        assert doc["utilisation"] == pytest.approx(1.5)
         async with session.post(f"{proxy_url(server)}/v1/completions", json=BODY) as refused:
             assert refused.status == 429
         doc = await get_json(f"{admin}/capacity")
@@ -75,8 +106,8 @@ async def test_a_wait_then_a_refusal_push_the_signal_past_one(
         await asyncio.gather(*streams, return_exceptions=True)
 
 
-async def _stream(session: aiohttp.ClientSession, url: str) -> None:
-    body = json.dumps({**BODY, "stream": True})
+async def _stream(session: aiohttp.ClientSession, url: str, max_tokens: int = 28) -> None:
+    body = json.dumps({**BODY, "stream": True, "max_tokens": max_tokens})
     headers = {"Content-Type": "application/json"}
     async with session.post(f"{url}/v1/completions", data=body, headers=headers) as response:
         async for _ in response.content:

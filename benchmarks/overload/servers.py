@@ -135,9 +135,10 @@ def sidecar(
     upstream: str, mode: str | None, log: Path, program: str | None = None, **extra: str
 ) -> Iterator[str]:
     """`sidecar serve` in front of ``upstream`` with default settings, but for the admission
-    mode (None: the default) and ``extra`` SIDECAR_* settings; yields its base URL. ``program``:
-    another build's ``sidecar`` (None: this checkout's)."""
-    port, admin = free_port(), free_port()
+    mode (None: the default) and ``extra`` SIDECAR_* settings (``admin_port`` among them: its
+    admin port, else any free one); yields its base URL. ``program``: another build's
+    ``sidecar`` (None: this checkout's)."""
+    port, admin = free_port(), int(extra.pop("admin_port", "0")) or free_port()
     env = {
         **os.environ,
         "SIDECAR_UPSTREAM_URL": upstream,

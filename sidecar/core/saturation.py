@@ -1,51 +1,47 @@
-"""The scale-out signal: demand over capacity, from the engine's evidence and the sidecar's queue
-and refusals, whatever unit the admission limit is counted in.
+"""The scale-out signal: the share of the pod's capacity its load takes, 0 idle, 1 at capacity.
 
-Near 0 on an idle or cold pod; at or above 1 once requests wait (at the sidecar or at the
-engine) or are refused. It is the largest of four ratios, each demand over a capacity:
+A proportional autoscaler (the HPA: desired = ceil(replicas x signal / target)) sizes a fleet
+only on a signal that grows with the load: at half of what the pod serves within its objectives
+it must read near 0.5, not 0.1 until requests queue and then 3. So the signal is built from what
+the sidecar measures on every stream against the same objectives its SLO attainment counts
+(``SIDECAR_SLO_TTFT_MS``, ``SIDECAR_SLO_TPOT_MS``), as llm-d's SLO-driven autoscaler does
+(P90 predicted TTFT and TPOT over their objectives; llm-d/llm-d PR #2011, 95.8 % attainment at
+0.74x a static pool's GPUs). It is the largest of four terms, each read over the last
+``window_s``:
 
-- ``kv``: KV tokens in use over ``kv_threshold`` x the engine's pool (the engine's usage share
-  over the threshold). llm-d's workload-variant autoscaler sizes a replica the same way: its
-  memory-bound capacity is the KV tokens x a threshold, its demand the tokens in use plus the
-  queue x the mean prompt (llm-d/llm-d-workload-variant-autoscaler,
-  internal/engines/analyzers/saturation_v2/analyzer.go, commit b28a4f6). Here the requests that
-  wait are the queue ratios' evidence instead, counted as requests, not priced in tokens.
-- ``engine_queue``: once ``queue_threshold`` or more requests wait at the engine, the engine runs
-  all it can (its sequence cap, or its pool): (running + waiting) / running. That autoscaler
-  takes what is in use while its queue stands at its threshold (5) as the compute-bound capacity
-  the same way; a request or two waiting for the next step is not saturation.
-- ``sidecar_queue``: requests waiting for admission: (in flight + queued) / in flight.
-- ``refusals``: 1 + the share of the requests that ended in the last ``refusal_window_s``
-  (``OutcomeWindow``) that were refused for want of capacity, at any cap
-  (``CAPACITY_REFUSALS``): 1 to 2.
+- ``ttft`` and ``tpot``: how far the streams' latency has climbed from the engine's unloaded
+  latency towards its objective, ``(p - base) / (1 - base)``, where ``p`` is the ``quantile``
+  (P90) of the streams' latency over their objective (TTFT as the user saw it, from arrival at
+  the sidecar, so a wait for admission counts) and ``base`` the same ratio unloaded: the lowest
+  P10 of any ``floor_bucket_s`` the pod saw in the last ``floor_window_s``, counted at most as
+  ``floor_cap``. An engine's step time grows with what each step computes (every stream's
+  decode and the prompts that join it), so its latency climbs from ``base`` at no load to the
+  objective at capacity about in proportion to the load: the term is the share of capacity in
+  use, and past 1 the objective is missed. Before the pod has a floor, ``base`` is 0 (a fresh
+  pod reads high rather than low).
+- ``kv``: the engine's KV cache use over ``kv_full`` (1: the whole pool), the mean of the
+  readings in the window: where memory, not compute, binds, the pool's share is the load's.
+- ``refusals``: 1 + the share of the requests that ended in the window that were refused for
+  want of capacity, at any cap (``CAPACITY_REFUSALS``): 1 to 2. A refused request is demand the
+  pod could not serve within its objective.
 
-The refusal window is what a scrape needs, no more. The gauge is read when scraped: a refusal
-shows in it for the window, so a scrape interval up to the window is sure to see it once, and
-an autoscaler that polls Prometheus as often as it scrapes reads that sample (deploy/: every 15 s;
-30 s is Prometheus's and KEDA's usual interval). Longer only keeps a pod reading as refusing
-after it stopped: the EPP steers around it meanwhile, and at a minute the shipped HPA's next
-scale-up step (its policy period is 60 s) could still count a burst that ended a minute before.
+Each term is a mean or a quantile over ``window_s``, so no instant (a burst's first second, 84
+queued behind 12) reaches a scrape on its own. Once nothing runs through the sidecar and nothing
+waits for it, the load has ended and every term reads 0 at once: an idle pod never holds
+replicas for a window.
 
-The engine's two ratios are the largest of its readings over the last ``hold_s``
-(``EnginePeaks``), each reading's queue against the most requests the engine ran in that time:
-its queue comes and goes with each wave of completions, and the autoscaler above reads vLLM's
-gauges as their peak over a minute for the same reason. The peaks are held only while requests
-run through the sidecar or wait in it: once none do, the load has ended, and the engine's latest
-reading alone counts, so an idle pod reads 0 at the first tick after its last request instead of
-its last KV share for ``hold_s``.
-
-Like the flow-control pool saturation of llm-d's router (``flow_control_pool_saturation``,
-llm-d/llm-d-router pkg/epp/metrics/llm_d_router_metrics.go, commit b64f44e: 0 empty, 1 fully
-saturated; later versions: above 1 the magnitude of oversubscription), 1 is the set point and
-above it the pod is oversubscribed.
+1 is the set point: at the HPA's target of 0.8 the fleet runs each pod at 80 % of what it
+serves within the objectives.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from sidecar.core.laws.slo_limit import quantile
 from sidecar.core.outcomes import EDGE_FAULTS, REJECTIONS
 
 # The outcomes that refuse a request for want of capacity, at every cap the sidecar has: each
@@ -56,125 +52,145 @@ CAPACITY_REFUSALS: frozenset[str] = frozenset(
     | {code for code, refusal in EDGE_FAULTS.items() if refusal.status == 503}
 )
 
+TERMS = ("ttft", "tpot", "kv", "refusals")
+FLOOR_QUANTILE = 0.1  # a bucket's unloaded latency: its lowest tenth, not one lucky stream
+FLOOR_MIN_SAMPLES = 10  # fewer in a bucket say nothing of the engine's floor
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SaturationConfig:
-    """The thresholds: KV share counted as full; engine queue length that shows it at its cap;
-    how long an engine reading's ratios are held; how long a refusal is counted."""
+    """The signal's windows and scale (module docstring; each a SIDECAR_UTILISATION_* setting)."""
 
-    kv_threshold: float = 0.8
-    queue_threshold: int = 5
-    hold_s: float = 30.0
-    refusal_window_s: float = 30.0
+    window_s: float = 30.0
+    quantile: float = 0.9
+    kv_full: float = 1.0
+    floor_window_s: float = 3600.0
+    floor_bucket_s: float = 60.0
+    floor_cap: float = 0.5
+    max_samples: int = 4096  # a window's samples at most, newest kept
+
+    def __post_init__(self) -> None:
+        if min(self.window_s, self.floor_window_s, self.floor_bucket_s, self.kv_full) <= 0:
+            raise ValueError("windows and kv_full must be > 0")
+        if not 0 < self.quantile <= 1 or not 0 <= self.floor_cap < 1:
+            raise ValueError("quantile must be in (0, 1] and floor_cap in [0, 1)")
+        if self.max_samples < 1:
+            raise ValueError("max_samples must be >= 1")
 
 
-@dataclass(frozen=True, slots=True)
-class EngineEvidence:
-    """One reading of the engine; None where the engine does not say it."""
+class LatencyShare:
+    """One latency's samples (each over its objective): the window's quantile and the floor.
 
-    kv_usage_ratio: float | None = None  # 0..1 of its pool
-    running: float | None = None
-    waiting: float | None = None
+    Bounded: the window keeps its newest ``max_samples``; the floor one figure a bucket for
+    ``floor_window_s``; the open bucket at most ``max_samples``."""
+
+    def __init__(self, config: SaturationConfig) -> None:
+        self.config = config
+        self._window: deque[tuple[float, float]] = deque(maxlen=config.max_samples)
+        buckets = math.ceil(config.floor_window_s / config.floor_bucket_s)
+        self._floors: deque[tuple[int, float]] = deque(maxlen=max(1, buckets))
+        self._bucket = -1
+        self._open: list[float] = []
+
+    def add(self, now: float, ratio: float) -> None:
+        """A stream's latency over its objective, seen at ``now``."""
+        bucket = math.floor(now / self.config.floor_bucket_s)
+        if bucket != self._bucket:
+            self._close_bucket()
+            self._bucket = bucket
+        if len(self._open) < self.config.max_samples:
+            self._open.append(ratio)
+        self._window.append((now, ratio))
+
+    def _close_bucket(self) -> None:
+        if len(self._open) >= FLOOR_MIN_SAMPLES:
+            self._floors.append((self._bucket, quantile(self._open, FLOOR_QUANTILE)))
+        self._open = []
+
+    def base(self, now: float) -> float:
+        """The unloaded ratio: the lowest bucket floor still remembered, at most ``floor_cap``;
+        0 before any bucket had enough samples."""
+        c = self.config
+        oldest = math.floor((now - c.floor_window_s) / c.floor_bucket_s)
+        floors = [f for b, f in self._floors if b > oldest]
+        if len(self._open) >= FLOOR_MIN_SAMPLES:
+            floors.append(quantile(self._open, FLOOR_QUANTILE))
+        return min(min(floors, default=0.0), c.floor_cap)
+
+    def share(self, now: float) -> float:
+        """``(p - base) / (1 - base)`` over the window's samples; 0 without any."""
+        window = self._window
+        while window and now - window[0][0] > self.config.window_s:
+            window.popleft()
+        if not window:
+            return 0.0
+        p = quantile([r for _, r in window], self.config.quantile)
+        base = self.base(now)
+        return max(0.0, (p - base) / (1.0 - base))
+
+
+class MeanWindow:
+    """Readings at their times; their mean over the last ``window_s`` (bounded like the samples)."""
+
+    def __init__(self, window_s: float, max_samples: int) -> None:
+        self.window_s = window_s
+        self._seen: deque[tuple[float, float]] = deque(maxlen=max_samples)
+
+    def add(self, now: float, value: float) -> None:
+        self._seen.append((now, value))
+
+    def mean(self, now: float) -> float:
+        seen = self._seen
+        while seen and now - seen[0][0] > self.window_s:
+            seen.popleft()
+        return sum(v for _, v in seen) / len(seen) if seen else 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SaturationEvidence:
-    """What is known now: the engine's ratios (held, ``EnginePeaks``) and the sidecar's state."""
+    """What is known now: each term's figure over the window, and whether any load is left."""
 
-    engine_kv: float = 0.0
-    engine_queue: float = 0.0
-    sidecar_in_flight: int = 0  # requests the sidecar let through, running now
-    sidecar_queued: int = 0
-    recent_offered: float = 0.0  # requests that ended lately, refusals included
+    ttft: float = 0.0
+    tpot: float = 0.0
+    kv: float = 0.0
+    loaded: bool = False  # requests in flight through the sidecar or waiting for it
+    recent_offered: float = 0.0  # requests that ended in the window, refusals included
     recent_refused: float = 0.0  # of them, refused for want of capacity
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Saturation:
-    """The signal and the four ratios it is the largest of."""
+    """The signal and the four terms it is the largest of."""
 
     utilisation: float
+    ttft: float
+    tpot: float
     kv: float
-    engine_queue: float
-    sidecar_queue: float
     refusals: float
 
     def to_dict(self) -> dict[str, float]:
         return {
             "utilisation": round(self.utilisation, 4),
-            "kv": round(self.kv, 4),
-            "engine_queue": round(self.engine_queue, 4),
-            "sidecar_queue": round(self.sidecar_queue, 4),
-            "refusals": round(self.refusals, 4),
+            **{term: round(getattr(self, term), 4) for term in TERMS},
         }
 
 
+IDLE = Saturation(utilisation=0.0, ttft=0.0, tpot=0.0, kv=0.0, refusals=0.0)
+
+
 def saturation(evidence: SaturationEvidence) -> Saturation:
-    """Demand over capacity: the largest of the KV, engine-queue, sidecar-queue and refusal
-    ratios (module docstring)."""
-    kv, engine_queue = evidence.engine_kv, evidence.engine_queue
-    sidecar_queue, refusals = _sidecar_queue(evidence), _refusals(evidence)
+    """The share of capacity in use: the largest of the terms (module docstring); 0 once the
+    load has ended."""
+    if not evidence.loaded:
+        return IDLE
+    refusals = _refusals(evidence)
     return Saturation(
-        utilisation=max(kv, engine_queue, sidecar_queue, refusals),
-        kv=kv,
-        engine_queue=engine_queue,
-        sidecar_queue=sidecar_queue,
+        utilisation=max(evidence.ttft, evidence.tpot, evidence.kv, refusals),
+        ttft=evidence.ttft,
+        tpot=evidence.tpot,
+        kv=evidence.kv,
         refusals=refusals,
     )
-
-
-def engine_ratios(
-    e: EngineEvidence, config: SaturationConfig, capacity: float | None = None
-) -> tuple[float, float]:
-    """(kv, engine_queue) of one engine reading; ``capacity``: the most requests the engine
-    was seen running lately (its reading's own running count where not given)."""
-    return _kv(e, config), _engine_queue(e, config, capacity)
-
-
-def _kv(e: EngineEvidence, config: SaturationConfig) -> float:
-    if e.kv_usage_ratio is None:
-        return 0.0
-    return e.kv_usage_ratio / config.kv_threshold
-
-
-def _engine_queue(e: EngineEvidence, config: SaturationConfig, capacity: float | None) -> float:
-    waiting, running = e.waiting or 0.0, e.running or 0.0
-    if waiting < config.queue_threshold:
-        return 0.0
-    return (running + waiting) / max(capacity or 0.0, running, 1.0)
-
-
-class EnginePeaks:
-    """The engine's readings of the last ``hold_s``: the largest of their ratios, each reading's
-    queue priced against the most requests any of them ran (between two waves of completions a
-    reading shows few running and many waiting: its own count would overstate the demand)."""
-
-    def __init__(self, hold_s: float) -> None:
-        self.hold_s = hold_s
-        self._seen: deque[tuple[float, EngineEvidence]] = deque()
-
-    def add(self, now: float, reading: EngineEvidence) -> None:
-        self._seen.append((now, reading))
-
-    def ratios(
-        self, now: float, config: SaturationConfig, *, hold: bool = True
-    ) -> tuple[float, float]:
-        """(kv, engine_queue): the largest over the readings still held at ``now``; with
-        ``hold`` false (no load through the sidecar), the latest reading's alone."""
-        seen = self._seen
-        while seen and now - seen[0][0] > self.hold_s:
-            seen.popleft()
-        if not hold:
-            return engine_ratios(seen[-1][1], config) if seen else (0.0, 0.0)
-        capacity = max((r.running or 0.0 for _, r in seen), default=0.0)
-        pairs = [engine_ratios(r, config, capacity) for _, r in seen]
-        return max((k for k, _ in pairs), default=0.0), max((q for _, q in pairs), default=0.0)
-
-
-def _sidecar_queue(e: SaturationEvidence) -> float:
-    if e.sidecar_queued <= 0:
-        return 0.0
-    return (e.sidecar_in_flight + e.sidecar_queued) / max(e.sidecar_in_flight, 1)
 
 
 def _refusals(e: SaturationEvidence) -> float:

@@ -37,6 +37,7 @@ from sidecar.entry.wiring import (
     build_mode,
     build_slo,
     objectives_of_settings,
+    signal_config_of_settings,
 )
 from sidecar.limiter.events import AdmissionEvent
 from sidecar.live.control_loop import CapacityController
@@ -76,7 +77,13 @@ class SidecarServer:
         self.bulkhead = build_bulkhead(
             settings, self.mode, limit=0, clock=clock, on_event=self._on_event
         )
-        self.signal = SaturationSignal(self.bulkhead.snapshot, self.metrics.requests, clock)
+        self.signal = SaturationSignal(
+            self.bulkhead.snapshot,
+            self.metrics.requests,
+            clock,
+            objectives=objectives_of_settings(settings),
+            config=signal_config_of_settings(settings),
+        )
         self.controller: CapacityController = build_controller(
             settings,
             self.bulkhead.resize,
@@ -187,6 +194,7 @@ class SidecarServer:
             self.mode,
             self.controller,
             self.metrics,
+            signal=self.signal,
             log_refusal=self._log_refusal,
         )
         _warn_unclaimable(s)

@@ -23,6 +23,7 @@ from sidecar.core.request.stream_timing import StreamTiming
 from sidecar.entry.settings import Settings
 from sidecar.live.control_loop import CapacityController
 from sidecar.telemetry.metrics import RequestMetrics
+from sidecar.telemetry.saturation_metrics import SaturationSignal
 
 
 class SidecarPolicy:
@@ -35,10 +36,12 @@ class SidecarPolicy:
         controller: CapacityController,
         metrics: RequestMetrics,
         *,
+        signal: SaturationSignal | None = None,
         log_refusal: Callable[[EdgeFault], None] = lambda _fault: None,
     ) -> None:
         s = self.settings = settings
         self.mode, self.controller, self.metrics = mode, controller, metrics
+        self.signal = signal
         self.log_refusal = log_refusal
         self._claims = partial(
             parse_claim_trust(s.claims_from).claims,
@@ -109,9 +112,12 @@ class SidecarPolicy:
         self.mode.track(timing, claims)
 
     def timed(self, timing: StreamTiming, arrived: float, outcome: str) -> None:
-        """A relayed stream's timing -> the TTFT and TPOT histograms (and the mode's law)."""
+        """A relayed stream's timing -> the TTFT and TPOT histograms, the scale-out signal
+        and the mode's law."""
         completed = outcome == "completed"
         self.metrics.streamed(timing, arrived, completed=completed)
+        if self.signal is not None:
+            self.signal.streamed(timing, arrived, completed)
         self.mode.ended(timing, completed)
 
     def learn(self, usage: StreamUsage) -> None:

@@ -23,6 +23,7 @@ from sidecar.core.laws.overcommit import AimdConfig
 from sidecar.core.redaction import redact_url
 from sidecar.core.request.claims import parse_claim_trust
 from sidecar.core.request.objectives import Objectives
+from sidecar.core.saturation import SaturationConfig
 from sidecar.core.sizes import parse_size
 from sidecar.edge.proxy.routes import parse_forward_paths
 from sidecar.entry.event_loop import EventLoop
@@ -49,6 +50,7 @@ Size = Annotated[int, BeforeValidator(_read_size), Field(ge=0)]
 
 # The control laws' defaults are the core's: a setting's default is read from them, not repeated.
 _OBJECTIVES, _ESTIMATOR, _AIMD = Objectives(), EstimatorConfig(), AimdConfig()
+_SIGNAL = SaturationConfig()
 
 # Where each group of settings starts, in declaration order (`sidecar serve --help`, the docs).
 # A setting belongs to the group of the nearest start above it.
@@ -56,6 +58,7 @@ GROUP_STARTS = {
     "upstream_url": "network",
     "capacity_source": "capacity",
     "admission": "admission",
+    "utilisation_window_s": "scale-out signal",
     "log_level": "logs",
 }
 
@@ -383,6 +386,36 @@ class Settings(BaseSettings):
         _AIMD.target,
         description="engine KV usage (0..1) adaptive admission holds a busy engine at: below it "
         "the limit grows while requests wait, above it the limit shrinks",
+    )
+
+    # --- the scale-out signal (sidecar_utilisation) ---------------------------------------------
+    utilisation_window_s: Annotated[float, Field(gt=0)] = Field(
+        _SIGNAL.window_s,
+        description="the streams' latency, the engine's KV use and the refusals are counted over "
+        "this many seconds (a scrape and an autoscaler's poll fit in it; no instant reaches a "
+        "scrape alone)",
+    )
+    utilisation_quantile: Annotated[float, Field(gt=0, le=1)] = Field(
+        _SIGNAL.quantile,
+        description="the latency quantile held against the objectives (0.9: P90, as llm-d's "
+        "SLO-driven autoscaler)",
+    )
+    utilisation_kv_full: Annotated[float, Field(gt=0, le=1)] = Field(
+        _SIGNAL.kv_full,
+        description="the engine's KV cache use (0..1) that counts as the pod's whole capacity",
+    )
+    utilisation_floor_window_s: Annotated[float, Field(gt=0)] = Field(
+        _SIGNAL.floor_window_s,
+        description="how long the engine's unloaded latency (the latency term's 0) is remembered",
+    )
+    utilisation_floor_bucket_s: Annotated[float, Field(gt=0)] = Field(
+        _SIGNAL.floor_bucket_s,
+        description="the unloaded latency is the lowest P10 of any bucket this long",
+    )
+    utilisation_floor_cap: Annotated[float, Field(ge=0, lt=1)] = Field(
+        _SIGNAL.floor_cap,
+        description="the unloaded latency counts at most this share of its objective (a pod "
+        "never seen lightly loaded still reads 1 at the objective)",
     )
 
     # --- logs ----------------------------------------------------------------------------------

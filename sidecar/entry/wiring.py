@@ -25,6 +25,7 @@ from sidecar.core.model.model_spec import load_model_spec, weights_bytes_in
 from sidecar.core.plan.capacity import Budget, KvCost, engine_cost, make_plan
 from sidecar.core.plan.token_budget import resolve_budget
 from sidecar.core.request.objectives import Objectives
+from sidecar.core.saturation import SaturationConfig
 from sidecar.core.warnings import ConfigWarning
 from sidecar.entry.settings import Settings
 from sidecar.limiter.bulkhead import Bulkhead
@@ -64,6 +65,19 @@ def build_slo(
         demand=demand,
         starting=starting,
         clock=clock,
+    )
+
+
+def signal_config_of_settings(settings: Settings) -> SaturationConfig:
+    """The scale-out signal's windows and scale: the SIDECAR_UTILISATION_* settings."""
+    s = settings
+    return SaturationConfig(
+        window_s=s.utilisation_window_s,
+        quantile=s.utilisation_quantile,
+        kv_full=s.utilisation_kv_full,
+        floor_window_s=s.utilisation_floor_window_s,
+        floor_bucket_s=s.utilisation_floor_bucket_s,
+        floor_cap=s.utilisation_floor_cap,
     )
 
 

@@ -1,5 +1,6 @@
-"""The scale-out signal: the engine's readings as the capacity loop takes them, the bulkhead's
-queue and the requests refused lately, handed to the pure ``sidecar.core.saturation``."""
+"""The scale-out signal: each stream's latency against the objectives, the engine's KV use as
+the capacity loop reads it, the requests refused lately and whether any load is left, handed to
+the pure ``sidecar.core.saturation``."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from sidecar.core.request.objectives import Objectives
+from sidecar.core.request.stream_timing import StreamTiming
 from sidecar.core.saturation import (
-    EngineEvidence,
-    EnginePeaks,
+    TERMS,
+    LatencyShare,
+    MeanWindow,
     OutcomeWindow,
     Saturation,
     SaturationConfig,
@@ -24,8 +28,6 @@ from sidecar.telemetry.gauges import gauge
 
 if TYPE_CHECKING:
     from sidecar.live.sources import Readings
-
-TERMS = ("kv", "engine_queue", "sidecar_queue", "refusals")
 
 
 def outcome_counts(requests: Counter) -> dict[str, float]:
@@ -39,44 +41,53 @@ def outcome_counts(requests: Counter) -> dict[str, float]:
 
 
 class SaturationSignal:
-    """``observe`` hears each tick's readings; ``read`` gathers the rest and computes."""
+    """``streamed`` hears each stream as it ends, ``observe`` each capacity tick; ``read``
+    gathers the rest and computes."""
 
     def __init__(
         self,
         snapshot: Callable[[], BulkheadSnapshot],
         requests: Counter,
         clock: Callable[[], float],
+        *,
+        objectives: Objectives,
         config: SaturationConfig | None = None,
     ) -> None:
         self._snapshot, self._requests, self._clock = snapshot, requests, clock
-        self.config = config or SaturationConfig()
-        self._engine = EnginePeaks(self.config.hold_s)
-        self._window = OutcomeWindow(self.config.refusal_window_s)
+        self.objectives = objectives
+        self.config = c = config or SaturationConfig()
+        self._ttft, self._tpot = LatencyShare(c), LatencyShare(c)
+        self._kv = MeanWindow(c.window_s, c.max_samples)
+        self._window = OutcomeWindow(c.window_s)
+
+    def streamed(self, timing: StreamTiming, arrived: float, completed: bool) -> None:
+        """A relayed stream ended: its TTFT from arrival once a token came, its TPOT if it
+        completed (as ``sidecar_slo_streams_total`` judges it)."""
+        now = self._clock()
+        if timing.first is not None:
+            self._ttft.add(now, max(0.0, timing.first - arrived) / self.objectives.ttft_s)
+        tpot = timing.tpot_s() if completed else None
+        if tpot is not None:
+            self._tpot.add(now, tpot / self.objectives.tpot_s)
 
     def observe(self, readings: Readings) -> None:
         """One capacity tick: the outcomes so far are sampled (so the refusals' window keeps
-        its length however rarely the signal is read), and the engine's reading, if it
-        answered, joins the held peaks."""
+        its length however rarely the signal is read), and the engine's KV use, if it said it,
+        joins the window's mean."""
         now = self._clock()
         self._window.recent(now, outcome_counts(self._requests))
         engine = readings.engine
-        if engine is None:
-            return
-        evidence = EngineEvidence(
-            engine.kv_usage_ratio, engine.requests_running, engine.requests_waiting
-        )
-        self._engine.add(now, evidence)
+        if engine is not None and engine.kv_usage_ratio is not None:
+            self._kv.add(now, engine.kv_usage_ratio / self.config.kv_full)
 
     def evidence(self) -> SaturationEvidence:
         now, snap = self._clock(), self._snapshot()
-        loaded = snap.in_use > 0 or snap.queued > 0
-        kv, queue = self._engine.ratios(now, self.config, hold=loaded)
         offered, refused = self._window.recent(now, outcome_counts(self._requests))
         return SaturationEvidence(
-            engine_kv=kv,
-            engine_queue=queue,
-            sidecar_in_flight=snap.in_use,
-            sidecar_queued=snap.queued,
+            ttft=self._ttft.share(now),
+            tpot=self._tpot.share(now),
+            kv=self._kv.mean(now),
+            loaded=snap.in_use > 0 or snap.queued > 0,
             recent_offered=offered,
             recent_refused=refused,
         )
@@ -95,14 +106,15 @@ class SaturationCollector(Collector):
         now = self._signal.read()
         yield gauge(
             "sidecar_utilisation",
-            "Demand over capacity, the scale-out signal: near 0 idle, 1 or more once requests "
-            "wait or are refused (the largest of sidecar_utilisation_term).",
+            "The share of the pod's capacity in use, the scale-out signal: 0 idle, 1 at what it "
+            "serves within the objectives, past 1 once they are missed or requests are refused "
+            "(the largest of sidecar_utilisation_term).",
             now.utilisation,
         )
         terms = GaugeMetricFamily(
             "sidecar_utilisation_term",
-            "Each demand/capacity ratio the signal is the largest of: kv (engine KV use over "
-            "its threshold), engine_queue, sidecar_queue, refusals.",
+            "Each term the signal is the largest of: ttft and tpot (P90 latency's climb from "
+            "unloaded to the objective), kv (engine KV use), refusals (1 + the share refused).",
             labels=["term"],
         )
         for term in TERMS:
