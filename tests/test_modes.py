@@ -22,8 +22,14 @@ COST = engine_cost(1024, 16)  # the tiny model: 1 KiB a token, 16-token blocks
 
 
 def request(prompt: int = 100, completion: int = 28, sequences: int = 1) -> CheckedRequest:
-    return CheckedRequest(body=b"{}", stream=True, completion_tokens=completion,
-                          prompt_tokens=prompt, sequences=sequences, model=None)  # fmt: skip
+    return CheckedRequest(
+        body=b"{}",
+        stream=True,
+        completion_tokens=completion,
+        prompt_tokens=prompt,
+        sequences=sequences,
+        model=None,
+    )
 
 
 @pytest.mark.parametrize(

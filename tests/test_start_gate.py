@@ -43,9 +43,14 @@ def gate(fake: FakeTime, in_flight: int, starts: int, max_queue: int = 4) -> Bul
     """A bulkhead under slo with the law's two limits applied, as the control loop does."""
     mode = SloMode(Steered(in_flight, starts))
     bulkhead = Bulkhead(
-        limit=0, max_queue=max_queue, max_wait_s=3.0, mode=mode, clock=fake.clock,
-        call_later=fake.call_later, hint=ReleaseRate(draw=lambda: 0.0),
-    )  # fmt: skip
+        limit=0,
+        max_queue=max_queue,
+        max_wait_s=3.0,
+        mode=mode,
+        clock=fake.clock,
+        call_later=fake.call_later,
+        hint=ReleaseRate(draw=lambda: 0.0),
+    )
     bulkhead.resize(mode.step(PLAN))
     return bulkhead
 
