@@ -26,6 +26,7 @@ from sidecar.live.probes import (
 )
 from sidecar.telemetry.capacity_metrics import capacity_json, register_capacity_metrics
 from tests.declared import NOTHING_DECLARED, declared
+from tests.quiet_law import QuietLaw
 
 GIB = 1024**3
 REQUEST = 229_376_000  # qwen2.5-7b, 4,000 tokens, fp16: 57,344 B/token
@@ -127,7 +128,7 @@ async def test_failed_read_keeps_the_plan_then_floors_then_recovers() -> None:
     assert resized == [Limits(limit=5), Limits(limit=1), Limits(limit=5)]
 
 
-class HeldLaw:
+class HeldLaw(QuietLaw):
     """An SLO law at the plan's permits, holding ``held[0]`` when the plan goes stale."""
 
     def __init__(self, held: list[int | None]) -> None:

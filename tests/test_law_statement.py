@@ -13,8 +13,9 @@ from typing import TypeVar
 
 import pytest
 
+from sidecar.core.admission.modes import SloMode
 from sidecar.core.laws import slo_law
-from sidecar.core.laws.slo_law import ENGINE_QUEUE_S
+from sidecar.core.laws.slo_law import ENGINE_QUEUE_S, SloLaw, Tick, start_limit
 from sidecar.core.laws.slo_limit import (
     LimitEvidence,
     SloLimit,
@@ -22,11 +23,14 @@ from sidecar.core.laws.slo_limit import (
     drain_allowance,
     fits_in_cache,
 )
+from sidecar.core.limits import Limits
+from sidecar.core.plan.capacity import Plan
 from sidecar.core.request.claims import Claims
 from sidecar.core.request.objectives import Objectives
 from sidecar.live import slo as live_slo
 from sidecar.live.control_loop import HURRY_GAP_S
 from sidecar.live.slo import ENDS_WINDOW_S, SloControl
+from tests.quiet_law import QuietLaw
 from tests.test_slo_control import PLAN, FakeClock, control, reading
 
 ADAPTIVE_MD = Path(__file__).parent.parent / "docs" / "adaptive.md"
@@ -329,6 +333,139 @@ def test_the_max_wait_under_slo_is_the_aim_of_the_ttft_objective_less_the_expect
     assert slo.max_wait_s(Claims(ttl_s=0.3)) == 0.3
     slo.expected_ttft_s = 3.0
     assert slo.max_wait_s(Claims()) == 0.0
+
+
+# --- the law's composition (sidecar.core.laws.slo_law), on the pure law ------------------------
+
+
+def busy_tick(**changes: object) -> Tick:
+    """The limit bound, 20 asking, two waiting at an engine whose KV use is too low to tell."""
+    tick = Tick(
+        now=0.0,
+        ttft=(),
+        tpot=(),
+        pressed=True,
+        demand=20,
+        starting=20,
+        waiting=2.0,
+        kv_usage=0.01,
+        running=1.0,
+        ends_per_s=0.0,
+        start=10,
+    )
+    return replace(tick, **changes)  # type: ignore[arg-type]
+
+
+class Fixed(QuietLaw):
+    """A started law as SloMode steps it: its limits for each plan, nothing heard."""
+
+    def __init__(self, law: SloLaw, *, worst_case_only: bool = False) -> None:
+        self.law, self.worst_case_only = law, worst_case_only
+
+    def step(self, plan: Plan) -> Limits:
+        return self.law.limits(permits=plan.permits, worst_case_only=self.worst_case_only)
+
+    def hold_limit(self) -> int | None:
+        return self.law.held()
+
+
+def started_law(limit: int = 10) -> SloLaw:
+    law = SloLaw()
+    law.start(limit, blind=False)
+    return law
+
+
+@states("TTFT judges: starts: if engine queued; in flight: if engine queued and KV use unreported")
+def test_late_first_tokens_judge_in_flight_only_where_kv_use_is_unreported() -> None:
+    """Late first tokens while the engine queues cut the starts; they cut in flight too only
+    where the engine does not report its KV use."""
+    reported = started_law().step(busy_tick(ttft=healthy(at=2.0)))
+    unreported = started_law().step(busy_tick(ttft=healthy(at=2.0), kv_usage=None, running=None))
+    assert reported is not None
+    assert unreported is not None
+    assert (reported.starting, reported.in_flight) == (5, 20)
+    assert (unreported.starting, unreported.in_flight) == (5, 5)
+
+
+@states("in flight: pressed and demand >= limit and not drain < limit")
+def test_in_flight_is_pressed_only_where_demand_reaches_it_and_no_drain_binds() -> None:
+    """Fast streams on a bound limit: in flight grows with 15 asking for its 10, not with 9
+    asking, nor where the cache holds fewer than it allows."""
+    fast = healthy(at=0.1)
+    grown = started_law().step(busy_tick(tpot=fast, demand=15))
+    short = started_law().step(busy_tick(tpot=fast, demand=9))
+    drained = started_law().step(busy_tick(tpot=fast, demand=40, kv_usage=0.9, running=4.0))
+    assert grown is not None
+    assert short is not None
+    assert drained is not None
+    assert grown.in_flight > 10
+    assert short.in_flight == 10
+    assert drained.in_flight == 10
+
+
+@states("TPOT: in flight only (the starts hear none)")
+def test_slow_tokens_cut_in_flight_and_not_the_starts() -> None:
+    """Tokens at twice their objective: in flight halves; the starts hear none of them and do
+    not step (no gradient of theirs), only held within the requests in flight."""
+    step = started_law(20).step(busy_tick(tpot=healthy(at=2.0), waiting=0.0, demand=40))
+    assert step is not None
+    assert (step.gradient, step.in_flight) == (0.5, 10)
+    assert (step.starts_gradient, step.starting) == (None, 10)
+
+
+@states("a tick that lowers either limit is the last cut")
+def test_a_tick_that_lowers_either_limit_is_a_cut() -> None:
+    """Late first tokens lower the starts alone: the step is a cut; fast ones are not."""
+    cut = started_law().step(busy_tick(ttft=healthy(at=2.0)))
+    grown = started_law().step(busy_tick(ttft=healthy(at=0.1)))
+    assert cut is not None
+    assert grown is not None
+    assert (cut.cut, grown.cut) == (True, False)
+
+
+@states("# read each tick, never written back into the law")
+def test_the_drain_ceiling_caps_the_limits_and_never_the_laws_own() -> None:
+    """20 running fill 95 % of the cache: it holds 21, so 21 in flight at most, while the law
+    keeps its own 40 for when the cache has room again."""
+    law = started_law(40)
+    law.step(busy_tick(kv_usage=0.95, running=20.0))
+    assert law.limits(permits=10, worst_case_only=False) == Limits(limit=21, in_flight=21)
+    assert law.in_flight is not None
+    assert law.in_flight.limit == 40
+
+
+@states("the worst-case permits if the engine cannot preempt)")
+def test_the_cap_in_flight_is_every_cap_and_the_bulkheads_limit_the_starts_within_it() -> None:
+    """The law at 40 in flight and 12 starting: the setting (30), the engine's slots (25) and,
+    where it cannot preempt, the 10 worst-case permits each cap the requests in flight, and the
+    bulkhead's limit is the starts within that cap."""
+
+    def law(worst_case_only: bool) -> Fixed:
+        started = started_law(40)
+        assert started.starts is not None
+        started.starts.hold_within(12)
+        return Fixed(started, worst_case_only=worst_case_only)
+
+    assert SloMode(law(False)).step(PLAN) == Limits(limit=12, in_flight=40)
+    assert SloMode(law(False), cap=30).step(PLAN, slots=25) == Limits(limit=12, in_flight=25)
+    assert SloMode(law(True), cap=30).step(PLAN, slots=25) == Limits(limit=10, in_flight=10)
+
+
+@states("the bulkhead's limit = min(starts, the cap in flight)")
+def test_the_bulkheads_limit_is_the_starts_under_the_cap_in_flight() -> None:
+    """Starts at 12 under a cap in flight of 8 (the engine's slots): the bulkhead's limit is 8."""
+    law = started_law(40)
+    assert law.starts is not None
+    law.starts.hold_within(12)
+    assert law.limits(permits=10, worst_case_only=False).limit == 12
+    assert SloMode(Fixed(law)).step(PLAN, slots=8).limit == 8
+
+
+@states("where it reports none, or cannot preempt: max(1, worst-case permits)")
+def test_an_engine_that_cannot_preempt_starts_at_the_worst_case_permits() -> None:
+    """Typical requests of 400 tokens would start at 250; without preemption, at the 10 permits."""
+    assert start_limit(PLAN, 400, worst_case_only=False) == 250
+    assert start_limit(PLAN, 400, worst_case_only=True) == 10
 
 
 # --- last: every test above has registered the words it checks --------------------------------

@@ -16,13 +16,20 @@ from sidecar.core.plan.capacity import Budget, Plan, Source, Term, engine_cost, 
 from sidecar.core.request.request_checks import CheckedRequest
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.live.adaptive import AdaptiveCapacity
+from tests.quiet_law import QuietLaw
 
 COST = engine_cost(1024, 16)  # the tiny model: 1 KiB a token, 16-token blocks
 
 
 def request(prompt: int = 100, completion: int = 28, sequences: int = 1) -> CheckedRequest:
-    return CheckedRequest(body=b"{}", stream=True, completion_tokens=completion,
-                          prompt_tokens=prompt, sequences=sequences, model=None)  # fmt: skip
+    return CheckedRequest(
+        body=b"{}",
+        stream=True,
+        completion_tokens=completion,
+        prompt_tokens=prompt,
+        sequences=sequences,
+        model=None,
+    )
 
 
 @pytest.mark.parametrize(
@@ -63,7 +70,7 @@ PLAN = make_plan(
 )
 
 
-class Steered:
+class Steered(QuietLaw):
     """The SLO law's output, fixed: it allows ``limit`` requests in flight, ``starts`` of them
     starting at once (all of them unless given)."""
 

@@ -18,7 +18,7 @@ def policy(env: dict[str, str]) -> SidecarPolicy:
     controller = build_controller(settings, lambda _limit: None, slo=slo)
     mode = build_mode(settings, None, str, lambda: controller.cost, slo)
     metrics = RequestMetrics(CollectorRegistry())
-    return SidecarPolicy(settings, mode, controller, metrics, slo=slo)
+    return SidecarPolicy(settings, mode, controller, metrics)
 
 
 def test_a_request_without_a_budget_costs_one_full_request_in_the_modes_unit() -> None:

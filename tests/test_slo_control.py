@@ -12,7 +12,7 @@ from sidecar.core.request.claims import NO_CLAIMS, Claims
 from sidecar.core.request.objectives import Objectives
 from sidecar.core.request.stream_timing import StreamTiming
 from sidecar.live.probes import EngineReading
-from sidecar.live.slo import SloControl
+from sidecar.live.slo import MAX_SAMPLES, SloControl
 from sidecar.live.sources import Readings
 from tests.declared import NOTHING_DECLARED
 
@@ -51,10 +51,15 @@ def reading(
     tell how many fit, and two wait."""
     prompt, generation = typical if typical is not None else (None, None)
     engine = EngineReading(
-        cache=None, kv_usage_ratio=kv, requests_running=running, requests_waiting=waiting,
-        preemptions_total=preemptions, observed_at=0.0,
-        typical_prompt_tokens=prompt, typical_generation_tokens=generation,
-    )  # fmt: skip
+        cache=None,
+        kv_usage_ratio=kv,
+        requests_running=running,
+        requests_waiting=waiting,
+        preemptions_total=preemptions,
+        observed_at=0.0,
+        typical_prompt_tokens=prompt,
+        typical_generation_tokens=generation,
+    )
     return Readings(declared=DECLARED, engine=engine)
 
 
@@ -71,9 +76,12 @@ def control(clock: FakeClock, pressed: bool = True, demand: int = 20) -> SloCont
     """Objectives of 2 s and 100 ms; ``demand`` requests in flight and waiting, all of them
     starting or waiting to."""
     return SloControl(
-        objectives=Objectives(2.0, 0.1), binding=lambda: pressed, demand=lambda: demand,
-        starting=lambda: demand, clock=clock,
-    )  # fmt: skip
+        objectives=Objectives(2.0, 0.1),
+        binding=lambda: pressed,
+        demand=lambda: demand,
+        starting=lambda: demand,
+        clock=clock,
+    )
 
 
 def test_a_cold_engine_starts_at_its_worst_case_permits() -> None:
@@ -301,9 +309,12 @@ def test_late_first_tokens_cut_the_starts_and_the_pace_of_tokens_steers_in_fligh
     complete at a quarter of the TPOT objective, and the limit in flight grows on that pace."""
     clock, demand = FakeClock(), [12]
     slo = SloControl(
-        objectives=Objectives(2.0, 0.1), binding=lambda: True, demand=lambda: demand[0],
-        starting=lambda: demand[0], clock=clock,
-    )  # fmt: skip
+        objectives=Objectives(2.0, 0.1),
+        binding=lambda: True,
+        demand=lambda: demand[0],
+        starting=lambda: demand[0],
+        clock=clock,
+    )
     slo.observe(reading())
     assert slo.step(PLAN).in_flight == 10
     running = [StreamTiming(sent=clock()) for _ in range(6)]
@@ -508,3 +519,19 @@ def test_a_quiet_spell_after_a_cut_logs_one_restart() -> None:
     assert events.count("slo_backoff") == 1
     assert events.count("slo_restart") == 1
     assert slo.step(PLAN).in_flight == 10  # back at the start: pool / worst case
+
+
+def test_samples_waiting_for_a_first_plan_are_bounded() -> None:
+    """No plan ever starts the law (a source that never answers): the samples of streams that
+    keep ending wait for it, the newest MAX_SAMPLES of each kind, not every one."""
+    clock = FakeClock()
+    slo = control(clock)
+    for _ in range(MAX_SAMPLES + 100):
+        timing = StreamTiming(sent=clock())
+        slo.track(timing, NO_CLAIMS)
+        timing.saw(1, clock() + 0.1)
+        timing.saw(5, clock() + 0.5)
+        slo.ended(timing, completed=True)
+        slo.observe(reading())
+    assert [len(kind) for kind in slo._samples] == [MAX_SAMPLES, MAX_SAMPLES]
+    assert len(slo._ttfts) == MAX_SAMPLES

@@ -16,6 +16,7 @@ from sidecar.core.plan.capacity import Budget, Plan, Source, Term, engine_cost, 
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.limiter.permit import Permit
 from tests.fake_time import FakeTime
+from tests.quiet_law import QuietLaw
 
 PLAN = make_plan(
     engine_cost(1, None),
@@ -25,7 +26,7 @@ PLAN = make_plan(
 )
 
 
-class Steered:
+class Steered(QuietLaw):
     """The SLO law's output, fixed: ``in_flight`` requests, ``starts`` of them starting."""
 
     def __init__(self, in_flight: int, starts: int) -> None:
@@ -42,9 +43,14 @@ def gate(fake: FakeTime, in_flight: int, starts: int, max_queue: int = 4) -> Bul
     """A bulkhead under slo with the law's two limits applied, as the control loop does."""
     mode = SloMode(Steered(in_flight, starts))
     bulkhead = Bulkhead(
-        limit=0, max_queue=max_queue, max_wait_s=3.0, mode=mode, clock=fake.clock,
-        call_later=fake.call_later, hint=ReleaseRate(draw=lambda: 0.0),
-    )  # fmt: skip
+        limit=0,
+        max_queue=max_queue,
+        max_wait_s=3.0,
+        mode=mode,
+        clock=fake.clock,
+        call_later=fake.call_later,
+        hint=ReleaseRate(draw=lambda: 0.0),
+    )
     bulkhead.resize(mode.step(PLAN))
     return bulkhead
 

@@ -13,21 +13,18 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from sidecar.core.admission.decisions import LIMIT_UNITS
+from sidecar.core.admission.decisions import LIMIT_UNITS, MODES
+from sidecar.core.admission.modes import AdmissionMode
 from sidecar.edge.http.request import Request
 from sidecar.edge.http.response import Response
 from sidecar.edge.http.server import Handler
 from sidecar.edge.openai_errors import json_error
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.limiter.events import BulkheadSnapshot
-from sidecar.live.adaptive import AdaptiveCapacity
 from sidecar.live.control_loop import CapacityController
-from sidecar.live.slo import SloControl
-from sidecar.telemetry.adaptive_metrics import adaptive_json
 from sidecar.telemetry.capacity_metrics import capacity_json
 from sidecar.telemetry.metrics import limit_utilisation
 from sidecar.telemetry.saturation_metrics import SaturationSignal
-from sidecar.telemetry.slo_metrics import slo_json
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,9 +37,8 @@ class Admin:
     clock: Callable[[], float]
     draining: Callable[[], bool]
     loop_alive: Callable[[], bool]
-    adaptive: AdaptiveCapacity | None = None
+    mode: AdmissionMode
     signal: SaturationSignal | None = None
-    slo: SloControl | None = None
 
 
 def admin_handler(admin: Admin) -> Handler:
@@ -83,7 +79,7 @@ def capacity_document(admin: Admin) -> dict[str, Any]:
         "admission": snap.mode,
         "shadow": snap.shadow,
         "draining": admin.draining(),
-        "permits": state["limit"] if snap.mode in ("count", "slo") else plan.get("permits"),
+        "permits": state["limit"] if MODES[snap.mode].counts_requests else plan.get("permits"),
         "worst_case_permits": plan.get("permits"),
         "limit": snap.limit,
         "limit_unit": LIMIT_UNITS[snap.mode],
@@ -109,8 +105,9 @@ def capacity_document(admin: Admin) -> dict[str, Any]:
         "engine_slots": (state["engine"] or {}).get("slots"),
         "budget": admin.controller.token_budget.to_dict(),
         "engine_kv_usage_ratio": (state["engine"] or {}).get("kv_usage_ratio"),
-        "adaptive": adaptive_json(admin.adaptive, snap) if admin.adaptive is not None else None,
-        "slo": slo_json(admin.slo) if admin.slo is not None else None,
+        "adaptive": None,
+        "slo": None,
+        **admin.mode.document(snap),
         "compartments": [asdict(part) for part in snap.compartments],
         "counters": {
             "granted": snap.granted_total,
@@ -126,7 +123,7 @@ def side_by_side(snap: BulkheadSnapshot, in_flight_limit: int | None) -> dict[st
     """The limits in force beside what is held of each, one unit each: ``in_flight`` (every
     request admitted and not ended), and in slo admission ``starting`` (streams admitted and not
     yet at their first token, which its limit counts), else null."""
-    if snap.mode != "slo":
+    if not MODES[snap.mode].limits_starts:
         unit = LIMIT_UNITS[snap.mode]
         in_flight = {"unit": unit, "limit": snap.limit, "in_use": snap.in_use_cost}
         return {"in_flight": in_flight, "starting": None}

@@ -173,8 +173,7 @@ class SidecarServer:
             self.controller.hurry()
 
     def _grows_fast(self) -> bool:
-        slo = self.slo
-        return slo is not None and slo.grows_fast(self.controller.state.limit)
+        return self.mode.grows_fast(self.controller.state.limit)
 
     def _growing_on_a_queue(self) -> bool:
         """After a tick: requests still wait while the law may grow fast, so the next step
@@ -196,8 +195,6 @@ class SidecarServer:
             self.mode,
             self.controller,
             self.metrics,
-            slo=self.slo,
-            adaptive=self.adaptive,
             signal=self.signal,
             log_refusal=self._log_refusal,
         )
@@ -237,9 +234,8 @@ class SidecarServer:
             clock=self.clock,
             draining=lambda: self.draining,
             loop_alive=self.controller.running,
-            adaptive=self.adaptive,
+            mode=self.mode,
             signal=self.signal,
-            slo=self.slo,
         )
 
     async def start(self) -> None:

@@ -21,9 +21,7 @@ from sidecar.core.request.claims import ClaimNames, Claims, parse_claim_trust
 from sidecar.core.request.request_checks import CheckedRequest, TokenPolicy
 from sidecar.core.request.stream_timing import StreamTiming
 from sidecar.entry.settings import Settings
-from sidecar.live.adaptive import AdaptiveCapacity
 from sidecar.live.control_loop import CapacityController
-from sidecar.live.slo import SloControl
 from sidecar.telemetry.metrics import RequestMetrics
 from sidecar.telemetry.saturation_metrics import SaturationSignal
 
@@ -38,14 +36,12 @@ class SidecarPolicy:
         controller: CapacityController,
         metrics: RequestMetrics,
         *,
-        slo: SloControl | None = None,
-        adaptive: AdaptiveCapacity | None = None,
         signal: SaturationSignal | None = None,
         log_refusal: Callable[[EdgeFault], None] = lambda _fault: None,
     ) -> None:
         s = self.settings = settings
         self.mode, self.controller, self.metrics = mode, controller, metrics
-        self.slo, self.adaptive, self.signal = slo, adaptive, signal
+        self.signal = signal
         self.log_refusal = log_refusal
         self._claims = partial(
             parse_claim_trust(s.claims_from).claims,
@@ -107,25 +103,22 @@ class SidecarPolicy:
         return self.mode.full_request(tokens, self.controller.cost)
 
     def max_wait_of(self, claims: Claims) -> float | None:
-        """The SLO law's bound where the mode is slo, else what the request's claims say."""
-        return self.slo.max_wait_s(claims) if self.slo is not None else claims.max_wait_s
+        """The mode's bound: the SLO law's under slo, else what the request's claims say."""
+        return self.mode.max_wait_s(claims)
 
     # --- what the proxy tells back ---------------------------------------------------------------
 
     def track(self, timing: StreamTiming, claims: Claims) -> None:
-        if self.slo is not None:
-            self.slo.track(timing, claims)
+        self.mode.track(timing, claims)
 
     def timed(self, timing: StreamTiming, arrived: float, outcome: str) -> None:
         """A relayed stream's timing -> the TTFT and TPOT histograms, the scale-out signal
-        (and the SLO law)."""
+        and the mode's law."""
         completed = outcome == "completed"
         self.metrics.streamed(timing, arrived, completed=completed)
         if self.signal is not None:
             self.signal.streamed(timing, arrived, completed)
-        if self.slo is not None:
-            self.slo.ended(timing, completed)
+        self.mode.ended(timing, completed)
 
     def learn(self, usage: StreamUsage) -> None:
-        if self.adaptive is not None:
-            self.adaptive.learn(usage)
+        self.mode.learn(usage)

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from sidecar.core.admission.decisions import LIMIT_UNITS
+from sidecar.core.admission.decisions import LIMIT_UNITS, MODES, Mode
 from sidecar.core.errors import ProbeUnavailableError
 from sidecar.core.sizes import format_size
 from sidecar.entry.logs import configure_logging
@@ -108,13 +108,8 @@ def describe(doc: dict[str, Any]) -> list[str]:
 def _limit_line(doc: dict[str, Any]) -> str:
     """The limit ``serve`` would enforce, in its unit, and whether the permits are it."""
     unit = str(doc["limit_unit"]).replace("_", " ")
-    line = f"admission: {doc['admission']}, limit {doc['limit']:,} {unit}"
-    if doc["admission"] == "slo":
-        line += " (steered by the streams' latencies; never past the permits above unless the "
-        line += "engine preempts)"
-    elif doc["admission"] != "count":
-        line += " (the permits above are not enforced in this mode)"
-    return line
+    mode: Mode = doc["admission"]
+    return f"admission: {mode}, limit {doc['limit']:,} {unit}{MODES[mode].note}"
 
 
 def _engine_lines(engine: dict[str, Any] | None) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import structlog
 
@@ -139,14 +139,16 @@ class Bulkhead:
 
     def snapshot(self) -> BulkheadSnapshot:
         """Current limit, use, queue and cumulative counters."""
-        core = self._core.snapshot()
+        core = replace(
+            self._core.snapshot(),
+            ledger_tokens=self._ledger.occupancy(),
+            ledger_reserved_tokens=self._ledger.reserved(),
+        )
         return BulkheadSnapshot(
             **{f.name: getattr(core, f.name) for f in fields(core)},
             mode=self._mode.name,
             shadow=self._shadow,
             max_in_flight=self._max_in_flight,
-            ledger_tokens=self._ledger.occupancy(),
-            ledger_reserved_tokens=self._ledger.reserved(),
         )
 
     # --- acquiring (the permit's Holder side) ------------------------------------------------

@@ -32,5 +32,3 @@ class BulkheadSnapshot(AdmissionSnapshot):
     mode: Mode
     shadow: bool
     max_in_flight: int | None
-    ledger_tokens: int = 0  # adaptive: what running streams hold now, as relayed
-    ledger_reserved_tokens: int = 0  # adaptive: what they are charged (held + expected growth)

@@ -11,25 +11,23 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import structlog
 
+from sidecar.core.admission.decisions import AdmissionSnapshot
 from sidecar.core.admission.estimator import CompletionEstimator, EstimatorConfig
 from sidecar.core.admission.ledger import StreamUsage, in_blocks
 from sidecar.core.exact import exact
 from sidecar.core.laws.overcommit import AimdConfig, Overcommit, OvercommitEvidence
 from sidecar.core.limits import Limits
 from sidecar.core.plan.capacity import Plan
-from sidecar.core.warnings import ConfigWarning, adaptive_unsupported
+from sidecar.core.warnings import ConfigWarning
+from sidecar.live.pricing import PricingVerdict
 from sidecar.live.sources import Readings
 
 log = structlog.get_logger("sidecar.live.adaptive")
 
-NO_PREEMPTION_SERIES = (
-    "the engine exports no preemption counter (vllm:num_preemptions_total, "
-    "sglang:num_retracted_requests_total): it may not preempt"
-)
-NO_ENGINE = "no engine metrics to watch (capacity source without the engine)"
 STEERED = "the engine reports its KV usage, preemptions and queue: the limit follows them"
 
 
@@ -48,19 +46,26 @@ class AdaptiveCapacity:
         self.estimator = CompletionEstimator(estimator)
         self.binding = binding
         self.overcommit = Overcommit(aimd)
-        self.unsupported: str | None = NO_ENGINE
+        self.verdict = PricingVerdict(
+            mode="adaptive", steered=STEERED, without_preemption="it may not preempt"
+        )
         self.block_size = 1
         self.pool_tokens = 0
         self.slots: int | None = None  # the engine's fixed slots, where it has them (llama.cpp)
 
     @property
+    def unsupported(self) -> str | None:
+        """Why requests are priced at their worst case (None: over-commit steers)."""
+        return self.verdict.unsupported
+
+    @property
     def pricing(self) -> str:
         """closed-loop (steered by the engine's evidence) or worst-case (nothing to steer by)."""
-        return "worst-case" if self.unsupported else "closed-loop"
+        return self.verdict.pricing
 
     @property
     def pricing_reason(self) -> str:
-        return self.unsupported or STEERED
+        return self.verdict.reason
 
     @property
     def ratio(self) -> float:
@@ -72,14 +77,12 @@ class AdaptiveCapacity:
         engine = readings.engine
         if engine is None:
             # Not seen this tick: hold the ratio, keep the last verdict (unless never seen).
-            return (adaptive_unsupported(self.unsupported),) if self.unsupported else ()
+            return self.verdict.warnings()
         self.slots = engine.slots
-        reason = NO_PREEMPTION_SERIES if engine.preemptions_total is None else None
-        if reason != self.unsupported:
-            self.unsupported = reason
+        if self.verdict.hear(engine):
             log.info("admission_pricing", pricing=self.pricing, reason=self.pricing_reason)
-        if reason is not None:
-            return (adaptive_unsupported(reason),)
+        if self.unsupported is not None:
+            return self.verdict.warnings()
         before = self.overcommit.ratio
         ratio = self.overcommit.observe(
             OvercommitEvidence(
@@ -127,3 +130,22 @@ class AdaptiveCapacity:
     def learn(self, usage: StreamUsage) -> None:
         """A request completed: its real completion length teaches its band."""
         self.estimator.observe(usage.compartment, usage.max_tokens, usage.completion_tokens())
+
+    def document(self, snapshot: AdmissionSnapshot) -> dict[str, Any]:
+        """The adaptive terms for /capacity: ratio, limit, ledger, learned lengths."""
+        return {
+            "pricing": self.pricing,
+            "pricing_reason": self.pricing_reason,
+            "overcommit_ratio": round(self.ratio, 4),
+            "last_pressure": self.overcommit.last_pressure,
+            "fallback_reason": self.unsupported,
+            "min_samples": self.estimator.config.min_samples,
+            "pool_tokens": self.pool_tokens,
+            "limit_tokens": snapshot.limit,
+            "ledger_tokens": snapshot.ledger_tokens,
+            "ledger_reserved_tokens": snapshot.ledger_reserved_tokens,
+            "expected_completion_tokens": [
+                {"compartment": c, "band": band, "tokens": tokens, "samples": count}
+                for (c, band), (tokens, count) in self.estimator.estimates().items()
+            ],
+        }

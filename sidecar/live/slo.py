@@ -14,33 +14,41 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
-from sidecar.core.laws.slo_law import SloLaw, Step, Tick, start_limit
+from sidecar.core.laws.slo_law import SloLaw, Step, Tick, max_wait_s, start_limit
 from sidecar.core.laws.slo_limit import SloLimit, SloLimitConfig, quantile
 from sidecar.core.limits import Limits
 from sidecar.core.plan.capacity import Plan
 from sidecar.core.request.claims import Claims
 from sidecar.core.request.objectives import Objectives, objectives_of
 from sidecar.core.request.stream_timing import StreamTiming
-from sidecar.core.warnings import ConfigWarning, adaptive_unsupported
+from sidecar.core.warnings import ConfigWarning
+from sidecar.live.pricing import PricingVerdict
 from sidecar.live.probes import EngineReading
 from sidecar.live.sources import Readings
 
 log = structlog.get_logger("sidecar.live.slo")
 
-NO_PREEMPTION_SERIES = (
-    "the engine exports no preemption counter (vllm:num_preemptions_total, "
-    "sglang:num_retracted_requests_total): it may fail on overflow, so the limit never passes "
-    "the worst-case permits"
-)
-NO_ENGINE = "no engine metrics to watch (capacity source without the engine)"
 STEERED = "the limit follows the streams' TTFT and TPOT against their objectives"
+WITHOUT_PREEMPTION = "it may fail on overflow, so the limit never passes the worst-case permits"
 # Weight of a new tick's p90 engine TTFT in the expected TTFT that bounds the queue wait.
 TTFT_SMOOTHING = 0.5
 # Streams that ended in the last this many seconds give the pace at which a full cache frees.
 ENDS_WINDOW_S = 5.0
+
+
+# The most samples of each kind kept between two steps, the newest: while no plan has started
+# the law (a capacity source that never answers) they wait for it, and must not grow without end.
+# A quantile over 4,096 samples is as good as over more; more streams than that rarely end in a
+# tick (the law's ceiling is 4,096 in flight).
+MAX_SAMPLES = 4096
+
+
+def _samples() -> deque[float]:
+    return deque(maxlen=MAX_SAMPLES)
 
 
 @dataclass(slots=True)
@@ -78,13 +86,15 @@ class SloControl:
         self.clock = clock  # the proxy's: the streams' timings are read on it
         self.limits = SloLaw(self.config)  # the law: started at the first plan
         self.last_step: Step | None = None  # what the last tick decided, and why
-        self.unsupported: str | None = NO_ENGINE
+        self.verdict = PricingVerdict(
+            mode="slo", steered=STEERED, without_preemption=WITHOUT_PREEMPTION
+        )
         self.slots: int | None = None
         self.expected_ttft_s = 0.0  # engine TTFT p90, smoothed over ticks
         self.ends_per_s = 0.0  # relayed streams ended, over the last ENDS_WINDOW_S
         self._ends: deque[float] = deque()  # when each of them ended
-        self._samples: tuple[list[float], list[float]] = ([], [])  # TTFT, TPOT over target
-        self._ttfts: list[float] = []
+        self._samples = _samples(), _samples()  # TTFT, TPOT over target
+        self._ttfts = _samples()  # engine TTFTs in seconds, for the expected TTFT
         # Streams being relayed, with their objectives, and whether their TTFT was sampled.
         self._open: dict[StreamTiming, _Tracked] = {}
         self._typical: float | None = None  # tokens of a typical request, per the engine
@@ -109,12 +119,17 @@ class SloControl:
         return self.limits.drain
 
     @property
+    def unsupported(self) -> str | None:
+        """Why the limit keeps to the worst case (None: the streams steer it)."""
+        return self.verdict.unsupported
+
+    @property
     def pricing(self) -> str:
-        return "worst-case" if self.unsupported else "closed-loop"
+        return self.verdict.pricing
 
     @property
     def pricing_reason(self) -> str:
-        return self.unsupported or STEERED
+        return self.verdict.reason
 
     def grows_fast(self, in_force: int) -> bool:
         """Whether a step now could raise the limit in force (``in_force``) by more than one:
@@ -138,9 +153,12 @@ class SloControl:
         """How long a request may wait for a permit: ``aim`` x its TTFT objective less the
         engine's expected TTFT (past that it would likely miss, so it is told at once), and no
         longer than its queue TTL where it claims one."""
-        budget = self.config.aim * self.objectives_for(claims).ttft_s
-        wait = max(0.0, budget - self.expected_ttft_s)
-        return wait if claims.ttl_s is None else min(wait, claims.ttl_s)
+        return max_wait_s(
+            aim=self.config.aim,
+            ttft_objective_s=self.objectives_for(claims).ttft_s,
+            expected_ttft_s=self.expected_ttft_s,
+            ttl_s=claims.ttl_s,
+        )
 
     def track(self, timing: StreamTiming, claims: Claims) -> None:
         """A stream is about to be relayed: its first token is sampled on the tick it comes."""
@@ -202,15 +220,15 @@ class SloControl:
         engine = readings.engine
         if engine is not None:
             self._engine_seen(engine)
-        warnings = (adaptive_unsupported(self.unsupported, "slo"),) if self.unsupported else ()
+        warnings = self.verdict.warnings()
         if self.law is None:  # no plan yet: the samples wait for the first limit
             return warnings
         now = self.clock()
         self._harvest(now)
-        (ttft, tpot), self._samples = self._samples, ([], [])
-        ttfts, self._ttfts = self._ttfts, []
+        (ttft, tpot), self._samples = self._samples, (_samples(), _samples())
+        ttfts, self._ttfts = self._ttfts, _samples()
         if ttfts:
-            p90 = quantile(ttfts, self.config.quantile)
+            p90 = quantile(list(ttfts), self.config.quantile)
             self.expected_ttft_s += TTFT_SMOOTHING * (p90 - self.expected_ttft_s)
         self._forget_ends(now)
         self.ends_per_s = len(self._ends) / ENDS_WINDOW_S
@@ -273,9 +291,7 @@ class SloControl:
 
     def _engine_seen(self, engine: EngineReading) -> None:
         self.slots = engine.slots
-        reason = NO_PREEMPTION_SERIES if engine.preemptions_total is None else None
-        if reason != self.unsupported:
-            self.unsupported = reason
+        if self.verdict.hear(engine):
             log.info("admission_pricing", pricing=self.pricing, reason=self.pricing_reason)
         prompt, generation = engine.typical_prompt_tokens, engine.typical_generation_tokens
         if prompt is not None and generation is not None:
@@ -287,11 +303,30 @@ class SloControl:
         many may be starting at once (``SloLaw.limits``)."""
         worst_case_only = self.unsupported is not None
         start = start_limit(plan, self._typical, worst_case_only=worst_case_only)
-        if self.limits.needs_start(engine_seen=self.unsupported != NO_ENGINE):
-            self.limits.start(start, blind=self.unsupported == NO_ENGINE)
+        if self.limits.needs_start(engine_seen=self.verdict.engine_seen):
+            self.limits.start(start, blind=not self.verdict.engine_seen)
             log.info("slo_limit_start", limit=self.limits.held(), typical_tokens=self._typical)
         self._start_now = start
         return self.limits.limits(permits=plan.permits, worst_case_only=worst_case_only)
+
+    def document(self) -> dict[str, Any]:
+        """The /capacity section: the limit, why it is priced so, and what steers it."""
+        law = self.law
+        return {
+            "pricing": self.pricing,
+            "pricing_reason": self.pricing_reason,
+            "limit": law.limit if law is not None else None,
+            "starts_limit": self.starts.limit if self.starts is not None else None,
+            "last_gradient": None if law is None else law.last_gradient,
+            "starts_gradient": None if self.starts is None else self.starts.last_gradient,
+            "drain_limit": self.drain_limit,
+            "reason": None if self.last_step is None else self.last_step.reason,
+            "ends_per_s": round(self.ends_per_s, 3),
+            "expected_ttft_s": round(self.expected_ttft_s, 4),
+            "objectives": {"ttft_s": self.objectives.ttft_s, "tpot_s": self.objectives.tpot_s},
+            "engine_share": self.config.engine_share,
+            "streams_tracked": self.tracked,
+        }
 
     def hold_limit(self) -> int | None:
         """The starts limit, which stands when the plan goes stale (the engine's /metrics slow

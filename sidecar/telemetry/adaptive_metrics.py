@@ -4,7 +4,6 @@ next to the engine's own usage, in /metrics and /capacity, read at scrape time."
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -69,23 +68,3 @@ def _expected(adaptive: AdaptiveCapacity) -> Iterator[Metric]:
         samples.add_metric([compartment, str(band)], count)
     yield expected
     yield samples
-
-
-def adaptive_json(adaptive: AdaptiveCapacity, snap: BulkheadSnapshot) -> dict[str, Any]:
-    """The adaptive terms for /capacity: ratio, limit, ledger, learned lengths."""
-    return {
-        "pricing": adaptive.pricing,
-        "pricing_reason": adaptive.pricing_reason,
-        "overcommit_ratio": round(adaptive.ratio, 4),
-        "last_pressure": adaptive.overcommit.last_pressure,
-        "fallback_reason": adaptive.unsupported,
-        "min_samples": adaptive.estimator.config.min_samples,
-        "pool_tokens": adaptive.pool_tokens,
-        "limit_tokens": snap.limit,
-        "ledger_tokens": snap.ledger_tokens,
-        "ledger_reserved_tokens": snap.ledger_reserved_tokens,
-        "expected_completion_tokens": [
-            {"compartment": c, "band": band, "tokens": tokens, "samples": count}
-            for (c, band), (tokens, count) in adaptive.estimator.estimates().items()
-        ],
-    }

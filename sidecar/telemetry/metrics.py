@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sidecar.core.admission.decisions import LIMIT_UNITS, CompartmentSnapshot
+from sidecar.core.admission.decisions import LIMIT_UNITS, MODES, CompartmentSnapshot
 from sidecar.core.outcomes import REQUEST_OUTCOMES
 from sidecar.core.request.objectives import Objectives
 from sidecar.core.request.stream_timing import StreamTiming
@@ -155,7 +155,7 @@ class BulkheadCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
-        limit = snap.limit if snap.mode == "count" else self._plan_permits()
+        limit = snap.limit if MODES[snap.mode].limit_is_worst_case else self._plan_permits()
         yield gauge(
             "sidecar_permits_limit",
             "Worst-case requests the plan fits (the limit in count admission, the ceiling of "
@@ -177,7 +177,7 @@ class BulkheadCollector(Collector):
             "1 when decisions are computed but not enforced.",
             int(snap.shadow),
         )
-        if snap.mode == "tokens":
+        if MODES[snap.mode].reserves_kv_bytes:
             yield gauge(
                 "sidecar_kv_reserved_bytes",
                 "KV bytes reserved by requests in flight.",

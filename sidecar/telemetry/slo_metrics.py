@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
@@ -70,23 +69,3 @@ class SloCollector(Collector):
             "1 while the limit is held to the worst-case permits (engine without preemption).",
             int(slo.unsupported is not None),
         )
-
-
-def slo_json(slo: SloControl) -> dict[str, Any]:
-    """The /capacity section: the limit, why it is priced so, and what steers it."""
-    law = slo.law
-    return {
-        "pricing": slo.pricing,
-        "pricing_reason": slo.pricing_reason,
-        "limit": law.limit if law is not None else None,
-        "starts_limit": slo.starts.limit if slo.starts is not None else None,
-        "last_gradient": None if law is None else law.last_gradient,
-        "starts_gradient": None if slo.starts is None else slo.starts.last_gradient,
-        "drain_limit": slo.drain_limit,
-        "reason": None if slo.last_step is None else slo.last_step.reason,
-        "ends_per_s": round(slo.ends_per_s, 3),
-        "expected_ttft_s": round(slo.expected_ttft_s, 4),
-        "objectives": {"ttft_s": slo.objectives.ttft_s, "tpot_s": slo.objectives.tpot_s},
-        "engine_share": slo.config.engine_share,
-        "streams_tracked": slo.tracked,
-    }

@@ -10,15 +10,40 @@ from sidecar.core.outcomes import RejectReason
 
 Outcome = PermitOutcome  # how a permit is given back; declared with the tables of how requests end
 Mode = Literal["count", "tokens", "adaptive", "slo"]  # the unit costs and limits are counted in
-# What one unit of each mode's limit is: a permit per sequence (`n` counts each: count), a stream
-# admitted and not yet at its first token (slo), KV bytes of worst-case reservations, or tokens
-# held and expected (adaptive).
-LIMIT_UNITS: dict[Mode, str] = {
-    "count": "sequences",
-    "tokens": "kv_bytes",
-    "adaptive": "tokens",
-    "slo": "starting_streams",
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModeTraits:
+    """What hangs off an admission mode wherever its limit is shown, declared once per mode:
+    ``unit``, what one unit of its limit is; ``limit_is_worst_case``, the limit is the plan's
+    worst-case permits; ``counts_requests``, it counts requests or streams (not bytes or tokens);
+    ``reserves_kv_bytes``, it is KV bytes reserved at each request's worst case;
+    ``limits_starts``, it counts streams starting, with a cap on requests in flight beside it;
+    ``note``: how ``sidecar probe`` qualifies the limit beside the plan's permits."""
+
+    unit: str
+    limit_is_worst_case: bool = False
+    counts_requests: bool = False
+    reserves_kv_bytes: bool = False
+    limits_starts: bool = False
+    note: str = " (the permits above are not enforced in this mode)"
+
+
+# A permit per sequence (`n` counts each: count), a stream admitted and not yet at its first token
+# (slo), KV bytes of worst-case reservations, or tokens held and expected (adaptive).
+MODES: dict[Mode, ModeTraits] = {
+    "count": ModeTraits(unit="sequences", limit_is_worst_case=True, counts_requests=True, note=""),
+    "tokens": ModeTraits(unit="kv_bytes", reserves_kv_bytes=True),
+    "adaptive": ModeTraits(unit="tokens"),
+    "slo": ModeTraits(
+        unit="starting_streams",
+        counts_requests=True,
+        limits_starts=True,
+        note=" (steered by the streams' latencies; never past the permits above unless the "
+        "engine preempts)",
+    ),
 }
+LIMIT_UNITS: dict[Mode, str] = {mode: traits.unit for mode, traits in MODES.items()}
 WithdrawReason = Literal["timeout", "cancelled", "draining", "queue_full"]
 
 
@@ -91,6 +116,8 @@ class AdmissionSnapshot:
     queued_total: int
     rejected: dict[str, int]
     released: dict[str, int]
+    ledger_tokens: int = 0  # adaptive: what running streams hold now, as relayed
+    ledger_reserved_tokens: int = 0  # adaptive: what they are charged (held + expected growth)
 
 
 class UnknownTicketError(KeyError):

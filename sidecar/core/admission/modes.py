@@ -23,14 +23,17 @@ log lines in ``sidecar.live``; a mode steps them through the small protocols bel
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
-from sidecar.core.admission.decisions import Mode
+from sidecar.core.admission.decisions import AdmissionSnapshot, Mode
 from sidecar.core.admission.ledger import StreamUsage, in_blocks
 from sidecar.core.admission.machine import Admission
+from sidecar.core.laws.slo_law import capped
 from sidecar.core.limits import Limits
 from sidecar.core.plan.capacity import KvCost, Plan
+from sidecar.core.request.claims import Claims
 from sidecar.core.request.request_checks import CheckedRequest
+from sidecar.core.request.stream_timing import StreamTiming
 
 Price = tuple[int, StreamUsage | None]  # (cost in the mode's unit, live usage if adaptive)
 
@@ -74,6 +77,56 @@ class AdmissionMode(Protocol):
         (slo's start gate: 0); None: it holds its price to the end."""
         ...
 
+    def max_wait_s(self, claims: Claims) -> float | None:
+        """How long a request with ``claims`` may wait for a permit (None: the bulkhead's own
+        wait): its claimed TTL, or what its law allows."""
+        ...
+
+    def grows_fast(self, in_force: int) -> bool:
+        """Whether a step now could raise the limit in force (``in_force``) by more than one:
+        then a burst the limit binds on is worth a tick at once."""
+        ...
+
+    def track(self, timing: StreamTiming, claims: Claims) -> None:
+        """A stream is about to be relayed (its law samples its first token)."""
+        ...
+
+    def ended(self, timing: StreamTiming, completed: bool) -> None:
+        """A relayed stream ended (its law samples its pace)."""
+        ...
+
+    def learn(self, usage: StreamUsage) -> None:
+        """A request completed with ``usage`` (its law learns its length)."""
+        ...
+
+    def document(self, snapshot: AdmissionSnapshot) -> dict[str, Any]:
+        """The mode's own section of /capacity, keyed by its law ("slo", "adaptive"); empty
+        where the plan alone decides."""
+        ...
+
+
+class _Unsteered:
+    """What a mode whose law hears nothing of the streams answers (count and tokens; adaptive
+    learns lengths, slo hears the streams)."""
+
+    def max_wait_s(self, claims: Claims) -> float | None:
+        return claims.max_wait_s
+
+    def grows_fast(self, in_force: int) -> bool:
+        return False
+
+    def track(self, timing: StreamTiming, claims: Claims) -> None:
+        return None
+
+    def ended(self, timing: StreamTiming, completed: bool) -> None:
+        return None
+
+    def learn(self, usage: StreamUsage) -> None:
+        return None
+
+    def document(self, snapshot: AdmissionSnapshot) -> dict[str, Any]:
+        return {}
+
 
 class SteeredLimit(Protocol):
     """The SLO law, stepped on a plan: the requests in flight the streams' latencies allow
@@ -83,6 +136,16 @@ class SteeredLimit(Protocol):
     def step(self, plan: Plan) -> Limits: ...
 
     def hold_limit(self) -> int | None: ...
+
+    def max_wait_s(self, claims: Claims) -> float: ...
+
+    def grows_fast(self, in_force: int) -> bool: ...
+
+    def track(self, timing: StreamTiming, claims: Claims) -> None: ...
+
+    def ended(self, timing: StreamTiming, completed: bool) -> None: ...
+
+    def document(self) -> dict[str, Any]: ...
 
 
 class OvercommitLaw(Protocol):
@@ -99,8 +162,12 @@ class OvercommitLaw(Protocol):
         self, compartment: str, prompt_tokens: int, max_tokens: int, sequences: int
     ) -> StreamUsage: ...
 
+    def learn(self, usage: StreamUsage) -> None: ...
 
-class _Permits:
+    def document(self, snapshot: AdmissionSnapshot) -> dict[str, Any]: ...
+
+
+class _Permits(_Unsteered):
     """Count and slo: a permit per sequence, each pinning a worst-case request's KV cache."""
 
     def price(self, request: CheckedRequest, compartment: str) -> Price:
@@ -156,10 +223,7 @@ class SloMode(_Permits):
         return (1 if request.stream else 0), None
 
     def step(self, plan: Plan, slots: int | None = None) -> Limits:
-        steered = self.law.step(plan)
-        own = steered.limit if steered.in_flight is None else steered.in_flight
-        in_flight = _capped(own, self.cap, slots)
-        return Limits(limit=min(in_flight, steered.limit), in_flight=in_flight)
+        return capped(self.law.step(plan), self.cap, slots)
 
     def held_limit(self) -> int | None:
         return self.law.hold_limit()  # steered by the streams the sidecar relays, not the plan
@@ -167,8 +231,23 @@ class SloMode(_Permits):
     def started_cost(self) -> int | None:
         return 0
 
+    def max_wait_s(self, claims: Claims) -> float | None:
+        return self.law.max_wait_s(claims)
 
-class TokenMode:
+    def grows_fast(self, in_force: int) -> bool:
+        return self.law.grows_fast(in_force)
+
+    def track(self, timing: StreamTiming, claims: Claims) -> None:
+        self.law.track(timing, claims)
+
+    def ended(self, timing: StreamTiming, completed: bool) -> None:
+        self.law.ended(timing, completed)
+
+    def document(self, snapshot: AdmissionSnapshot) -> dict[str, Any]:
+        return {"slo": self.law.document()}
+
+
+class TokenMode(_Unsteered):
     """Each sequence's own worst case in KV bytes, against alpha x the pool's bytes."""
 
     name: Mode = "tokens"
@@ -199,7 +278,7 @@ class TokenMode:
         return None
 
 
-class AdaptiveMode:
+class AdaptiveMode(_Unsteered):
     """What a stream holds plus its learned growth, in tokens, against the over-committed pool."""
 
     name: Mode = "adaptive"
@@ -236,3 +315,9 @@ class AdaptiveMode:
 
     def started_cost(self) -> int | None:
         return None
+
+    def learn(self, usage: StreamUsage) -> None:
+        self.law.learn(usage)
+
+    def document(self, snapshot: AdmissionSnapshot) -> dict[str, Any]:
+        return {"adaptive": self.law.document(snapshot)}

@@ -86,6 +86,24 @@ def start_limit(plan: Plan, typical_tokens: float | None, *, worst_case_only: bo
     return max(1, plan.permits, fit)
 
 
+def capped(steered: Limits, *caps: int | None) -> Limits:
+    """The limits the bulkhead enforces under slo: the law's requests in flight under every
+    cap given (SIDECAR_MAX_CONCURRENT_CALLS, the engine's slots), and the starts within that."""
+    own = steered.limit if steered.in_flight is None else steered.in_flight
+    in_flight = min([own, *(cap for cap in caps if cap is not None)])
+    return Limits(limit=min(in_flight, steered.limit), in_flight=in_flight)
+
+
+def max_wait_s(
+    *, aim: float, ttft_objective_s: float, expected_ttft_s: float, ttl_s: float | None
+) -> float:
+    """How long a request may wait for a permit: ``aim`` x its TTFT objective less the engine's
+    expected TTFT (past that it would likely miss, so it is told at once), and no longer than its
+    queue TTL where it claims one."""
+    wait = max(0.0, aim * ttft_objective_s - expected_ttft_s)
+    return wait if ttl_s is None else min(wait, ttl_s)
+
+
 class SloLaw:
     """The two limits and the drain ceiling; None until the first plan starts them."""
 
