@@ -82,14 +82,14 @@ def latency(samples: list[tuple[float, float]], config: SaturationConfig = CONFI
 
 
 def test_without_a_floor_the_term_is_the_quantile_itself() -> None:
-    """Nine samples (too few for a floor): the P90 of 0.1..0.9 is 0.9, over a base of 0."""
+    """Nine samples (too few for a floor): the P95 of 0.1..0.9 is 0.9, over a base of 0."""
     share = latency([(1.0, r / 10) for r in range(1, 10)])
     assert share.base(1.0) == 0.0
     assert share.share(1.0) == pytest.approx(0.9)
 
 
 def test_the_term_climbs_from_the_unloaded_floor_to_the_objective() -> None:
-    """A light minute at 0.25 of the objective is the floor; then a P90 at 0.625 reads half
+    """A light minute at 0.25 of the objective is the floor; then a P95 at 0.625 reads half
     of capacity ((0.625 - 0.25) / 0.75), and one at the objective reads 1."""
     share = latency([(float(t), 0.25) for t in range(30)])
     share.add(61.0, 0.625)

@@ -397,8 +397,9 @@ class Settings(BaseSettings):
     )
     utilisation_quantile: Annotated[float, Field(gt=0, le=1)] = Field(
         _SIGNAL.quantile,
-        description="the latency quantile held against the objectives (0.9: P90, as llm-d's "
-        "SLO-driven autoscaler)",
+        description="the latency quantile held against the objectives (0.95: capacity is the "
+        "load whose requests meet them 95 % of the time; llm-d's SLO-driven autoscaler holds "
+        "P90)",
     )
     utilisation_kv_full: Annotated[float, Field(gt=0, le=1)] = Field(
         _SIGNAL.kv_full,

@@ -117,7 +117,7 @@ class SaturationCollector(Collector):
         )
         terms = GaugeMetricFamily(
             "sidecar_utilisation_term",
-            "Each term the signal is the largest of: ttft and tpot (P90 latency's climb from "
+            "Each term the signal is the largest of: ttft and tpot (P95 latency's climb from "
             "unloaded to the objective), kv (engine KV use), refusals (1 + the share refused).",
             labels=["term"],
         )

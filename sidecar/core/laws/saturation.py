@@ -11,7 +11,8 @@ the sidecar measures on every stream against the same objectives its SLO attainm
 
 - ``ttft`` and ``tpot``: how far the streams' latency has climbed from the engine's unloaded
   latency towards its objective, ``(p - base) / (1 - base)``, where ``p`` is the ``quantile``
-  (P90) of the streams' latency over their objective (TTFT as the user saw it, from arrival at
+  (P95: a pod's capacity is the load whose requests meet the objectives 95 % of the time) of
+  the streams' latency over their objective (TTFT as the user saw it, from arrival at
   the sidecar, so a wait for admission counts) and ``base`` the same ratio unloaded: the lowest
   P10 of any ``floor_bucket_s`` the pod saw in the last ``floor_window_s``, counted at most as
   ``floor_cap``. An engine's step time grows with what each step computes (every stream's
@@ -64,7 +65,7 @@ class SaturationConfig:
     """The signal's windows and scale (module docstring; each a SIDECAR_UTILISATION_* setting)."""
 
     window_s: float = 30.0
-    quantile: float = 0.9
+    quantile: float = 0.95
     kv_full: float = 1.0
     floor_window_s: float = 3600.0
     floor_bucket_s: float = 60.0
