@@ -288,3 +288,17 @@ def test_a_request_waiting_past_its_objective_reads_past_one() -> None:
     assert signal.read().ttft == pytest.approx(1.5)
     bulkhead.oldest_wait_s = 1.5
     assert signal.read().utilisation == 0.0
+
+
+@pytest.mark.parametrize(
+    "evidence",
+    [
+        pytest.param(SaturationEvidence(loaded=True, ttft=7.0), id="ttft"),
+        pytest.param(SaturationEvidence(loaded=True, waited=30.0), id="a-long-wait"),
+        pytest.param(SaturationEvidence(loaded=True, tpot=3.0), id="tpot"),
+    ],
+)
+def test_no_term_reads_past_two(evidence: SaturationEvidence) -> None:
+    """Latency far past its objective reads 2, as refusing everything does: overloaded, not a
+    count of the pods it needs."""
+    assert saturation(evidence).utilisation == 2.0

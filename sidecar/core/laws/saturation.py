@@ -28,10 +28,10 @@ the sidecar measures on every stream against the same objectives its SLO attainm
   want of capacity, at any cap (``CAPACITY_REFUSALS``): 1 to 2. A refused request is demand the
   pod could not serve within its objective.
 
-Each term is a mean or a quantile over ``window_s``, so no instant (a burst's first second, 84
-queued behind 12) reaches a scrape on its own. Once nothing runs through the sidecar and nothing
-waits for it, the load has ended and every term reads 0 at once: an idle pod never holds
-replicas for a window.
+No term reads past 2 (``TERM_MAX``). Each term is a mean or a quantile over ``window_s``, so
+no instant (a burst's first second, 84 queued behind 12) reaches a scrape on its own. Once
+nothing runs through the sidecar and nothing waits for it, the load has ended and every term
+reads 0 at once: an idle pod never holds replicas for a window.
 
 1 is the set point: at the HPA's target of 0.8 the fleet runs each pod at 80 % of what it
 serves within the objectives.
@@ -56,6 +56,11 @@ CAPACITY_REFUSALS: frozenset[str] = frozenset(
 )
 
 TERMS = ("ttft", "tpot", "kv", "refusals")
+# No term reads past 2, as the refusals' cannot: past its objective, latency says a pod is
+# overloaded, not by how much (a queue's wait grows without bound where one more pod may be all it
+# needs), and the HPA asks for replicas in proportion (at a target of 0.8, 2 asks for 2.5 pods
+# a pod; its scale-up policy adds the rest a period later if the load needs them).
+TERM_MAX = 2.0
 FLOOR_QUANTILE = 0.1  # a bucket's unloaded latency: its lowest tenth, not one lucky stream
 FLOOR_MIN_SAMPLES = 10  # fewer in a bucket say nothing of the engine's floor
 
@@ -188,12 +193,14 @@ def saturation(evidence: SaturationEvidence) -> Saturation:
     if not evidence.loaded:
         return IDLE
     refusals = _refusals(evidence)
-    ttft = max(evidence.ttft, evidence.waited if evidence.waited > 1 else 0.0)
+    waited = evidence.waited if evidence.waited > 1 else 0.0
+    ttft = min(TERM_MAX, max(evidence.ttft, waited))
+    tpot, kv = min(TERM_MAX, evidence.tpot), min(TERM_MAX, evidence.kv)
     return Saturation(
-        utilisation=max(ttft, evidence.tpot, evidence.kv, refusals),
+        utilisation=max(ttft, tpot, kv, refusals),
         ttft=ttft,
-        tpot=evidence.tpot,
-        kv=evidence.kv,
+        tpot=tpot,
+        kv=kv,
         refusals=refusals,
     )
 
