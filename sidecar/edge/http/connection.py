@@ -182,7 +182,16 @@ class Connection(asyncio.Protocol):
     def evict(self, fault: EdgeFault | None) -> None:
         """Closed to make room for a new connection: an idle one at once (RFC 9112 §9.5 lets a
         server close an idle connection at any time; a client retries on a new one), a partial
-        head with ``fault``'s 503 (what it sent so far read off first)."""
+        head with ``fault``'s 503 (what it sent so far read off first); a busy one that waits on
+        its client ends its body as too slow (its handler answers 408), or, not reading its
+        answer, is cut off."""
+        if self.task is not None:
+            body = self._reader.body_of
+            if body is not None:
+                body.stall()
+            else:
+                self.abort()
+            return
         self._deadline.clear()
         if fault is None:
             self._move(Event.CLOSE)
@@ -208,6 +217,12 @@ class Connection(asyncio.Protocol):
         else:
             self._move(Event.CLOSE)
             self.transport.close()
+
+    def waiting_on_client(self) -> int | None:
+        body = self._reader.body_of
+        if body is not None:
+            return body.received
+        return 0 if self._flow.writing_paused else None
 
     def close_if_idle(self) -> None:
         if self.task is None and self.state is not State.CLOSED:

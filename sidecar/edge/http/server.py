@@ -8,8 +8,9 @@ sidecar.edge.conformance's. Around it, the edge's bounds:
 
 - at most ``max_connections`` open connections, ``max_connections_per_client`` from one address,
   and ``max_partial_heads`` connections holding a request head open past a short grace; at a
-  cap a stale partial head, then the longest idle connection is closed to make room
-  (sidecar.edge.http.connections), and only where neither is does the new one get a 503 it can read
+  cap a stale partial head, then the longest idle connection, then a busy one that moves too
+  little (its client slow to send or to read) is closed to make room
+  (sidecar.edge.http.connections), and only where none is does the new one get a 503 it can read
   (what it sent is read off first, so that it is not a reset);
 - every request head must be complete within ``header_timeout_s`` of its first byte (the first
   one: of the connection's start), else a 408; an idle kept-alive connection is closed after
