@@ -29,7 +29,7 @@ from sidecar.edge.http.port import (
     client_address,
     tune_socket,
 )
-from sidecar.edge.http.reader import RequestReader
+from sidecar.edge.http.reader import ChunksTooSmallError, RequestReader
 from sidecar.edge.http.request import Request
 from sidecar.edge.http.response import Answer, rest_of_answer
 from sidecar.edge.http.states import READING, Event, State, next_state
@@ -332,7 +332,8 @@ class Connection(asyncio.Protocol):
         log.info("bad_request", status=400, error=type(reason or exc).__name__)
         reader = self._reader
         if reader.body_of is not None:  # its handler answers (a 400 for its body), then we close
-            reader.body_of.fail("bad_framing")
+            tiny = isinstance(reason, ChunksTooSmallError)
+            reader.body_of.fail("tiny_chunks" if tiny else "bad_framing")
             reader.body_of = None
             self._move(Event.FINAL)
         elif self.task is None and not self._queue:
