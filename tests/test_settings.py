@@ -44,6 +44,17 @@ from sidecar.entry.settings import load_settings
             "shares add up to 110%, more than 100%: 'gold=70%,silver=40%'",
             id="compartments-over-100",
         ),
+        pytest.param(
+            {"SIDECAR_TOKENIZE_TIMEOUT_MS": "0"},
+            "invalid setting SIDECAR_TOKENIZE_TIMEOUT_MS (got '0'): Input should be greater than 0",
+            id="tokenize-timeout-zero",
+        ),
+        pytest.param(
+            {"SIDECAR_TOKENIZE_PER_CLIENT": "-1"},
+            "invalid setting SIDECAR_TOKENIZE_PER_CLIENT (got '-1'): Input should be greater "
+            "than 0",
+            id="tokenize-share-negative",
+        ),
     ],
 )
 def test_each_error_is_worded_for_what_failed(environ: dict[str, str], expected: str) -> None:

@@ -23,7 +23,6 @@ from sidecar.edge.http.server import HttpServer
 from sidecar.edge.proxy.handler import Proxy, ProxyConfig, proxy_handler
 from sidecar.edge.proxy.in_flight import InFlight
 from sidecar.edge.proxy.intake import BodyLimits, Gate
-from sidecar.edge.proxy.prompt_count import EnginePromptCounter
 from sidecar.edge.proxy.routes import ProxyPaths, parse_forward_paths, parse_free_paths
 from sidecar.entry.event_loop import running_loop_name
 from sidecar.entry.listen import SHUTDOWN_TIMEOUT_S, bind, reserve_descriptors, serve
@@ -37,6 +36,7 @@ from sidecar.entry.wiring import (
     build_mode,
     build_slo,
     objectives_of_settings,
+    prompt_counter,
 )
 from sidecar.limiter.events import AdmissionEvent
 from sidecar.live.control_loop import CapacityController
@@ -193,7 +193,7 @@ class SidecarServer:
             log_refusal=self._log_refusal,
         )
         _warn_unclaimable(s)
-        counter = EnginePromptCounter(self.upstream) if s.prompt_tokens == "engine" else None
+        counter = prompt_counter(s, self.upstream)
         return Proxy(
             config=config,
             policy=policy,

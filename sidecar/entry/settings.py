@@ -316,6 +316,17 @@ class Settings(BaseSettings):
         "calls, tools, documents; media per part) or engine (exact, from the engine's POST "
         "/tokenize, for text that tokenizes far from the bytes-per-token rate)",
     )
+    tokenize_timeout_ms: PositiveInt = Field(
+        1000,
+        description="with prompt_tokens=engine: how long the engine's /tokenize may take; a "
+        "count not back by then prices its request by the estimate",
+    )
+    tokenize_per_client: PositiveInt = Field(
+        4,
+        description="with prompt_tokens=engine: /tokenize calls one client address may have in "
+        "flight (and half of max_pre_admission in all); past it, its requests are priced by the "
+        "estimate",
+    )
     reject_mode: Literal["sse", "http"] = Field(
         "sse",
         description="busy answer for streams: sse (fallback event) or http (429/503, Retry-After)",

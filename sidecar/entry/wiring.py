@@ -25,6 +25,8 @@ from sidecar.core.objectives import Objectives
 from sidecar.core.overcommit import AimdConfig
 from sidecar.core.token_budget import resolve_budget
 from sidecar.core.warnings import ConfigWarning
+from sidecar.edge.engine.pool import EnginePool
+from sidecar.edge.proxy.prompt_count import EnginePromptCounter
 from sidecar.entry.settings import Settings
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.live.adaptive import AdaptiveCapacity
@@ -282,3 +284,16 @@ def _measure(model_dir: Path, weights_in: Callable[[Path], int] | None) -> int |
     except ConfigError:
         return None
     return size if size > 0 else None
+
+
+def prompt_counter(settings: Settings, upstream: EnginePool) -> EnginePromptCounter | None:
+    """The engine's prompt count where SIDECAR_PROMPT_TOKENS=engine: within its own deadline, a
+    share per client address, and half the pre-admission gate in all."""
+    if settings.prompt_tokens != "engine":
+        return None
+    return EnginePromptCounter(
+        upstream,
+        timeout_s=settings.tokenize_timeout_ms / 1000,
+        per_client=settings.tokenize_per_client,
+        limit=max(1, settings.max_pre_admission // 2),
+    )

@@ -93,6 +93,12 @@ def require_json(request: Request) -> None:
         )
 
 
+# An estimate past this many times the prompt budget is refused without asking the engine: to
+# fit, its text would need 4 x SIDECAR_PROMPT_BYTES_PER_TOKEN bytes a token (16 by default), which
+# no tokenizer averages on text (a 4 MiB prompt against a 3,000-token budget never costs a count).
+DECISIVELY_OVER = 4
+
+
 async def checked_request(
     body: bytes,
     endpoint: Endpoint,
@@ -100,12 +106,16 @@ async def checked_request(
     *,
     counter: EnginePromptCounter | None,
     headers: Mapping[str, str],
+    client: str = "",
 ) -> CheckedRequest:
-    """The body, validated and budgeted; its prompt counted by the engine where configured."""
+    """The body, validated and budgeted; its prompt counted by the engine where configured,
+    unless its estimate is decisively over the budget already."""
     checked = check_request(body, endpoint, budget)
     if checked.tokenize is None or counter is None:
         return checked
-    tokens = await counter.count(checked.tokenize, headers)
+    if checked.prompt_tokens > DECISIVELY_OVER * budget.max_prompt_tokens:
+        enforce_prompt_budget(checked.prompt_tokens, checked.prompt_param, budget)
+    tokens = await counter.count(checked.tokenize, headers, client)
     if tokens is None:  # the engine could not say: the estimate prices it, and bounds it
         if "chat_template" in checked.tokenize:
             raise template_unpriced()  # which no estimate can
