@@ -16,12 +16,16 @@ class Conn:
     answer: EdgeFault | None = None
 
     moved: int | None = None  # bytes moved while it waits on its client; None: it does not
+    held: int = 0  # bytes it holds in the process
 
     def evict(self, fault: EdgeFault | None) -> None:
         self.evicted, self.answer = True, fault
 
     def waiting_on_client(self) -> int | None:
         return self.moved
+
+    def held_bytes(self) -> int:
+        return self.held
 
 
 def _table(
@@ -195,3 +199,29 @@ def test_a_client_at_its_cap_closes_its_own_slowest_busy() -> None:
     clock.advance(2.0)
     assert table.open(Conn("new"), "10.0.0.1") is None
     assert [conn.evicted for conn in own] == [False, True, False]
+
+
+def test_shedding_closes_those_holding_most_while_doing_least() -> None:
+    """Shed two: of a partial head, an idle connection and a busy one waiting on its client,
+    the two holding the most bytes go; a busy one at work is never shed, whatever it holds."""
+    table, _clock = _table(10, 10)
+    head, idle = Conn("head", held=500), Conn("idle", held=100)
+    table.open(head, "10.0.0.1")
+    table.open(idle, "10.0.0.1")
+    table.mark(idle, "idle")
+    (waiting,) = _busy(table, "10.0.0.2", 0)
+    waiting.held = 4_000
+    (working,) = _busy(table, "10.0.0.2", None)
+    working.held = 1 << 20
+    assert table.shed(2) == 2
+    assert [c.evicted for c in (head, idle, waiting, working)] == [True, False, True, False]
+    assert head.answer == "too_many_connections"
+
+
+def test_a_port_not_accepting_refuses_every_newcomer() -> None:
+    """While the overload manager says stop, a new connection is refused though there is room."""
+    table, _clock = _table(10, 10)
+    table.accepting = False
+    assert table.open(Conn("new"), "10.0.0.1") == "too_many_connections"
+    table.accepting = True
+    assert table.open(Conn("later"), "10.0.0.1") is None

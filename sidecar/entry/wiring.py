@@ -26,6 +26,7 @@ from sidecar.core.overcommit import AimdConfig
 from sidecar.core.token_budget import resolve_budget
 from sidecar.core.warnings import ConfigWarning
 from sidecar.edge.engine.pool import EnginePool
+from sidecar.edge.overload import OverloadManager, OverloadThresholds, Port
 from sidecar.edge.proxy.prompt_count import EnginePromptCounter
 from sidecar.entry.settings import Settings
 from sidecar.limiter.bulkhead import Bulkhead
@@ -297,3 +298,18 @@ def prompt_counter(settings: Settings, upstream: EnginePool) -> EnginePromptCoun
         per_client=settings.tokenize_per_client,
         limit=max(1, settings.max_pre_admission // 2),
     )
+
+
+def overload_manager(settings: Settings, port: Port) -> OverloadManager | None:
+    """The overload manager of the proxy port, where something is watched
+    (SIDECAR_OVERLOAD_MEMORY, SIDECAR_OVERLOAD_LOOP_LAG_MS); None where nothing is."""
+    memory, lag_ms = settings.overload_memory, settings.overload_loop_lag_ms
+    if memory is None and lag_ms == 0:
+        return None
+    thresholds = OverloadThresholds(
+        memory_bytes=int(memory) if memory is not None else None,
+        stop_accepting=settings.overload_stop_accepting,
+        shed=settings.overload_shed,
+        loop_lag_s=lag_ms / 1000 if lag_ms else None,
+    )
+    return OverloadManager(thresholds, port)

@@ -224,6 +224,11 @@ class Connection(asyncio.Protocol):
             return body.received
         return 0 if self._flow.writing_paused else None
 
+    def held_bytes(self) -> int:
+        body = self._reader.body_of
+        held = len(self._reader.backlog) + self.transport.get_write_buffer_size()
+        return held + (body.received if body is not None else 0)
+
     def close_if_idle(self) -> None:
         if self.task is None and self.state is not State.CLOSED:
             self.transport.close()

@@ -55,6 +55,10 @@ class Evictable(Protocol):
         client: a body still arriving, or an answer its client does not read (writing paused);
         None where it does not."""
 
+    def held_bytes(self) -> int:
+        """Bytes this connection holds in the process: read and not parsed, body received,
+        answer not yet written to the socket."""
+
 
 C = TypeVar("C", bound=Evictable)
 
@@ -76,6 +80,7 @@ class ConnectionTable(Generic[C]):
         self.max_partial = max_partial
         self.grace_s, self._clock = grace_s, clock
         self.count = ConnectionCount()
+        self.accepting = True  # False while the overload manager says stop
         self._client_of: dict[C, str] = {}
         self._per_client: Counter[str] = Counter()
         self._partial: dict[C, float] = {}  # since when; insertion order: the oldest first
@@ -90,7 +95,11 @@ class ConnectionTable(Generic[C]):
     def open(self, connection: C, client: str) -> EdgeFault | None:
         """Count ``connection`` in (partial: it has sent nothing yet); or the fault that refuses
         it. At a cap a stale partial head, then an idle connection, is closed to make room: the
-        client's own at the client's cap, anyone's at the port's."""
+        client's own at the client's cap, anyone's at the port's. While the port is not
+        accepting (overloaded), every new one is refused."""
+        if not self.accepting:
+            self.count.refused += 1
+            return "too_many_connections"
         if self._per_client[client] >= self.max_per_client and not (
             self._evict_one(client) or self._evict_slowest_busy(client)
         ):
@@ -223,6 +232,18 @@ class ConnectionTable(Generic[C]):
         self.count.evicted_busy += 1
         self._evict(slowest[1], None)
         return True
+
+    def shed(self, count: int) -> int:
+        """Close up to ``count`` connections doing the least (a partial head, an idle one, a
+        busy one waiting on its client), those holding the most bytes first; how many."""
+        idle = [c for c in self._client_of if c in self._partial or c in self._idle]
+        waiting = [
+            c for busy in self._busy.values() for c in busy if c.waiting_on_client() is not None
+        ]
+        victims = sorted(idle + waiting, key=lambda c: c.held_bytes(), reverse=True)[:count]
+        for victim in victims:
+            self._evict(victim, "too_many_connections" if victim in self._partial else None)
+        return len(victims)
 
     def _belongs(self, connection: C, client: str | None) -> bool:
         return client is None or self._client_of[connection] == client
