@@ -3,7 +3,7 @@ port, driven by readings handed in by hand, as Envoy's tests drive a fake resour
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 from structlog.testing import capture_logs
@@ -20,6 +20,13 @@ from sidecar.edge.overload import (
 MIB = 1 << 20
 MEMORY = OverloadThresholds(memory_bytes=100 * MIB, stop_accepting=0.9, shed=0.95)
 BOTH = OverloadThresholds(memory_bytes=100 * MIB, loop_lag_s=0.5)
+
+
+def test_shedding_goes_on_until_under_the_first_share() -> None:
+    """Once shedding, a reading between the two shares sheds still; under the first, normal."""
+    assert level_of(reading(92), MEMORY, "shed") == "shed"
+    assert level_of(reading(92), MEMORY, "stop_accepting") == "stop_accepting"
+    assert level_of(reading(89), MEMORY, "shed") == "normal"
 
 
 @pytest.mark.parametrize(
@@ -47,9 +54,12 @@ class FakePort:
     accepting: bool = True
     asked: int = 0
 
-    def shed(self, count: int) -> int:
-        self.asked += count
-        return min(count, 5)
+    shares: list[float] = field(default_factory=list)
+
+    def shed(self, share: float, at_least: int) -> int:
+        self.asked += at_least
+        self.shares.append(round(share, 3))
+        return 5
 
 
 def reading(rss_mib: int) -> Reading:
@@ -60,16 +70,20 @@ def test_levels_act_on_the_port_and_say_so_once() -> None:
     """Stop accepting past the first share; shed a tick's worth past the second, every tick;
     accept again once the reading falls; each change of level is logged once."""
     port = FakePort()
-    manager = OverloadManager(MEMORY, port)
+    trims: list[None] = []
+    manager = OverloadManager(MEMORY, port, trim=lambda: trims.append(None))
     with capture_logs() as logs:
         manager.update(reading(91))
         assert (port.accepting, port.asked) == (False, 0)
         manager.update(reading(96))
-        manager.update(reading(97))
+        manager.update(reading(92))  # still shedding, until under the first share
         assert (port.accepting, port.asked, manager.shed_total) == (False, 2 * SHED_PER_TICK, 10)
+        # What memory is over the first share, as a share of what is in use: 6/96, then 2/92.
+        assert port.shares == [0.062, 0.022]
         manager.update(reading(50))
         assert port.accepting
-    assert [(e["event"], e["level"]) for e in logs] == [
+    assert len(trims) == 1  # the heap given back on the first tick past normal (then 1 in 10)
+    assert [(e["event"], e["overload"]) for e in logs] == [
         ("overload_level", "stop_accepting"),
         ("overload_level", "shed"),
         ("overload_level", "normal"),

@@ -30,6 +30,7 @@ an address holding fewer takes the room of the slowest of the address holding mo
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Generic, Literal, Protocol, TypeVar
@@ -233,13 +234,15 @@ class ConnectionTable(Generic[C]):
         self._evict(slowest[1], None)
         return True
 
-    def shed(self, count: int) -> int:
-        """Close up to ``count`` connections doing the least (a partial head, an idle one, a
-        busy one waiting on its client), those holding the most bytes first; how many."""
+    def shed(self, share: float, at_least: int = 0) -> int:
+        """Close ``share`` of the connections doing the least (a partial head, an idle one, a
+        busy one waiting on its client), at least ``at_least``, those holding the most bytes
+        first; how many."""
         idle = [c for c in self._client_of if c in self._partial or c in self._idle]
         waiting = [
             c for busy in self._busy.values() for c in busy if c.waiting_on_client() is not None
         ]
+        count = max(at_least, math.ceil(share * (len(idle) + len(waiting))))
         victims = sorted(idle + waiting, key=lambda c: c.held_bytes(), reverse=True)[:count]
         for victim in victims:
             self._evict(victim, "too_many_connections" if victim in self._partial else None)
