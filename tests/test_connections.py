@@ -203,7 +203,8 @@ def test_a_client_at_its_cap_closes_its_own_slowest_busy() -> None:
 
 def test_shedding_closes_those_holding_most_while_doing_least() -> None:
     """Shed two: of a partial head, an idle connection and a busy one waiting on its client,
-    the two holding the most bytes go; a busy one at work is never shed, whatever it holds."""
+    the two holding the most bytes go; a busy one at work, or waiting for less than the grace,
+    is never shed, whatever it holds."""
     table, _clock = _table(10, 10)
     head, idle = Conn("head", held=500), Conn("idle", held=100)
     table.open(head, "10.0.0.1")
@@ -213,8 +214,17 @@ def test_shedding_closes_those_holding_most_while_doing_least() -> None:
     waiting.held = 4_000
     (working,) = _busy(table, "10.0.0.2", None)
     working.held = 1 << 20
+    _clock.advance(2.0)
+    (young,) = _busy(table, "10.0.0.2", 0)  # waiting on its client for less than the grace
+    young.held = 1 << 20
     assert table.shed(0.5) == 2  # half of the three doing least, rounded up
-    assert [c.evicted for c in (head, idle, waiting, working)] == [True, False, True, False]
+    assert [c.evicted for c in (head, idle, waiting, working, young)] == [
+        True,
+        False,
+        True,
+        False,
+        False,
+    ]
     assert head.answer == "too_many_connections"
 
 

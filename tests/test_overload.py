@@ -67,19 +67,20 @@ def reading(rss_mib: int) -> Reading:
 
 
 def test_levels_act_on_the_port_and_say_so_once() -> None:
-    """Stop accepting past the first share; shed a tick's worth past the second, every tick;
-    accept again once the reading falls; each change of level is logged once."""
+    """Past the first share: stop accepting, and shed the share memory is over it; past the
+    second, at least a tick's worth, every tick; accept again once the reading falls; each
+    change of level is logged once."""
     port = FakePort()
     trims: list[None] = []
     manager = OverloadManager(MEMORY, port, trim=lambda: trims.append(None))
     with capture_logs() as logs:
         manager.update(reading(91))
-        assert (port.accepting, port.asked) == (False, 0)
+        assert (port.accepting, port.asked, port.shares) == (False, 0, [0.011])
         manager.update(reading(96))
         manager.update(reading(92))  # still shedding, until under the first share
-        assert (port.accepting, port.asked, manager.shed_total) == (False, 2 * SHED_PER_TICK, 10)
-        # What memory is over the first share, as a share of what is in use: 6/96, then 2/92.
-        assert port.shares == [0.062, 0.022]
+        assert (port.accepting, port.asked, manager.shed_total) == (False, 2 * SHED_PER_TICK, 15)
+        # What memory is over the first share, as a share of what is in use: 1/91, 6/96, 2/92.
+        assert port.shares == [0.011, 0.062, 0.022]
         manager.update(reading(50))
         assert port.accepting
     assert len(trims) == 1  # the heap given back on the first tick past normal (then 1 in 10)

@@ -1,11 +1,12 @@
 """The sidecar's own overload manager, in Envoy's manner: a resource monitor read every interval
 (the process's resident memory against a configured limit, the event loop's lag), a pure function
 from a reading to a level, and the level's actions on the proxy port. Past ``stop_accepting`` new
-connections are refused (503 ``too_many_connections``); past ``shed`` the connections holding the
-most bytes while doing the least (a head arriving, kept alive idle, or a request waiting on its
-client) are closed each tick, the share of them that memory is over ``stop_accepting`` (at least
-``SHED_PER_TICK``), until the reading is back under ``stop_accepting``; and past ``normal`` the
-heap's free pages go back to the system every tick.
+connections are refused (503 ``too_many_connections``) and each tick the connections doing the
+least (a head arriving, kept alive idle, or a request waiting on its client) that hold the most
+bytes are closed, the share of them that memory is over ``stop_accepting``: stopped alone, the
+sidecar would refuse everyone while what fills it stays. Past ``shed``, at least
+``SHED_PER_TICK`` a tick, until the reading is back under ``stop_accepting``. Past ``normal``,
+the heap goes back to the system once a second.
 """
 
 from __future__ import annotations
@@ -108,8 +109,9 @@ class OverloadManager:
             )
         self.level = level
         self._port.accepting = level == "normal"
-        if level == "shed":
-            self.shed_total += self._port.shed(self._excess(reading), SHED_PER_TICK)
+        if level != "normal":
+            at_least = SHED_PER_TICK if level == "shed" else 0
+            self.shed_total += self._port.shed(self._excess(reading), at_least)
         if level == "normal":
             self._since_trim = TRIM_TICKS  # the next tick past normal gives the heap back
         elif self._since_trim >= TRIM_TICKS:

@@ -324,12 +324,14 @@ class Settings(BaseSettings):
     overload_stop_accepting: Annotated[float, Field(gt=0, le=1)] = Field(
         0.9,
         description="overload manager: share of SIDECAR_OVERLOAD_MEMORY past which new "
-        "connections are refused (503 too_many_connections)",
+        "connections are refused (503 too_many_connections) and, of those doing least, the "
+        "share memory is over it is closed each 0.1 s",
     )
     overload_shed: Annotated[float, Field(gt=0, le=1)] = Field(
         0.95,
-        description="overload manager: share of SIDECAR_OVERLOAD_MEMORY past which the "
-        "connections holding most while doing least are closed, 16 every 0.25 s",
+        description="overload manager: share of SIDECAR_OVERLOAD_MEMORY past which at least 16 "
+        "connections doing least are closed each 0.1 s, until memory is back under "
+        "SIDECAR_OVERLOAD_STOP_ACCEPTING",
     )
     overload_loop_lag_ms: NonNegativeInt = Field(
         0,

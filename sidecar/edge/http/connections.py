@@ -236,11 +236,15 @@ class ConnectionTable(Generic[C]):
 
     def shed(self, share: float, at_least: int = 0) -> int:
         """Close ``share`` of the connections doing the least (a partial head, an idle one, a
-        busy one waiting on its client), at least ``at_least``, those holding the most bytes
-        first; how many."""
+        busy one waiting on its client past ``grace_s``: a fast answer pauses for a moment too),
+        at least ``at_least``, those holding the most bytes first; how many."""
         idle = [c for c in self._client_of if c in self._partial or c in self._idle]
+        settled = self._clock() - self.grace_s
         waiting = [
-            c for busy in self._busy.values() for c in busy if c.waiting_on_client() is not None
+            c
+            for busy in self._busy.values()
+            for c, since in busy.items()
+            if since <= settled and c.waiting_on_client() is not None
         ]
         count = max(at_least, math.ceil(share * (len(idle) + len(waiting))))
         victims = sorted(idle + waiting, key=lambda c: c.held_bytes(), reverse=True)[:count]
