@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import pytest
 from aiohttp import web
 
+from sidecar.core.errors import RequestError
+from sidecar.core.request_checks import TokenPolicy
+from sidecar.edge.proxy.intake import checked_request
+from sidecar.edge.proxy.prompt_count import EnginePromptCounter
 from sidecar.entry.app import SidecarServer
 from tests.servers import StartSidecar, serve_app, sidecars, until
 
@@ -142,3 +147,33 @@ async def test_one_address_has_its_share_of_counts_and_no_more(
     assert "other" in tokenizer.calls
     tokenizer.released.set()
     assert [await task for task in (*waiting, other)] == [200, 200, 200]
+
+
+class Counting:
+    """A prompt counter that only counts its calls."""
+
+    calls = 0
+
+    async def count(
+        self, _payload: dict[str, Any], _headers: Mapping[str, str], _client: str = ""
+    ) -> int:
+        self.calls += 1
+        return 5
+
+
+async def test_a_prompt_priced_at_the_engines_context_is_judged_by_its_whole_estimate() -> None:
+    """Priced at the engine's context (300 tokens: under four times the 100-token budget), a
+    prompt of about 6,000 tokens is still refused on its whole estimate, without a count."""
+    budget = TokenPolicy(
+        max_prompt_tokens=BUDGET,
+        max_completion_tokens=28,
+        count_from_engine=True,
+        context_tokens=300,
+    )
+    body = json.dumps({"model": "m", "prompt": "a" * 24_000}).encode()
+    counter = Counting()
+    with pytest.raises(RequestError, match="about 6000 tokens"):
+        await checked_request(
+            body, "completions", budget, counter=cast(EnginePromptCounter, counter), headers={}
+        )
+    assert counter.calls == 0

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from multidict import CIMultiDict
 
 from sidecar.core.errors import EdgeRefusedError, RequestError
+from sidecar.core.json_body import parse_object
+from sidecar.core.prompt_estimate import estimate_prompt
 from sidecar.core.request_checks import (
     CheckedRequest,
     Endpoint,
@@ -113,8 +115,9 @@ async def checked_request(
     checked = check_request(body, endpoint, budget)
     if checked.tokenize is None or counter is None:
         return checked
-    if checked.prompt_tokens > DECISIVELY_OVER * budget.max_prompt_tokens:
-        enforce_prompt_budget(checked.prompt_tokens, checked.prompt_param, budget)
+    estimate = _estimate(checked, body, endpoint, budget)
+    if estimate > DECISIVELY_OVER * budget.max_prompt_tokens:
+        enforce_prompt_budget(estimate, checked.prompt_param, budget)
     tokens = await counter.count(checked.tokenize, headers, client)
     if tokens is None:  # the engine could not say: the estimate prices it, and bounds it
         if "chat_template" in checked.tokenize:
@@ -122,6 +125,15 @@ async def checked_request(
         enforce_prompt_budget(checked.prompt_tokens, checked.prompt_param, budget)
         return checked
     return with_prompt_tokens(checked, tokens, budget)
+
+
+def _estimate(checked: CheckedRequest, body: bytes, endpoint: Endpoint, budget: TokenPolicy) -> int:
+    """The prompt's estimate; where it was priced at the engine's context (no sequence runs
+    past it), the estimate before that bound, which says how far over the budget it is."""
+    context = budget.context_tokens
+    if context is None or checked.prompt_tokens < context:
+        return checked.prompt_tokens
+    return estimate_prompt(parse_object(body), endpoint, budget.rates)[0]
 
 
 @dataclass(frozen=True, slots=True)
