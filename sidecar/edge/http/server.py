@@ -19,7 +19,8 @@ sidecar.edge.conformance's. Around it, the edge's bounds:
 - a malformed request gets an OpenAI-shaped JSON 400 that echoes nothing;
 - one request at a time per connection: one pipelined request is parsed ahead (the rest of what
   was read waits unparsed, reading paused) and runs once the answer before it has left the
-  transport's buffer; a client that hangs up cancels its handler at once.
+  transport's buffer; at most one runs ahead of the client's reads, its answer the connection's
+  last; a client that hangs up cancels its handler at once.
 
 The handler starts when the head is complete; the body is buffered into the :class:`Request` as
 it arrives, and the bodies a port holds at once stay within ``max_buffered_body_bytes``, those of
