@@ -15,8 +15,17 @@ class Conn:
     evicted: bool = False
     answer: EdgeFault | None = None
 
+    moved: int | None = None  # bytes moved while it waits on its client; None: it does not
+    held: int = 0  # bytes it holds in the process
+
     def evict(self, fault: EdgeFault | None) -> None:
         self.evicted, self.answer = True, fault
+
+    def waiting_on_client(self) -> int | None:
+        return self.moved
+
+    def held_bytes(self) -> int:
+        return self.held
 
 
 def _table(
@@ -138,3 +147,91 @@ def test_closing_twice_counts_once() -> None:
     table.close(a)
     assert table.count.open == 0
     assert table.open(Conn("b"), "x") is None
+
+
+def _busy(table: ConnectionTable[Conn], client: str, *moved: int | None) -> list[Conn]:
+    conns = [Conn(f"{client}-{i}", moved=m) for i, m in enumerate(moved)]
+    for conn in conns:
+        assert table.open(conn, client) is None
+        table.mark(conn, "busy")
+    return conns
+
+
+def test_at_the_port_cap_the_slowest_busy_of_the_top_holder_goes() -> None:
+    """A full port of busy connections: a newcomer from another address closes the one of the
+    address holding most that moved the fewest bytes a second while waiting on its client; one
+    not waiting on its client (running at the engine) is never closed, whatever it moved."""
+    table, clock = _table(6, 6)
+    a = _busy(table, "10.0.0.1", 9_000, None, 300, 5_000)
+    b = _busy(table, "10.0.0.2", 0, 0)
+    clock.advance(2.0)
+    assert table.open(Conn("new"), "10.0.0.3") is None
+    assert [conn.evicted for conn in a + b] == [False, False, True, False, False, False]
+    assert (table.count.evicted, table.count.evicted_busy) == (1, 1)
+
+
+def test_a_busy_connection_within_its_grace_is_left_alone() -> None:
+    """Busy for less than the grace, a connection that has moved nothing yet is not judged
+    slow: the newcomer is refused instead."""
+    table, clock = _table(2, 2)
+    young = _busy(table, "10.0.0.1", 0, 0)
+    clock.advance(0.5)
+    assert table.open(Conn("new"), "10.0.0.2") == "too_many_connections"
+    assert not any(conn.evicted for conn in young)
+
+
+def test_an_address_holding_no_more_than_the_newcomer_keeps_its_own() -> None:
+    """Two addresses of two connections each: a third from one of them takes nothing from the
+    other (it would hold no more than it): the port's cap refuses it."""
+    table, clock = _table(4, 4)
+    first = _busy(table, "10.0.0.1", 0, 0)
+    second = _busy(table, "10.0.0.2", 0, 0)
+    clock.advance(2.0)
+    assert table.open(Conn("new"), "10.0.0.2") == "too_many_connections"
+    assert not any(conn.evicted for conn in first + second)
+
+
+def test_a_client_at_its_cap_closes_its_own_slowest_busy() -> None:
+    """At its own cap, with no head or idle connection of its own, a client's newest connection
+    takes the room of its own slowest busy one that waits on its client."""
+    table, clock = _table(100, 3)
+    own = _busy(table, "10.0.0.1", 800, 100, None)
+    clock.advance(2.0)
+    assert table.open(Conn("new"), "10.0.0.1") is None
+    assert [conn.evicted for conn in own] == [False, True, False]
+
+
+def test_shedding_closes_those_holding_most_while_doing_least() -> None:
+    """Shed two: of a partial head, an idle connection and a busy one waiting on its client,
+    the two holding the most bytes go; a busy one at work, or waiting for less than the grace,
+    is never shed, whatever it holds."""
+    table, _clock = _table(10, 10)
+    head, idle = Conn("head", held=500), Conn("idle", held=100)
+    table.open(head, "10.0.0.1")
+    table.open(idle, "10.0.0.1")
+    table.mark(idle, "idle")
+    (waiting,) = _busy(table, "10.0.0.2", 0)
+    waiting.held = 4_000
+    (working,) = _busy(table, "10.0.0.2", None)
+    working.held = 1 << 20
+    _clock.advance(2.0)
+    (young,) = _busy(table, "10.0.0.2", 0)  # waiting on its client for less than the grace
+    young.held = 1 << 20
+    assert table.shed(0.5) == 2  # half of the three doing least, rounded up
+    assert [c.evicted for c in (head, idle, waiting, working, young)] == [
+        True,
+        False,
+        True,
+        False,
+        False,
+    ]
+    assert head.answer == "too_many_connections"
+
+
+def test_a_port_not_accepting_refuses_every_newcomer() -> None:
+    """While the overload manager says stop, a new connection is refused though there is room."""
+    table, _clock = _table(10, 10)
+    table.accepting = False
+    assert table.open(Conn("new"), "10.0.0.1") == "too_many_connections"
+    table.accepting = True
+    assert table.open(Conn("later"), "10.0.0.1") is None

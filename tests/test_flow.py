@@ -11,6 +11,7 @@ import pytest
 
 from sidecar.edge.flow import FlowControl
 from sidecar.edge.http.deadline import Deadline, Due
+from tests.servers import until
 
 
 @pytest.fixture
@@ -117,3 +118,37 @@ async def test_a_deadline_set_again_replaces_the_one_before() -> None:
     deadline.clear()
     await turns()
     assert fired == ["idle"]
+
+
+async def test_unacknowledged_counts_what_the_peer_has_not_taken() -> None:
+    """Bytes written to a TCP peer that reads nothing stay unacknowledged once its receive
+    buffer is full (the transport's and the kernel's together); once it reads them all, none."""
+    loop = asyncio.get_running_loop()
+    listener = socket.create_server(("127.0.0.1", 0))
+    peer = socket.socket()
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    peer.connect(listener.getsockname())
+    ours, _ = listener.accept()
+    listener.close()
+    made, _protocol = await loop.create_connection(asyncio.Protocol, sock=ours)
+    flow = FlowControl(made)
+    try:
+        assert flow.unacknowledged() == 0
+        made.write(b"x" * (1 << 20))
+        await turns()
+        assert flow.unacknowledged() > 0
+        peer.setblocking(False)
+        taken = 0
+        async with asyncio.timeout(5):
+            while taken < 1 << 20:
+                with contextlib.suppress(BlockingIOError):
+                    taken += len(peer.recv(1 << 16))
+                await asyncio.sleep(0)
+
+        async def acknowledged() -> bool:
+            return flow.unacknowledged() == 0
+
+        assert await until(acknowledged)
+    finally:
+        made.close()
+        peer.close()

@@ -42,6 +42,10 @@ def serve(env: dict[str, str]) -> subprocess.Popen[str]:
         pytest.param("SIDECAR_MAX_WAIT_MS", "-1", id="negative-wait"),
         pytest.param("SIDECAR_PROT", "8080", id="typo-in-name"),
         pytest.param("SIDECAR_EVENT_LOOP", "tokio", id="unknown-event-loop"),
+        pytest.param("SIDECAR_TOKENIZE_TIMEOUT_MS", "0", id="tokenize-deadline-zero"),
+        pytest.param("SIDECAR_TOKENIZE_PER_CLIENT", "many", id="tokenize-share-unparseable"),
+        pytest.param("SIDECAR_OVERLOAD_MEMORY", "half", id="overload-memory-unparseable"),
+        pytest.param("SIDECAR_OVERLOAD_LOOP_LAG_MS", "-5", id="overload-lag-negative"),
     ],
 )
 def test_bad_setting_fails_fast_naming_it(setting: str, value: str) -> None:

@@ -44,6 +44,30 @@ from sidecar.entry.settings import load_settings
             "shares add up to 110%, more than 100%: 'gold=70%,silver=40%'",
             id="compartments-over-100",
         ),
+        pytest.param(
+            {"SIDECAR_TOKENIZE_TIMEOUT_MS": "0"},
+            "invalid setting SIDECAR_TOKENIZE_TIMEOUT_MS (got '0'): Input should be greater than 0",
+            id="tokenize-timeout-zero",
+        ),
+        pytest.param(
+            {"SIDECAR_TOKENIZE_PER_CLIENT": "-1"},
+            "invalid setting SIDECAR_TOKENIZE_PER_CLIENT (got '-1'): Input should be greater "
+            "than 0",
+            id="tokenize-share-negative",
+        ),
+        pytest.param(
+            {"SIDECAR_OVERLOAD_STOP_ACCEPTING": "0.9", "SIDECAR_OVERLOAD_SHED": "0.8"},
+            "invalid settings: SIDECAR_OVERLOAD_SHED (0.8) is below "
+            "SIDECAR_OVERLOAD_STOP_ACCEPTING (0.9); connections are shed only past where new "
+            "ones are refused",
+            id="shed-below-stop",
+        ),
+        pytest.param(
+            {"SIDECAR_OVERLOAD_SHED": "1.5"},
+            "invalid setting SIDECAR_OVERLOAD_SHED (got '1.5'): Input should be less than or "
+            "equal to 1",
+            id="shed-past-all-memory",
+        ),
     ],
 )
 def test_each_error_is_worded_for_what_failed(environ: dict[str, str], expected: str) -> None:

@@ -2,11 +2,15 @@
 waits its turn, writers held while the client's socket buffer is full (asyncio's
 ``pause_writing``/``resume_writing``) until it drains, and the next pipelined request held until
 the answer before it has left the buffer entirely. An engine connection uses its reading side:
-paused while body bytes wait for a slow reader."""
+paused while body bytes wait for a slow reader. What of the answers written the client's TCP has
+not yet acknowledged is :meth:`FlowControl.unacknowledged`'s to say."""
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import struct
+import termios
 from collections.abc import Callable
 
 
@@ -63,6 +67,20 @@ class FlowControl:
             self._limits = self._transport.get_write_buffer_limits()
             self._transport.set_write_buffer_limits(high=0, low=0)
         return False
+
+    def unacknowledged(self) -> int:
+        """Bytes written to this connection that its peer's TCP has not yet acknowledged: the
+        transport's buffer and the kernel's send queue (SIOCOUTQ, Linux's name for TIOCOUTQ on a
+        TCP socket); where the kernel cannot say, the transport's buffer alone."""
+        held = self._transport.get_write_buffer_size()
+        sock = self._transport.get_extra_info("socket")
+        if sock is None:
+            return held
+        try:
+            queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(4))
+        except (OSError, ValueError):  # not a socket that has one, or closed
+            return held
+        return held + int(struct.unpack("i", queued)[0])
 
     def release(self) -> None:
         """The connection is gone: nothing waits for room any more."""

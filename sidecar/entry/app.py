@@ -20,10 +20,10 @@ from sidecar.edge.admin import Admin, admin_handler
 from sidecar.edge.engine.pool import EnginePool
 from sidecar.edge.http.limits import ConnectionCount, EdgeLimits
 from sidecar.edge.http.server import HttpServer
+from sidecar.edge.overload import OverloadManager, resident_bytes, start_watching
 from sidecar.edge.proxy.handler import Proxy, ProxyConfig, proxy_handler
 from sidecar.edge.proxy.in_flight import InFlight
 from sidecar.edge.proxy.intake import BodyLimits, Gate
-from sidecar.edge.proxy.prompt_count import EnginePromptCounter
 from sidecar.edge.proxy.routes import ProxyPaths, parse_forward_paths, parse_free_paths
 from sidecar.entry.event_loop import running_loop_name
 from sidecar.entry.listen import SHUTDOWN_TIMEOUT_S, bind, reserve_descriptors, serve
@@ -37,6 +37,8 @@ from sidecar.entry.wiring import (
     build_mode,
     build_slo,
     objectives_of_settings,
+    overload_manager,
+    prompt_counter,
     signal_config_of_settings,
 )
 from sidecar.limiter.events import AdmissionEvent
@@ -63,8 +65,10 @@ class SidecarServer:
         *,
         clock: Callable[[], float] = time.monotonic,
         gpu_probe: GpuProbe | None = None,
+        resident_bytes: Callable[[], int] = resident_bytes,
     ) -> None:
         self.settings, self.clock = settings, clock
+        self._resident_bytes = resident_bytes  # the overload manager's monitor
         self.registry = CollectorRegistry(auto_describe=True)
         self.metrics = RequestMetrics(self.registry, objectives_of_settings(settings))
         # The mode's law hears whether the limit bound lately: the bulkhead, built for the mode.
@@ -109,6 +113,8 @@ class SidecarServer:
         self.proxy_connections: ConnectionCount | None = None
         self._door_log = OncePer(clock=clock)
         self.proxy_server: HttpServer | None = None
+        self.overload: OverloadManager | None = None
+        self._overload_task: asyncio.Task[None] | None = None
         self.admin_server: HttpServer | None = None
         self.proxy_port = self.admin_port = 0
         register_capacity_metrics(self.registry, self.controller, clock)
@@ -199,7 +205,7 @@ class SidecarServer:
             log_refusal=self._log_refusal,
         )
         _warn_unclaimable(s)
-        counter = EnginePromptCounter(self.upstream) if s.prompt_tokens == "engine" else None
+        counter = prompt_counter(s, self.upstream)
         return Proxy(
             config=config,
             policy=policy,
@@ -277,6 +283,9 @@ class SidecarServer:
             clock=self.clock,
         )
         self.proxy_connections = self.proxy_server.count
+        self.overload = overload_manager(s, self.proxy_server.connections)
+        if self.overload is not None:
+            self._overload_task = start_watching(self.overload, self._resident_bytes)
         self.proxy_port = int(proxy_sock.getsockname()[1])
         log.info(
             "sidecar_listening",
@@ -312,7 +321,12 @@ class SidecarServer:
         return True
 
     async def stop(self) -> None:
-        """Close the ports (proxy first), stop the loop, close the upstream client."""
+        """Close the ports (proxy first), stop the loops, close the upstream client."""
+        if self._overload_task is not None:
+            self._overload_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._overload_task
+            self._overload_task = None
         for server in (self.proxy_server, self.admin_server):
             if server is not None:
                 await server.close(SHUTDOWN_TIMEOUT_S)

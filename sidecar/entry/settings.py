@@ -319,6 +319,39 @@ class Settings(BaseSettings):
         "calls, tools, documents; media per part) or engine (exact, from the engine's POST "
         "/tokenize, for text that tokenizes far from the bytes-per-token rate)",
     )
+    overload_memory: Size | None = Field(
+        None,
+        description="overload manager: the memory the sidecar's resident set is measured "
+        "against, e.g. the pod's limit (a size; unset: memory not watched)",
+    )
+    overload_stop_accepting: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.9,
+        description="overload manager: share of SIDECAR_OVERLOAD_MEMORY past which new "
+        "connections are refused (503 too_many_connections) and, of those doing least, the "
+        "share memory is over it is closed each 0.1 s",
+    )
+    overload_shed: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.95,
+        description="overload manager: share of SIDECAR_OVERLOAD_MEMORY past which at least 16 "
+        "connections doing least are closed each 0.1 s, until memory is back under "
+        "SIDECAR_OVERLOAD_STOP_ACCEPTING",
+    )
+    overload_loop_lag_ms: NonNegativeInt = Field(
+        0,
+        description="overload manager: event-loop lag past which new connections are refused "
+        "(0: not watched)",
+    )
+    tokenize_timeout_ms: PositiveInt = Field(
+        1000,
+        description="with prompt_tokens=engine: how long the engine's /tokenize may take; a "
+        "count not back by then prices its request by the estimate",
+    )
+    tokenize_per_client: PositiveInt = Field(
+        4,
+        description="with prompt_tokens=engine: /tokenize calls one client address may have in "
+        "flight (and half of max_pre_admission in all); past it, its requests are priced by the "
+        "estimate",
+    )
     reject_mode: Literal["sse", "http"] = Field(
         "sse",
         description="busy answer for streams: sse (fallback event) or http (429/503, Retry-After)",
@@ -484,6 +517,17 @@ class Settings(BaseSettings):
     def _ports_differ(self) -> Settings:
         if self.port != 0 and self.port == self.admin_port:
             msg = f"SIDECAR_PORT and SIDECAR_ADMIN_PORT are both {self.port}; they must differ"
+            raise ValueError(msg)
+        return self
+
+    @model_validator(mode="after")
+    def _shed_past_stop(self) -> Settings:
+        if self.overload_shed < self.overload_stop_accepting:
+            msg = (
+                f"SIDECAR_OVERLOAD_SHED ({self.overload_shed}) is below "
+                f"SIDECAR_OVERLOAD_STOP_ACCEPTING ({self.overload_stop_accepting}); connections "
+                "are shed only past where new ones are refused"
+            )
             raise ValueError(msg)
         return self
 

@@ -27,6 +27,9 @@ from sidecar.core.plan.capacity import Budget, KvCost, engine_cost, make_plan
 from sidecar.core.plan.token_budget import resolve_budget
 from sidecar.core.request.objectives import Objectives
 from sidecar.core.warnings import ConfigWarning
+from sidecar.edge.engine.pool import EnginePool
+from sidecar.edge.overload import OverloadManager, OverloadThresholds, Port
+from sidecar.edge.proxy.prompt_count import EnginePromptCounter
 from sidecar.entry.settings import Settings
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.live.adaptive import AdaptiveCapacity
@@ -298,3 +301,31 @@ def _measure(model_dir: Path, weights_in: Callable[[Path], int] | None) -> int |
     except ConfigError:
         return None
     return size if size > 0 else None
+
+
+def prompt_counter(settings: Settings, upstream: EnginePool) -> EnginePromptCounter | None:
+    """The engine's prompt count where SIDECAR_PROMPT_TOKENS=engine: within its own deadline, a
+    share per client address, and half the pre-admission gate in all."""
+    if settings.prompt_tokens != "engine":
+        return None
+    return EnginePromptCounter(
+        upstream,
+        timeout_s=settings.tokenize_timeout_ms / 1000,
+        per_client=settings.tokenize_per_client,
+        limit=max(1, settings.max_pre_admission // 2),
+    )
+
+
+def overload_manager(settings: Settings, port: Port) -> OverloadManager | None:
+    """The overload manager of the proxy port, where something is watched
+    (SIDECAR_OVERLOAD_MEMORY, SIDECAR_OVERLOAD_LOOP_LAG_MS); None where nothing is."""
+    memory, lag_ms = settings.overload_memory, settings.overload_loop_lag_ms
+    if memory is None and lag_ms == 0:
+        return None
+    thresholds = OverloadThresholds(
+        memory_bytes=int(memory) if memory is not None else None,
+        stop_accepting=settings.overload_stop_accepting,
+        shed=settings.overload_shed,
+        loop_lag_s=lag_ms / 1000 if lag_ms else None,
+    )
+    return OverloadManager(thresholds, port)

@@ -303,7 +303,10 @@ class EngineConnection(asyncio.Protocol):
         self._move(EngineEvent.PARK)
 
     def close(self) -> None:
-        """Drop the connection at once: vLLM aborts the request when its connection drops."""
+        """Drop the connection at once: vLLM aborts the request when its connection drops. What
+        it read and nobody will now is let go at once, not when a full collection finds the
+        connection's reference cycles (its parser's callbacks, its transport's protocol)."""
         self._deadline.stop()
+        self._pieces, self._held = [], 0
         if self.transport is not None and not self.closing:
             self.transport.abort()

@@ -21,8 +21,15 @@ from sidecar.core.outcomes import EdgeFault
 from sidecar.edge.conformance import HeadRefusedError
 from sidecar.edge.flow import FlowControl
 from sidecar.edge.http.deadline import Deadline, Due
-from sidecar.edge.http.port import LINGER_S, MAX_LINGERING, Port, client_address, tune_socket
-from sidecar.edge.http.reader import RequestReader
+from sidecar.edge.http.port import (
+    LINGER_S,
+    MAX_AHEAD,
+    MAX_LINGERING,
+    Port,
+    client_address,
+    tune_socket,
+)
+from sidecar.edge.http.reader import ChunksTooSmallError, RequestReader
 from sidecar.edge.http.request import Request
 from sidecar.edge.http.response import Answer, rest_of_answer
 from sidecar.edge.http.states import READING, Event, State, next_state
@@ -44,6 +51,8 @@ class Connection(asyncio.Protocol):
         self._deadline = Deadline(self._loop, self._expired)
         self.state = State.IDLE
         self.task: asyncio.Task[None] | None = None  # the running handler's
+        self._flushing = False  # an answer is leaving: the next request waits until it has
+        self._ahead = 0  # requests run in a row, each read before the answer before it arrived
         self._queue: deque[Request] = deque()  # pipelined, waiting for the answer before
         self.client = ""  # the peer's address
 
@@ -111,7 +120,7 @@ class Connection(asyncio.Protocol):
     # The reader's side (sidecar.edge.http.reader.Receiver).
 
     def head_begun(self) -> None:
-        if self.task is not None:
+        if self.running():
             self._flow.pause_reading()  # pipelined: it waits for the answer before it
             return
         self._port.connections.mark(self, "partial")
@@ -120,7 +129,7 @@ class Connection(asyncio.Protocol):
 
     def received(self, request: Request) -> None:
         self._port.connections.mark(self, "busy")
-        if self.task is None:
+        if not self.running():
             self._deadline.clear()
             self._start(request)
         elif not self._queue:
@@ -133,7 +142,7 @@ class Connection(asyncio.Protocol):
             self._move(Event.FINAL)
 
     def running(self) -> bool:
-        return self.task is not None
+        return self.task is not None or self._flushing
 
     def takes_more(self) -> bool:
         return self.state in READING and not self._queue
@@ -173,7 +182,16 @@ class Connection(asyncio.Protocol):
     def evict(self, fault: EdgeFault | None) -> None:
         """Closed to make room for a new connection: an idle one at once (RFC 9112 §9.5 lets a
         server close an idle connection at any time; a client retries on a new one), a partial
-        head with ``fault``'s 503 (what it sent so far read off first)."""
+        head with ``fault``'s 503 (what it sent so far read off first); a busy one that waits on
+        its client ends its body as too slow (its handler answers 408), or, not reading its
+        answer, is cut off."""
+        if self.task is not None:
+            body = self._reader.body_of
+            if body is not None:
+                body.stall()
+            else:
+                self.abort()
+            return
         self._deadline.clear()
         if fault is None:
             self._move(Event.CLOSE)
@@ -200,6 +218,17 @@ class Connection(asyncio.Protocol):
             self._move(Event.CLOSE)
             self.transport.close()
 
+    def waiting_on_client(self) -> int | None:
+        body = self._reader.body_of
+        if body is not None:
+            return body.received
+        return 0 if self._flow.writing_paused else None
+
+    def held_bytes(self) -> int:
+        body = self._reader.body_of
+        held = len(self._reader.backlog) + self.transport.get_write_buffer_size()
+        return held + (body.received if body is not None else 0)
+
     def close_if_idle(self) -> None:
         if self.task is None and self.state is not State.CLOSED:
             self.transport.close()
@@ -210,8 +239,14 @@ class Connection(asyncio.Protocol):
 
     # Running requests.
 
-    def _start(self, request: Request) -> None:
+    def _start(self, request: Request, *, ahead: bool = False) -> None:
+        """Run ``request``'s handler. One ``ahead`` of its client's reads (read before the answer
+        before it had left, or sent before the client's TCP had all of that answer) counts
+        towards MAX_AHEAD; the one that reaches it gets the connection's last answer."""
+        self._ahead = self._ahead + 1 if ahead or self._flow.unacknowledged() else 0
         self._move(Event.START)
+        if self._ahead >= MAX_AHEAD and self.state is State.ACTIVE:
+            self._move(Event.NO_KEEP_ALIVE)
         self.task = request.task = self._loop.create_task(self._serve(request))
 
     async def _serve(self, request: Request) -> None:
@@ -249,14 +284,19 @@ class Connection(asyncio.Protocol):
             self._move(Event.KEEP)
             # The next request runs once this answer has left the sidecar: a client that does
             # not read gets none run for it, and its next waits (until the keep-alive deadline).
+            self._flushing = True
             if not self._flow.when_flushed(self._next):
                 self._deadline.set("idle", self._limits.keepalive_timeout_s)
 
     def _next(self) -> None:
+        """The answer before has left: run what was read behind it (ahead of the client's
+        reads), and read one request ahead of that."""
         self._deadline.clear()
+        self._parse(None)  # a head that completes now is queued: it was read before the answer
+        self._flushing = False
         if self._queue:
-            self._start(self._queue.popleft())
-        self._parse(None)  # what was read behind it: its body, and the head after it
+            self._start(self._queue.popleft(), ahead=True)
+            self._parse(None)  # what was read behind it: its body, and the head after it
         if self.state not in READING or self._reader.backlog:
             return
         self._flow.resume_reading()
@@ -297,7 +337,8 @@ class Connection(asyncio.Protocol):
         log.info("bad_request", status=400, error=type(reason or exc).__name__)
         reader = self._reader
         if reader.body_of is not None:  # its handler answers (a 400 for its body), then we close
-            reader.body_of.fail("bad_framing")
+            tiny = isinstance(reason, ChunksTooSmallError)
+            reader.body_of.fail("tiny_chunks" if tiny else "bad_framing")
             reader.body_of = None
             self._move(Event.FINAL)
         elif self.task is None and not self._queue:

@@ -124,5 +124,6 @@ class ConnectionCount:
 
     open: int = 0
     refused: int = 0
-    evicted: int = 0  # partial heads and idle ones closed to make room for a new one
+    evicted: int = 0  # connections closed to make room for a new one
+    evicted_busy: int = 0  # of them, busy ones that moved too little
     head_timeouts: int = 0

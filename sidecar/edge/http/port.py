@@ -26,6 +26,11 @@ LINGER_S = 1.0
 # the transport, for minutes, and the write deadline never starts. With it, what a stalled client
 # can leave unread is its own receive window, this, and the transport's high-water mark.
 UNSENT_LIMIT = 16 * 1024
+# Requests a connection runs ahead of its client's reads: each read before the answer before it
+# had reached the client (left the sidecar, and acknowledged by the client's TCP). The one that
+# reaches this depth gets the connection's last answer, so that of a client that pipelines and
+# never reads, at most two requests reach the engine (RFC 9112 §9.3.2: it retries the rest).
+MAX_AHEAD = 1
 # Connections refused at the door that are still reading off what their client sent, so that it
 # reads its 503 and not a reset: past this many the next one is closed at once.
 MAX_LINGERING = 64

@@ -7,6 +7,10 @@ a pipelined request waits, what follows it stays unparsed in ``backlog`` (one re
 stops reading) until the connection takes the next. llhttp cannot stop inside what it is fed, so
 bytes that may hold more than one head are fed a line at a time (a head ends only at a line's
 end), a body by its length, a chunked one a blank line at a time.
+
+A chunked body pays a callback and a charge to the body budget per chunk, so chunks smaller than
+any client needs are refused: past ``FREE_CHUNKS`` chunks, a body whose chunks so far average
+under ``MIN_CHUNK_BYTES`` ends (a 400), and nothing more of its connection is parsed.
 """
 
 from __future__ import annotations
@@ -20,6 +24,17 @@ from sidecar.edge.conformance import HeadRefusedError
 from sidecar.edge.http.head import Head
 from sidecar.edge.http.port import Port
 from sidecar.edge.http.request import Request, Wire
+
+# Chunks of any size a body may have before their average counts: small chunked bodies pass as
+# they are, and a stream whose first chunks are small (a line of JSON at a time) has room.
+FREE_CHUNKS = 64
+# The least average chunk a longer chunked body keeps: a 4 MiB body then costs at most 16,384
+# callbacks, where 2-byte chunks cost 2 million (about a second of the loop each, measured).
+MIN_CHUNK_BYTES = 256
+
+
+class ChunksTooSmallError(Exception):
+    """A chunked body whose chunks average under MIN_CHUNK_BYTES past FREE_CHUNKS of them."""
 
 
 class Receiver(Wire, Protocol):
@@ -45,7 +60,16 @@ class Receiver(Wire, Protocol):
 class RequestReader:
     """One connection's parser, the head and body it is receiving, and the bytes read ahead."""
 
-    __slots__ = ("_body_left", "_connection", "_parser", "_port", "backlog", "body_of", "head")
+    __slots__ = (
+        "_body_left",
+        "_chunks",
+        "_connection",
+        "_parser",
+        "_port",
+        "backlog",
+        "body_of",
+        "head",
+    )
 
     def __init__(self, connection: Receiver, port: Port[Any]) -> None:
         self._connection, self._port = connection, port
@@ -53,6 +77,7 @@ class RequestReader:
         self.head: Head | None = None  # a head being received
         self.body_of: Request | None = None  # the request whose body is being received
         self._body_left: int | None = None  # of body_of's, where its Content-Length says
+        self._chunks = 0  # of body_of's, where it is chunked
         self.backlog = bytearray()  # read, not parsed: behind a request that waits
 
     def take(self, data: bytes) -> None:
@@ -131,6 +156,7 @@ class RequestReader:
         self.body_of = request if request.body_exists else None
         length = request.headers.get("Content-Length")
         self._body_left = int(length) if length is not None and length.isdigit() else None
+        self._chunks = 0
         connection.received(request)
 
     def on_body(self, body: bytes) -> None:
@@ -138,6 +164,15 @@ class RequestReader:
             self._body_left -= len(body)
         if self.body_of is not None:
             self.body_of.feed(body)
+
+    def on_chunk_header(self) -> None:
+        """A chunk begins (the last, empty one too): the chunks before it must average
+        MIN_CHUNK_BYTES past FREE_CHUNKS of them, one short one aside (a body's last piece)."""
+        before, body = self._chunks, self.body_of
+        self._chunks += 1
+        floor = (before - 1) * MIN_CHUNK_BYTES
+        if before > FREE_CHUNKS and body is not None and body.received < floor:
+            raise ChunksTooSmallError
 
     def on_message_complete(self) -> None:
         if self.body_of is not None:

@@ -17,7 +17,7 @@ from sidecar.core.errors import EdgeRefusedError, RequestError
 from sidecar.edge.http.limits import BodyBudget, BudgetFault
 from sidecar.edge.message import encode_head, status_line
 
-BodyFault = Literal["too_large", "bad_framing", "cut_off", "stalled"] | BudgetFault
+BodyFault = Literal["too_large", "bad_framing", "tiny_chunks", "cut_off", "stalled"] | BudgetFault
 NO_ROOM: frozenset[BodyFault] = frozenset(get_args(BudgetFault))
 CONTINUE = encode_head([status_line(100)])
 
@@ -197,4 +197,9 @@ def _body_error(fault: BodyFault, limit: int) -> RequestError:
         )
     if fault == "bad_framing":  # a bad chunk size, a broken encoding: never echoed
         return RequestError("request body is not valid HTTP/1.1 framing", code="bad_body")
+    if fault == "tiny_chunks":
+        return RequestError(
+            "request body chunks are too small: send chunks of 256 bytes or more on average",
+            code="bad_body",
+        )
     return RequestError("request body ended early", code="incomplete_body")

@@ -8,8 +8,9 @@ sidecar.edge.conformance's. Around it, the edge's bounds:
 
 - at most ``max_connections`` open connections, ``max_connections_per_client`` from one address,
   and ``max_partial_heads`` connections holding a request head open past a short grace; at a
-  cap a stale partial head, then the longest idle connection is closed to make room
-  (sidecar.edge.http.connections), and only where neither is does the new one get a 503 it can read
+  cap a stale partial head, then the longest idle connection, then a busy one that moves too
+  little (its client slow to send or to read) is closed to make room
+  (sidecar.edge.http.connections), and only where none is does the new one get a 503 it can read
   (what it sent is read off first, so that it is not a reset);
 - every request head must be complete within ``header_timeout_s`` of its first byte (the first
   one: of the connection's start), else a 408; an idle kept-alive connection is closed after
@@ -18,7 +19,8 @@ sidecar.edge.conformance's. Around it, the edge's bounds:
 - a malformed request gets an OpenAI-shaped JSON 400 that echoes nothing;
 - one request at a time per connection: one pipelined request is parsed ahead (the rest of what
   was read waits unparsed, reading paused) and runs once the answer before it has left the
-  transport's buffer; a client that hangs up cancels its handler at once.
+  transport's buffer; at most one runs ahead of the client's reads, its answer the connection's
+  last; a client that hangs up cancels its handler at once.
 
 The handler starts when the head is complete; the body is buffered into the :class:`Request` as
 it arrives, and the bodies a port holds at once stay within ``max_buffered_body_bytes``, those of

@@ -135,7 +135,12 @@ async def _intake(request: Request, proxy: Proxy, target: Target, request_id: st
     headers = upstream_headers(request, request_id) if proxy.counter is not None else None
     with proxy.gate:
         checked = await checked_request(
-            body, target.endpoint, policy.budget(), counter=proxy.counter, headers=headers or {}
+            body,
+            target.endpoint,
+            policy.budget(),
+            counter=proxy.counter,
+            headers=headers or {},
+            client=request.client,
         )
     return Job(
         target=target,

@@ -14,6 +14,8 @@ from multidict import CIMultiDict
 
 from sidecar.core.admission.room_hint import RoomHint
 from sidecar.core.errors import EdgeRefusedError, RequestError
+from sidecar.core.request.json_body import parse_object
+from sidecar.core.request.prompt_estimate import estimate_prompt
 from sidecar.core.request.request_checks import (
     CheckedRequest,
     Endpoint,
@@ -93,6 +95,12 @@ def require_json(request: Request) -> None:
         )
 
 
+# An estimate past this many times the prompt budget is refused without asking the engine: to
+# fit, its text would need 4 x SIDECAR_PROMPT_BYTES_PER_TOKEN bytes a token (16 by default), which
+# no tokenizer averages on text (a 4 MiB prompt against a 3,000-token budget never costs a count).
+DECISIVELY_OVER = 4
+
+
 async def checked_request(
     body: bytes,
     endpoint: Endpoint,
@@ -100,18 +108,32 @@ async def checked_request(
     *,
     counter: EnginePromptCounter | None,
     headers: Mapping[str, str],
+    client: str = "",
 ) -> CheckedRequest:
-    """The body, validated and budgeted; its prompt counted by the engine where configured."""
+    """The body, validated and budgeted; its prompt counted by the engine where configured,
+    unless its estimate is decisively over the budget already."""
     checked = check_request(body, endpoint, budget)
     if checked.tokenize is None or counter is None:
         return checked
-    tokens = await counter.count(checked.tokenize, headers)
+    estimate = _estimate(checked, body, endpoint, budget)
+    if estimate > DECISIVELY_OVER * budget.max_prompt_tokens:
+        enforce_prompt_budget(estimate, checked.prompt_param, budget)
+    tokens = await counter.count(checked.tokenize, headers, client)
     if tokens is None:  # the engine could not say: the estimate prices it, and bounds it
         if "chat_template" in checked.tokenize:
             raise template_unpriced()  # which no estimate can
         enforce_prompt_budget(checked.prompt_tokens, checked.prompt_param, budget)
         return checked
     return with_prompt_tokens(checked, tokens, budget)
+
+
+def _estimate(checked: CheckedRequest, body: bytes, endpoint: Endpoint, budget: TokenPolicy) -> int:
+    """The prompt's estimate; where it was priced at the engine's context (no sequence runs
+    past it), the estimate before that bound, which says how far over the budget it is."""
+    context = budget.context_tokens
+    if context is None or checked.prompt_tokens < context:
+        return checked.prompt_tokens
+    return estimate_prompt(parse_object(body), endpoint, budget.rates)[0]
 
 
 @dataclass(frozen=True, slots=True)
