@@ -88,8 +88,25 @@ def sidecar_env(docs: list[Doc]) -> dict[str, str]:
     side = container(docs, "sidecar")
     for source in side.get("envFrom", []):
         env |= only(docs, "ConfigMap", source["configMapRef"]["name"])["data"]
-    env |= {item["name"]: item["value"] for item in side.get("env", [])}
+    env |= {item["name"]: _env_value(side, item) for item in side.get("env", [])}
     return env
+
+
+BINARY_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def _env_value(side: Doc, item: Doc) -> str:
+    """A literal value, or a resourceFieldRef resolved as the kubelet does (a memory limit in
+    bytes: its divisor defaults to 1)."""
+    if "value" in item:
+        return str(item["value"])
+    ref = item["valueFrom"]["resourceFieldRef"]
+    kind, resource = ref["resource"].split(".")
+    quantity = str(side["resources"][kind][resource])
+    suffix = quantity[-2:]
+    if suffix in BINARY_SUFFIXES:
+        return str(int(quantity[:-2]) * BINARY_SUFFIXES[suffix])
+    return quantity
 
 
 def keda_queries(docs: list[Doc]) -> dict[str, str]:

@@ -105,6 +105,16 @@ def test_every_component_is_used_and_each_overlay_picks_one_autoscaler() -> None
 
 
 @pytest.mark.parametrize("target", d.RENDERINGS)
+def test_the_overload_manager_watches_the_sidecars_own_limit(target: str) -> None:
+    """In every rendering the sidecar sheds before its container's memory limit kills it: the
+    overload manager's memory is that limit, in bytes, from the downward API."""
+    docs = rendered(target)
+    limit = d.container(docs, "sidecar")["resources"]["limits"]["memory"]
+    assert limit == "512Mi"
+    assert load_settings(d.sidecar_env(docs)).overload_memory == 512 * 2**20
+
+
+@pytest.mark.parametrize("target", d.RENDERINGS)
 def test_client_service_exposes_the_proxy_port_only(target: str) -> None:
     """The clients' Service reaches the sidecar's proxy port and nothing else; admin has its own."""
     docs = rendered(target)
