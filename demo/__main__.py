@@ -1,9 +1,10 @@
 """``python -m demo``: the same overload through the sidecar and straight at the engine, twice.
 
 No GPU and no engine needed. A simulated card sizes an emulated engine's KV cache; streaming
-clients (the openai SDK) overload it, once through the real sidecar with its default settings and
-once straight at it, for a paged engine that preempts (like vLLM) and one that fails its streams
-when the KV cache runs out. A table and a picture put each pair side by side.
+clients (the openai SDK) overload it, once through the real sidecar (its defaults but for
+CHANGED_SETTINGS, each with its reason in docs/demo.md) and once straight at it, for a paged
+engine that preempts (like vLLM) and one that fails its streams when the KV cache runs out. A
+table and a picture put each pair side by side.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from demo.compare import OBJECTIVES, RunResult, format_comparison, verdict_oom, verdict_paged
-from demo.dashboard import HEADER, LEGEND
+from demo.dashboard import HEADER, legend
 from demo.load import Phase, Request
 from demo.plot import write_comparison
 from demo.run import Run, drive, start_engine
@@ -43,7 +44,25 @@ TOKENS_PER_S, PREFILL_TOKENS_PER_S = 40.0, 10_000.0
 PROMPT_BUDGET, COMPLETION_BUDGET = 1024, MAX_TOKENS
 CLIENTS, DURATION_S = 160, 10.0
 REQUEST = Request(MODEL, MAX_TOKENS, prompt="kv " * PROMPT_WORDS)
-# The one sidecar setting a user may pass through to compare a mode; everything else is default.
+# Every sidecar setting the demo changes from its default, besides SIDECAR_UPSTREAM_URL (the
+# emulated engine's free port): docs/demo.md gives each one's reason, and a test holds the page
+# and this table to each other.
+CHANGED_SETTINGS = {
+    "SIDECAR_HOST": "127.0.0.1",
+    "SIDECAR_ADMIN_HOST": "127.0.0.1",
+    "SIDECAR_PORT": "0",
+    "SIDECAR_ADMIN_PORT": "0",
+    "SIDECAR_MODEL": MODEL,
+    "SIDECAR_WEIGHTS": str(WEIGHTS),
+    "SIDECAR_OVERHEAD": str(ENGINE_OVERHEAD),
+    "SIDECAR_MAX_PROMPT_TOKENS": str(PROMPT_BUDGET),
+    "SIDECAR_MAX_COMPLETION_TOKENS": str(COMPLETION_BUDGET),
+    "SIDECAR_REFRESH_MS": "250",
+    "SIDECAR_MAX_QUEUE": "8",
+    "SIDECAR_MAX_WAIT_MS": "1500",
+    "SIDECAR_LOG_LEVEL": "warning",
+}
+# The one sidecar setting a user may pass through to compare a mode.
 PASSED_THROUGH = ("SIDECAR_ADMISSION",)
 
 
@@ -84,24 +103,9 @@ def engine_config(layout: GpuLayout, *, oom: bool = False, engine: str = "vllm")
 
 
 def sidecar_settings(engine_url: str, environ: Mapping[str, str] = os.environ) -> Settings:
-    """The real sidecar as a user would start it next to the engine: its defaults (capacity
-    source, admission mode), the model and its weights for the NVML cross-check, a budget."""
-    env = {
-        "SIDECAR_HOST": "127.0.0.1",
-        "SIDECAR_ADMIN_HOST": "127.0.0.1",
-        "SIDECAR_PORT": "0",
-        "SIDECAR_ADMIN_PORT": "0",
-        "SIDECAR_UPSTREAM_URL": engine_url,
-        "SIDECAR_MODEL": MODEL,
-        "SIDECAR_WEIGHTS": str(WEIGHTS),
-        "SIDECAR_OVERHEAD": str(ENGINE_OVERHEAD),
-        "SIDECAR_MAX_PROMPT_TOKENS": str(PROMPT_BUDGET),
-        "SIDECAR_MAX_COMPLETION_TOKENS": str(COMPLETION_BUDGET),
-        "SIDECAR_REFRESH_MS": "250",
-        "SIDECAR_MAX_QUEUE": "8",
-        "SIDECAR_MAX_WAIT_MS": "1500",
-        "SIDECAR_LOG_LEVEL": "warning",
-    }
+    """The real sidecar as a user would start it next to the engine: its defaults but for
+    CHANGED_SETTINGS and the engine's URL, and SIDECAR_ADMISSION if the environment names one."""
+    env = {**CHANGED_SETTINGS, "SIDECAR_UPSTREAM_URL": engine_url}
     env.update({name: environ[name] for name in PASSED_THROUGH if name in environ})
     return load_settings(env)
 
@@ -156,10 +160,11 @@ async def run_demo(
     """The four runs, the table, the verdict and the picture, in front of the emulated engine
     speaking ``engine_name``'s metrics (llama.cpp never preempts: its runs are the OOM pair)."""
     layout = gpu_layout()
-    mode = sidecar_settings("http://127.0.0.1:1").admission
+    settings = sidecar_settings("http://127.0.0.1:1")
+    mode = settings.admission
     story = intro(layout, workload(layout, clients, duration_s), mode, engine_name)
     write("\n".join(story) + "\n\n")
-    write("\n".join(LEGEND) + "\n")
+    write("\n".join(legend(settings.max_queue, settings.max_wait_ms / 1000)) + "\n")
     phase = Phase("overload", duration_s, clients)
     results = []
     for oom, engine in _engines(engine_name):
@@ -185,7 +190,10 @@ async def run_demo(
         verdict = verdict_oom if engine == "OOM" else verdict_paged
         lines += verdict(with_sidecar, alone)
     write("\n".join(lines) + "\n")
-    title = f"python -m demo: the sidecar (admission {mode}) against the bare engine, same load"
+    title = (
+        f"python -m demo --duration {duration_s:g} --clients {clients}: the sidecar "
+        f"(admission {mode}) against the bare engine, same load"
+    )
     path = write_comparison(results, picture or _picture_path(), title)
     write(f"\npicture: {path}\n{PATH_HINT}\n")
     return DemoResult(tuple(results), mode, path)

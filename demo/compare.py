@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from demo.dashboard import EngineGauges, Sample
 from demo.load import FALLBACK_CODES, Tally
-from demo.slo import Objectives, figures
+from demo.slo import Figures, Objectives, figures, over_time
 from sidecar.entry.settings import Settings
 
 # The objectives the sidecar holds a request to by default (SIDECAR_SLO_TTFT_MS, _TPOT_MS), which
@@ -38,6 +38,8 @@ class RunResult:
     slo_goodput: float = 0.0  # completion tokens/s of the streams that met OBJECTIVES
     raw_tokens_per_s: float = 0.0  # completion tokens/s of every completed stream
     met: int = 0  # streams that met OBJECTIVES
+    # Each second of the run: its start (s into the run) and its figures (SLO goodput, busy).
+    timeline: tuple[tuple[float, Figures], ...] = ()
 
     @property
     def completed(self) -> int:
@@ -67,7 +69,8 @@ def result_of(
     """Fold one run's tally and engine readings into its comparison column; SLO goodput counts
     the requests that ended inside ``window`` (on the clients' clock)."""
     last = gauges[-1] if gauges else EngineGauges(running=0)
-    served = figures(tally.records.get(phase, []), *window, OBJECTIVES)
+    records = tally.records.get(phase, [])
+    served = figures(records, *window, OBJECTIVES)
     return RunResult(
         label=label,
         sent=tally.started[phase],
@@ -82,6 +85,7 @@ def result_of(
         slo_goodput=served.slo_goodput,
         raw_tokens_per_s=served.raw,
         met=int(served.met),
+        timeline=over_time(records, *window, OBJECTIVES),
     )
 
 

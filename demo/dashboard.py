@@ -113,13 +113,18 @@ def _ms(seconds: float | None) -> str:
 
 
 HEADER = "  time  in use  queued  engine  KV use  done  busy  failed  TTFT ms  progress"
-LEGEND = (
-    "columns: in use = requests the sidecar has let in now; queued = waiting at the sidecar (at",
-    "  most 8, for at most 1.5 s); engine = requests the engine runs now (its /metrics); KV use =",
-    "  share of its KV blocks in use; done / busy / failed = streams completed / busy answers /",
-    "  streams the engine failed so far; TTFT = median time to first token of the completed",
-    "  streams so far, queue wait included.",
-)
+
+
+def legend(max_queue: int, max_wait_s: float) -> tuple[str, ...]:
+    """What the live columns mean, with the sidecar's queue bounds as the run sets them."""
+    return (
+        "columns: in use = requests the sidecar has let in now; queued = waiting at the",
+        f"  sidecar (at most {max_queue}, for at most {max_wait_s:g} s); engine = requests the "
+        "engine runs now",
+        "  (its /metrics); KV use = share of its KV blocks in use; done / busy / failed = streams",
+        "  completed / busy answers / streams the engine failed so far; TTFT = median time to",
+        "  first token of the completed streams so far, queue wait included.",
+    )
 
 
 def format_line(sample: Sample, progress: str = "") -> str:

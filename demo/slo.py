@@ -124,6 +124,20 @@ def figures(
     )
 
 
+def over_time(
+    records: Sequence[Record], start: float, end: float, objectives: Objectives, step_s: float = 1.0
+) -> tuple[tuple[float, Figures], ...]:
+    """[start, end) cut into windows of ``step_s``: each window's start (seconds after ``start``)
+    and its figures, by the same arithmetic as the whole run's (SLO goodput in tok/s, busy
+    answers counted)."""
+    count = max(1, math.ceil((end - start) / step_s - 1e-9))
+    edges = [start + i * step_s for i in range(count)]
+    return tuple(
+        (edge - start, figures(records, edge, min(end, edge + step_s), objectives))
+        for edge in edges
+    )
+
+
 def median(values: Iterable[float]) -> float:
     """The median of the values that are numbers; NaN when none is."""
     numbers = [v for v in values if not math.isnan(v)]

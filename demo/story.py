@@ -70,8 +70,9 @@ def intro(layout: GpuLayout, workload: Workload, mode: str, engine: str = "vllm"
         f"{workload.clients} x {workload.prompt_tokens + workload.median_tokens:,} tokens "
         f"is {workload.overload:.1f}x what the KV cache holds.",
         "",
-        "Same load and same seeds in every run: the sidecar with its default settings "
-        f"(admission: {mode}),",
+        "Same load and same seeds in every run: the sidecar at its defaults but for a budget,"
+        " queue and tick",
+        f"(docs/demo.md lists each; admission: {mode}),",
         *(
             ["then the bare engine, speaking llama.cpp's metrics: the OOM engine (fails its",
              "streams when its KV cache runs out, as llama.cpp never preempts)."]

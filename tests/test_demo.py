@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 
 from demo.__main__ import (
     BYTES_PER_TOKEN,
+    CHANGED_SETTINGS,
     COMPLETION_BUDGET,
     PROMPT_BUDGET,
     gpu_layout,
@@ -22,8 +24,9 @@ from demo.__main__ import (
 from demo.compare import RunResult, format_comparison, result_of, verdict_oom, verdict_paged
 from demo.dashboard import Sample, engine_gauges, engine_running, format_line
 from demo.load import Tally, outcome_of, retry_hint_s
+from demo.plot import FELT, INSIDE, write_comparison
 from demo.simulated_gpu import ENGINE_PID, GIB, NEIGHBOUR_PID, SimulatedGpu
-from demo.slo import Record
+from demo.slo import Figures, Record
 from demo.story import PATH_HINT, progress
 from sidecar.entry.settings import Settings
 from sidecar.live.sources import engine_process_bytes, neighbour_bytes
@@ -48,6 +51,43 @@ def test_sidecar_runs_on_its_defaults() -> None:
     assert (settings.max_prompt_tokens, settings.max_completion_tokens) == (
         PROMPT_BUDGET, COMPLETION_BUDGET
     )  # fmt: skip
+
+
+DEMO_PAGE = Path(__file__).resolve().parent.parent / "docs" / "demo.md"
+CHANGE_ROW = re.compile(r"^\| `(SIDECAR_[A-Z_]+)` \| (.+?) \| (.+?) \| (.+) \|$", re.MULTILINE)
+
+
+def documented_changes(page: str) -> dict[str, str]:
+    """The rows of docs/demo.md's table of changed settings: each name and the demo's value."""
+    section = page.split("## What the demo changes from the defaults", 1)[1].split("\n## ", 1)[0]
+    return {name: value.strip("`") for name, value, _, _ in CHANGE_ROW.findall(section)}
+
+
+def test_the_demo_page_lists_every_setting_the_demo_changes_with_its_value() -> None:
+    """docs/demo.md names each setting the demo gives, at the value it gives, and no other: a
+    change made in the code and not on the page (or the reverse) fails here."""
+    documented = documented_changes(DEMO_PAGE.read_text(encoding="utf-8"))
+    url = documented.pop("SIDECAR_UPSTREAM_URL")
+    assert documented == CHANGED_SETTINGS
+    assert "engine" in url
+
+
+@pytest.mark.parametrize("name", sorted(CHANGED_SETTINGS))
+def test_each_setting_the_demo_changes_differs_from_its_default(name: str) -> None:
+    """A row that sets a setting to its default is not a change and would mislead the reader."""
+    field = name.removeprefix("SIDECAR_").lower()
+    settings = sidecar_settings("http://127.0.0.1:1", environ={})
+    assert getattr(settings, field) != Settings.model_fields[field].default
+
+
+def test_the_changes_table_is_read_row_by_row() -> None:
+    """The reader of the page's table: values unquoted, other sections ignored."""
+    page = (
+        "## What the demo changes from the defaults\n\n| setting | the demo | default | why |\n"
+        "|---|---|---|---|\n| `SIDECAR_MAX_QUEUE` | `8` | `256` | small |\n\n## Next\n"
+        "| `SIDECAR_PORT` | `0` | `8080` | elsewhere |\n"
+    )
+    assert documented_changes(page) == {"SIDECAR_MAX_QUEUE": "8"}
 
 
 def test_only_the_admission_mode_passes_through_from_the_environment() -> None:
@@ -300,6 +340,80 @@ def test_slo_goodput_of_a_run_counts_the_streams_that_met_the_objectives() -> No
     result = result_of("ours", tally, "p", [], (), window=(0.0, 10.0))
     assert (result.slo_goodput, result.raw_tokens_per_s, result.met) == (10.0, 20.0, 1)
     assert format_comparison([result])[1].split()[-1] == "10"
+
+
+def test_the_timeline_splits_slo_goodput_and_busy_answers_by_the_second() -> None:
+    """Each second of a 3 s run shows the tokens of the streams that met the objectives and
+    ended in it, and the busy answers given in it: a refusal at 2.5 s is in the third second."""
+    tally = Tally()
+    tally.request("p", Record("completed", 0.0, 0.5 + 9 * 0.05, 0.5, 10))  # met, ends at 0.95 s
+    tally.request("p", Record("completed", 0.0, 1.5, 1.4, 40))  # met, ends in the second second
+    tally.request("p", Record("completed", 0.0, 2.9, 2.5, 5))  # first token too late: missed
+    tally.request("p", Record("busy", 2.4, 2.5))
+    result = result_of("ours", tally, "p", [], (), window=(0.0, 3.0))
+    assert [t for t, _ in result.timeline] == [0.0, 1.0, 2.0]
+    assert [f.slo_goodput for _, f in result.timeline] == [10.0, 40.0, 0.0]
+    assert [f.busy for _, f in result.timeline] == [0, 0, 1]
+    assert sum(f.slo_goodput for _, f in result.timeline) / 3 == result.slo_goodput
+
+
+def test_the_picture_shows_slo_goodput_and_refusals_beside_ttft(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per engine, the row of what users feel names each run's SLO goodput over the run and its
+    share of requests refused, beside TTFT with the objective; the engine's row follows."""
+    titles: list[list[str]] = []
+    legends: list[list[str]] = []
+
+    def keep(fig: Any, path: Path, **_: object) -> None:
+        titles.append([a.get_title() for a in fig.axes])
+        legends.extend([t.get_text() for t in a.get_legend().get_texts()] for a in fig.axes)
+        path.write_bytes(b"\x89PNG")
+
+    monkeypatch.setattr("matplotlib.figure.Figure.savefig", keep)
+    sample = Sample(0.5, 3, 1, 3, 0.5, 0, 2, 0, None)
+    timeline = ((0.0, _figures(slo=30.0, busy=2)), (1.0, _figures(slo=50.0, busy=0)))
+    ours = RunResult(
+        "paged + sidecar",
+        8,
+        {"completed": 4, "queue_full": 2},
+        3,
+        0.5,
+        0,
+        0,
+        0.4,
+        0.9,
+        (sample,),
+        slo_goodput=40.0,
+        raw_tokens_per_s=45.0,
+        timeline=timeline,
+    )
+    bare = RunResult(
+        "paged, bare",
+        5,
+        {"completed": 5},
+        5,
+        1.0,
+        2,
+        0,
+        3.0,
+        9.0,
+        (sample,),
+        slo_goodput=0.0,
+        raw_tokens_per_s=60.0,
+        timeline=timeline,
+    )
+    write_comparison([ours, bare], tmp_path / "p.png", "t")
+    assert titles[0] == [*FELT, *INSIDE]
+    goodput, ttft, busy = legends[:3]
+    assert goodput[0] == "paged + sidecar: 40 tok/s over the run (raw 45)"
+    assert busy == ["paged + sidecar: 2 of 8 requests (25%)", "paged, bare: 0 of 5 requests (0%)"]
+    assert ttft[1:] == ["paged, bare: p50 3.0 s, p99 9.0 s", "objective"]
+
+
+def _figures(*, slo: float, busy: int) -> Figures:
+    nan = float("nan")
+    return Figures(slo, slo, 1.0, 1, 1, busy, 0, nan, nan, nan, 0.0)
 
 
 def test_oom_verdict_counts_the_engines_failures() -> None:
