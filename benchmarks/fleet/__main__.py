@@ -20,8 +20,8 @@ Cases (FLEET_CASES): step, burst, ramp, each -closed (users honouring busy answe
     FLEET_REPETITIONS    default 1 (the median of the repetitions is reported)
     FLEET_TIME_SCALE     default 10
     FLEET_START_S        a pod's start delay, cluster s, uniform in LOW-HIGH (default 98-130)
-    FLEET_POD_SHRINK     default 4;  FLEET_POD_USERS, FLEET_POD_RATE: one pod's capacity in
-                         closed-loop users and open-loop arrivals a second (defaults 16 and 0.7)
+    FLEET_POD_SHRINK     default 4 (KV pool), FLEET_POD_SEQS default 8 (--max-num-seqs);  FLEET_POD_USERS, FLEET_POD_RATE: one pod's capacity in
+                         closed-loop users and open-loop arrivals a second (defaults 8 and 2)
     FLEET_BALANCE        round-robin (a Service) or least-conn (a gateway)
     FLEET_DRAIN_S        real seconds a leaving pod drains before it stops (default 10)
     FLEET_SEED           default 47
@@ -58,8 +58,9 @@ REPETITIONS = int(os.environ.get("FLEET_REPETITIONS", "1"))
 SCALE = float(os.environ.get("FLEET_TIME_SCALE", "10"))
 START_S = tuple(float(s) for s in os.environ.get("FLEET_START_S", "98-130").split("-"))
 SHRINK = float(os.environ.get("FLEET_POD_SHRINK", "4"))
-POD_USERS = int(os.environ.get("FLEET_POD_USERS", "16"))
-POD_RATE = float(os.environ.get("FLEET_POD_RATE", "0.7"))
+POD_SEQS = int(os.environ.get("FLEET_POD_SEQS", "8"))
+POD_USERS = int(os.environ.get("FLEET_POD_USERS", "8"))
+POD_RATE = float(os.environ.get("FLEET_POD_RATE", "2.0"))
 BALANCE = os.environ.get("FLEET_BALANCE", "round-robin")
 DRAIN_S = float(os.environ.get("FLEET_DRAIN_S", "10"))
 SEED = int(os.environ.get("FLEET_SEED", "47"))
@@ -180,6 +181,7 @@ def record(
             "tpot_s": o.user.tpot_s,
             "tokens": o.user.tokens,
             "busy": o.user.busy,
+            "attempts": o.user.attempts,
             "within": o.user.within_slo(),
         }
         for o in offered
@@ -203,7 +205,7 @@ async def run_one(
     balancer = Balancer(tmp, servers.free_port(), BALANCE)
     clock = loads.Clock(SCALE)
     fleet = Fleet(
-        flags=pod_flags(SHRINK),
+        flags=pod_flags(SHRINK, POD_SEQS),
         sidecar=config.sidecar,
         metrics_from=config.metrics_from,
         delays=delays(seed),

@@ -9,7 +9,10 @@ retried on another pod (``proxy_next_upstream`` keeps its default: error, timeou
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+import time
+import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -36,7 +39,7 @@ http {{
     }}
     server {{
         listen 127.0.0.1:{port} backlog=4096;
-        location = /nginx-ready {{ return 200; }}
+        location = /nginx-ready {{ return 200 "{generation}"; }}
         location / {{
             proxy_pass http://pods;
             proxy_http_version 1.1;
@@ -64,13 +67,20 @@ class Balancer:
         self.config = tmp / "nginx.conf"
         self.url = f"http://127.0.0.1:{port}"
         self._process: subprocess.Popen[bytes] | None = None
+        self._generation = 0
 
     def _write(self, endpoints: Iterable[str]) -> None:
         # nginx wants one server at least: an empty fleet answers 502 (nobody to serve).
         hosts = sorted(endpoints) or ["127.0.0.1:9"]
         servers = "\n".join(f"        server {host} max_fails=0;" for host in hosts)
-        method = METHODS[self.method]
-        text = CONFIG.format(tmp=self.tmp, port=self.port, method=method, servers=servers)
+        self._generation += 1
+        text = CONFIG.format(
+            tmp=self.tmp,
+            port=self.port,
+            method=METHODS[self.method],
+            servers=servers,
+            generation=self._generation,
+        )
         self.config.write_text(text)
 
     def start(self, endpoints: Iterable[str]) -> None:
@@ -87,11 +97,28 @@ class Balancer:
     def serve(self, endpoints: Iterable[str]) -> None:
         """Balance over ``endpoints`` ("host:port") from now on."""
         self._write(endpoints)
-        subprocess.run(
+        done = subprocess.run(
             [self.binary, "-p", str(self.tmp), "-c", str(self.config), "-s", "reload"],
-            check=True,
+            check=False,
             capture_output=True,
         )
+        if done.returncode != 0:
+            raise RuntimeError(f"nginx -s reload: {done.stderr.decode(errors='replace')}")
+        self._until_live()
+
+    def _until_live(self, timeout_s: float = 10.0) -> None:
+        """Until the workers of the new config answer (a reload is asynchronous: the old
+        workers go on accepting for a moment)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(self.url + "/nginx-ready", timeout=2) as answer,
+            ):
+                if answer.read().decode() == str(self._generation):
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"nginx did not load config {self._generation} in {timeout_s:g} s")
 
     def stop(self) -> None:
         if self._process is not None:

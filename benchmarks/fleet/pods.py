@@ -19,17 +19,16 @@ from benchmarks.capacity_sweep import ENGINE_FLAGS
 from benchmarks.fleet.balancer import Balancer
 from benchmarks.overload import servers
 
-# The flags of ENGINE_FLAGS divided by the shrink factor: a slice of the H100 (its compute and
-# KV pool), so that a fleet of several fits on two cores. Decode speed per stream is kept.
-SHRUNK = ("--kv-tokens", "--max-num-seqs", "--max-num-batched-tokens", "--prefill-tokens-per-s")
 
-
-def pod_flags(shrink: float) -> tuple[str, ...]:
-    """capacity_sweep's Qwen2.5-14B on one H100, ``1 / shrink`` of its compute and KV pool."""
+def pod_flags(shrink: float, max_num_seqs: int) -> tuple[str, ...]:
+    """capacity_sweep's Qwen2.5-14B on one H100 with ``1 / shrink`` of its KV pool and a
+    sequence cap of ``max_num_seqs``: a pod whose requests take as long as on the H100 (the
+    same prefill and decode speed) but that serves a handful of users, so that a fleet of
+    several fits on two cores."""
     flags = list(ENGINE_FLAGS)
-    for name in SHRUNK:
-        at = flags.index(name) + 1
-        flags[at] = str(max(1, round(int(flags[at]) / shrink)))
+    kv = flags.index("--kv-tokens") + 1
+    flags[kv] = str(round(int(flags[kv]) / shrink))
+    flags[flags.index("--max-num-seqs") + 1] = str(max_num_seqs)
     return tuple(flags)
 
 
@@ -69,6 +68,7 @@ class Fleet:
     pods: list[Pod] = field(default_factory=list)
     _names: Iterator[int] = field(default_factory=itertools.count)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _reloading: asyncio.Lock = field(default_factory=asyncio.Lock)  # one reload at a time
 
     @property
     def replicas(self) -> int:
@@ -102,8 +102,9 @@ class Fleet:
         await self._rebalance()
 
     async def _rebalance(self) -> None:
-        endpoints = [p.endpoint for p in self.serving()]
-        await asyncio.to_thread(self.balancer.serve, endpoints)
+        async with self._reloading:
+            endpoints = [p.endpoint for p in self.serving()]
+            await asyncio.to_thread(self.balancer.serve, endpoints)
 
     async def _stop(self, pod: Pod) -> None:
         await asyncio.sleep(self.drain_s)

@@ -52,6 +52,8 @@ def summarise(run: dict[str, Any]) -> dict[str, float]:
         "ttft_p99_step_s": quantile(in_step, 0.99),
         "refusals": sum(r["busy"] for r in requests),
         "unserved": sum(1 for r in requests if not r["served"]),
+        # a request that ended on an error, not a busy answer (none expected)
+        "errors": sum(1 for r in requests if not r["served"] and r["busy"] < r["attempts"]),
         "max_replicas": max((t["replicas"] for t in ticks), default=0),
     }
 
@@ -68,15 +70,15 @@ def table(case: str, rows: dict[str, dict[str, float]], labels: dict[str, str]) 
         f"\n**{case}**\n",
         "| config | attainment | SLO goodput tok/s | replica-s (x static) | step to decision s "
         "| step to new pod ready s | direction changes | TTFT p99 in step s | refusals "
-        "| max pods |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| errors | max pods |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, m in rows.items():
         lines.append(
             f"| {labels[name]} | {m['attainment']:.1%} | {m['slo_goodput']:,.0f} | "
             f"{m['replica_s']:,.0f} ({m['replica_s'] / static:.2f}x) | {m['to_decision_s']:.0f} | "
             f"{m['to_ready_s']:.0f} | {m['direction_changes']:.0f} | {m['ttft_p99_step_s']:.2f} | "
-            f"{m['refusals']:.0f} | {m['max_replicas']:.0f} |"
+            f"{m['refusals']:.0f} | {m['errors']:.0f} | {m['max_replicas']:.0f} |"
         )
     return lines
 
