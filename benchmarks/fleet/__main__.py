@@ -1,9 +1,10 @@
 """`make bench-fleet`: a fleet that scales on a signal, side by side on the same trace.
 
 Pods are capacity_sweep's GPU-shaped emulated engine (Qwen2.5-14B in BF16 on an H100; prefill
-and decode cost from the H100's published BF16 peak, see benchmarks/capacity_sweep.py), shrunk to
-``1 / FLEET_POD_SHRINK`` of its compute and KV pool, each with a real `sidecar serve` (its
-defaults) in front or alone; nginx balances over the ready pods (reloaded as they come and go);
+and decode cost from the H100's published BF16 peak, see benchmarks/capacity_sweep.py), with
+``1 / FLEET_POD_SHRINK`` of its KV pool and ``--max-num-seqs FLEET_POD_SEQS`` so that one pod
+serves a handful of users at the H100's speed, each with a real `sidecar serve` (its defaults)
+in front or alone; nginx balances over the ready pods (reloaded as they come and go);
 the autoscaler is the HPA algorithm (hpa.py) on KEDA's trigger, bounds and behavior read from
 deploy/k8s at run time (manifests.py). Every interval (scrape, sync, pollingInterval, windows,
 policy periods, the pod start delay) is in cluster seconds, run FLEET_TIME_SCALE times faster.
@@ -20,8 +21,11 @@ Cases (FLEET_CASES): step, burst, ramp, each -closed (users honouring busy answe
     FLEET_REPETITIONS    default 1 (the median of the repetitions is reported)
     FLEET_TIME_SCALE     default 10
     FLEET_START_S        a pod's start delay, cluster s, uniform in LOW-HIGH (default 98-130)
-    FLEET_POD_SHRINK     default 4 (KV pool), FLEET_POD_SEQS default 8 (--max-num-seqs);  FLEET_POD_USERS, FLEET_POD_RATE: one pod's capacity in
-                         closed-loop users and open-loop arrivals a second (defaults 8 and 2)
+    FLEET_POD_SHRINK     the pod's KV pool, 1/this of the H100's (default 4)
+    FLEET_POD_SEQS       the pod's --max-num-seqs (default 8)
+    FLEET_POD_USERS      one pod's capacity in closed-loop users (default 8: within the
+                         objectives alone, 10 are not)
+    FLEET_POD_RATE       one pod's capacity in open-loop arrivals a second (default 2)
     FLEET_BALANCE        round-robin (a Service) or least-conn (a gateway)
     FLEET_DRAIN_S        real seconds a leaving pod drains before it stops (default 10)
     FLEET_SEED           default 47
@@ -250,7 +254,8 @@ def main() -> int:
     shipped = read_keda()
     print(
         f"bench-fleet: time scale {SCALE:g}x (every interval / {SCALE:g}), pods "
-        f"1/{SHRINK:g} H100 (Qwen2.5-14B), {POD_USERS} users or {POD_RATE:g}/s a pod, "
+        f"H100 Qwen2.5-14B, 1/{SHRINK:g} of its KV, {POD_SEQS} seqs; {POD_USERS} users or "
+        f"{POD_RATE:g}/s a pod, "
         f"{BALANCE}, start {START_S[0]:g}-{START_S[-1]:g} s; shipped: {shipped.spec}, "
         f"pollingInterval {shipped.polling_s:g} s, {shipped.query} / {shipped.threshold:g}; "
         f"load average {os.getloadavg()[0]:.2f}",
