@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check docs bench bench-venv bench-overload bench-burst bench-capacity bench-cold-start soak test-vllm test-image test-gpu plan clean lock
+.PHONY: demo test check docs bench bench-venv bench-overload bench-burst bench-capacity bench-cold-start bench-fleet soak test-vllm test-image test-gpu plan clean lock
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -86,6 +86,15 @@ bench-burst: $(STAMP)
 # through a sidecar and straight at the engine. About 8 min (docs/lab/burst.md).
 bench-capacity: $(STAMP)
 	$(BIN)/python -m benchmarks.capacity_sweep
+
+# A fleet of GPU-shaped emulated pods behind nginx, scaled by the HPA algorithm on the shipped
+# KEDA object (deploy/k8s, read at run time): the sidecar's signal against vLLM's queue and KV
+# use, a static fleet and an oracle, on a step, a burst and a ramp, every interval compressed by
+# FLEET_TIME_SCALE (default 10). About 90 min on 2 cores at the defaults; FLEET_CASES,
+# FLEET_CONFIGS, FLEET_REPETITIONS narrow it (docs/autoscaling.md). Needs nginx (nginx-light).
+# Writes .bench/fleet.json, .md and .png.
+bench-fleet: $(STAMP)
+	$(BIN)/python -m benchmarks.fleet
 
 # 96 clients without max_tokens through a fresh sidecar to an H200-sized emulated engine: how many
 # run at the engine within 5 s (target >= 48). About 20 s.

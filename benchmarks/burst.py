@@ -154,12 +154,15 @@ async def _attempt(session: aiohttp.ClientSession, url: str, request: dict[str, 
         return Attempt(kind="served", first_at=first, last_at=last, tokens=tokens)
 
 
-async def one_user(session: aiohttp.ClientSession, url: str, request: dict[str, object]) -> User:
-    """One user's request, sent again after each busy answer's hint, up to RETRIES times."""
+async def one_user(
+    session: aiohttp.ClientSession, url: str, request: dict[str, object], retries: int = RETRIES
+) -> User:
+    """One user's request, sent again after each busy answer's hint, up to ``retries`` times
+    (0: an open-loop arrival, which does not come back)."""
     start = time.monotonic()
     busy_s: list[float] = []
     hints: list[float] = []
-    for attempt in range(1, RETRIES + 2):
+    for attempt in range(1, retries + 2):
         sent = time.monotonic()
         try:
             got = await _attempt(session, url, request)
@@ -177,7 +180,7 @@ async def one_user(session: aiohttp.ClientSession, url: str, request: dict[str, 
                 busy_s=(*busy_s,),
                 hints_s=(*hints,),
             )
-        if got.kind != "busy" or attempt > RETRIES:
+        if got.kind != "busy" or attempt > retries:
             break
         busy_s.append(time.monotonic() - sent)
         hints.append(got.hint_s)

@@ -177,10 +177,8 @@ def main() -> int:
                  f"tok/s at {best.users}"), flush=True)  # fmt: skip
         counts = [max(1, round(share * capacity)) for share in SHARES]
         rows = []
-        admin = servers.free_port()
-        log = logs / "sidecar.log"
-        with servers.sidecar(engine, None, log, admin_port=str(admin)) as front:
-            watch_signal = SignalWatch(f"http://127.0.0.1:{admin}")
+        with servers.sidecar_ports(engine, None, logs / "sidecar.log") as (front, admin):
+            watch_signal = SignalWatch(admin)
             for users in counts:
                 through = asyncio.run(closed_loop(front, engine, users, users, watch_signal))
                 show("sidecar", through)

@@ -135,10 +135,18 @@ def sidecar(
     upstream: str, mode: str | None, log: Path, program: str | None = None, **extra: str
 ) -> Iterator[str]:
     """`sidecar serve` in front of ``upstream`` with default settings, but for the admission
-    mode (None: the default) and ``extra`` SIDECAR_* settings (``admin_port`` among them: its
-    admin port, else any free one); yields its base URL. ``program``: another build's
-    ``sidecar`` (None: this checkout's)."""
-    port, admin = free_port(), int(extra.pop("admin_port", "0")) or free_port()
+    mode (None: the default) and ``extra`` SIDECAR_* settings; yields its base URL. ``program``:
+    another build's ``sidecar`` (None: this checkout's)."""
+    with sidecar_ports(upstream, mode, log, program, **extra) as (url, _admin):
+        yield url
+
+
+@contextlib.contextmanager
+def sidecar_ports(
+    upstream: str, mode: str | None, log: Path, program: str | None = None, **extra: str
+) -> Iterator[tuple[str, str]]:
+    """:func:`sidecar`, yielding its proxy URL and its admin URL (``/metrics``)."""
+    port, admin = free_port(), free_port()
     env = {
         **os.environ,
         "SIDECAR_UPSTREAM_URL": upstream,
@@ -159,6 +167,6 @@ def sidecar(
         )  # fmt: skip
     try:
         wait_ready(f"http://127.0.0.1:{admin}/readyz", process, 60)
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
     finally:
         stop(process)
