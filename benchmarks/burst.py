@@ -180,10 +180,13 @@ async def one_user(
                 busy_s=(*busy_s,),
                 hints_s=(*hints,),
             )
-        if got.kind != "busy" or attempt > retries:
+        if got.kind != "busy":
             break
+        # The last busy answer counts too, though the user does not come back after it.
         busy_s.append(time.monotonic() - sent)
         hints.append(got.hint_s)
+        if attempt > retries:
+            break
         await asyncio.sleep(got.hint_s)
     return User(
         attempts=attempt, busy=len(busy_s), served=False, busy_s=(*busy_s,), hints_s=(*hints,)
