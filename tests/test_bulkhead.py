@@ -554,6 +554,26 @@ async def test_pressed_says_whether_the_limit_bound_since_last_asked() -> None:
     assert not bulkhead.pressed()  # granted, and nobody waited since the last question
 
 
+async def test_turned_away_counts_the_refusals_for_room_since_last_asked() -> None:
+    """Two refused for room (no queue) while one holds the only permit: 2, then 0 until more;
+    a request that can never fit is not demand turned away."""
+    fake, gate, log = FakeTime(), asyncio.Event(), new_log()
+    bulkhead = make(fake, max_queue=0)
+    holder = asyncio.create_task(hold(bulkhead, gate, log, "holder"))
+    await settle()
+    for name in ("late", "later"):
+        with pytest.raises(AdmissionRejectedError):
+            await hold(bulkhead, gate, log, name)
+    assert bulkhead.turned_away() == 2
+    assert bulkhead.turned_away() == 0
+    with pytest.raises(AdmissionRejectedError):
+        async with bulkhead.admit(cost=5):  # more than the limit could ever give
+            pass
+    assert bulkhead.turned_away() == 0
+    gate.set()
+    await holder
+
+
 async def test_a_request_with_a_shorter_wait_is_refused_by_its_own() -> None:
     """Two releases a second: with 1 ahead the wait is about 1 s, within the bulkhead's 3 s but
     past the 0.5 s the request asked for (an SLO header): refused at once."""

@@ -130,7 +130,10 @@ def test_a_limit_nobody_presses_against_does_not_grow() -> None:
     assert law.update(LimitEvidence(ttft=healthy(), tpot=healthy(), pressed=False)) == 10
 
 
-@states("no step; the samples and whether the limit was pressed wait for the next tick")
+@states(
+    "no step; the samples, whether the limit was pressed and the most demand seen wait for the "
+    "next tick"
+)
 def test_pressure_on_a_tick_too_short_of_samples_counts_at_the_next_step() -> None:
     """Two samples on a pressed tick make no step; the third, on a tick nobody pressed, steps
     with the pressure seen before it: the limit grows."""
@@ -138,6 +141,18 @@ def test_pressure_on_a_tick_too_short_of_samples_counts_at_the_next_step() -> No
     assert law.update(LimitEvidence(ttft=healthy(2), pressed=True)) == 10
     assert law.update(LimitEvidence(ttft=healthy(1), pressed=False)) == 20
     assert law.update(LimitEvidence(ttft=healthy(3), pressed=False)) == 20  # spent by that step
+
+
+@states("(demand below is that most)")
+def test_demand_on_a_tick_too_short_of_samples_counts_at_the_next_step() -> None:
+    """A fresh pod at one in flight: seven requests want to run on a tick with one sample (then
+    are turned away), the step comes two ticks later with one in flight: slow start reaches for
+    the eight seen (x4 at most: 4), not the one left at the step's own tick."""
+    law = SloLimit(1)
+    assert law.update(LimitEvidence(ttft=healthy(1), pressed=True, demand=8)) == 1
+    assert law.update(LimitEvidence(ttft=healthy(1), pressed=True, demand=1)) == 1
+    assert law.update(LimitEvidence(ttft=healthy(1), pressed=True, demand=1)) == 4
+    assert law.update(LimitEvidence(ttft=healthy(3), pressed=True, demand=1)) == 4  # spent
 
 
 @states("if gradient < 1: slow start ends # the first cut")

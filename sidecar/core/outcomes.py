@@ -19,6 +19,9 @@ from typing import Any, Literal
 # How a permit is given back: what the limit's control law learns from.
 Outcome = Literal["completed", "cancelled", "failed"]
 RejectReason = Literal["queue_full", "shed", "timeout", "too_large", "draining", "no_capacity"]
+# Admission's refusals for want of room: all but a request that can never fit (too_large, the
+# client's) and a shutdown (draining).
+ROOM_REFUSALS: frozenset[RejectReason] = frozenset({"queue_full", "shed", "timeout", "no_capacity"})
 UpstreamFailure = Literal["upstream_unavailable", "upstream_timeout"]
 EdgeFault = Literal[
     "edge_busy",

@@ -22,7 +22,7 @@ from sidecar.core.admission.modes import AdmissionMode, CountMode
 from sidecar.core.admission.retry_hint import ReleaseRate
 from sidecar.core.errors import AdmissionRejectedError
 from sidecar.core.limits import Limits
-from sidecar.core.outcomes import RejectReason
+from sidecar.core.outcomes import ROOM_REFUSALS, RejectReason
 from sidecar.limiter.events import AdmissionEvent, BulkheadSnapshot, EventKind
 from sidecar.limiter.expiry import CallLater, Expiry
 from sidecar.limiter.permit import Permit
@@ -76,6 +76,7 @@ class Bulkhead:
         self._idle = asyncio.Event()
         self._idle.set()
         self._pressed = False
+        self._turned_away = 0  # refusals for room counted by the last turned_away()
         self._waiting = False  # a waiter is queued: the hint's clock runs
 
     # --- public ----------------------------------------------------------------------------------
@@ -205,6 +206,14 @@ class Bulkhead:
         """How long the request queued longest has waited so far; 0 while none waits."""
         oldest = next(iter(self._waiters.values()), None)  # queued in ticket order
         return 0.0 if oldest is None else max(0.0, self._clock() - oldest.started)
+
+    def turned_away(self) -> int:
+        """How many requests were refused for room (queue full or hopeless, shed, timed out, no
+        capacity) since the last call: demand the limit did not let in."""
+        rejected = self._core.snapshot().rejected
+        total = sum(rejected.get(reason, 0) for reason in ROOM_REFUSALS)
+        new, self._turned_away = total - self._turned_away, total
+        return max(0, new)
 
     def pressed(self) -> bool:
         """Whether the limit bound since the last call: a request waited, waits now, or was

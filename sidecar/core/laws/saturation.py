@@ -45,15 +45,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sidecar.core.laws.slo_limit import quantile
-from sidecar.core.outcomes import EDGE_FAULTS, REJECTIONS
+from sidecar.core.outcomes import EDGE_FAULTS, ROOM_REFUSALS
 
 # The outcomes that refuse a request for want of capacity, at every cap the sidecar has: each
-# busy answer of admission but too_large (a client error) and draining (a shutdown), and each 503
-# of the edge (its connection, partial-head, pre-admission and body-buffer caps).
-CAPACITY_REFUSALS: frozenset[str] = frozenset(
-    {code for code in REJECTIONS if code not in ("too_large", "draining")}
-    | {code for code, refusal in EDGE_FAULTS.items() if refusal.status == 503}
-)
+# busy answer of admission for want of room (all but too_large, a client error, and draining, a
+# shutdown), and each 503 of the edge (its connection, partial-head, pre-admission and
+# body-buffer caps).
+CAPACITY_REFUSALS: frozenset[str] = frozenset(ROOM_REFUSALS) | {
+    code for code, refusal in EDGE_FAULTS.items() if refusal.status == 503
+}
 
 TERMS = ("ttft", "tpot", "kv", "refusals")
 # No term reads past 2, as the refusals' cannot: past its objective, latency says a pod is

@@ -28,8 +28,8 @@ Gradient2, with the reference latency set by the objectives instead of a measure
   the engine's own compute (a slow prefill, a busy CPU), which fewer requests would not shorten;
   then only TPOT speaks, and a limit that binds grows (the engine must not idle while the
   sidecar holds requests);
-- fewer than ``min_samples`` samples: the decision waits for more (they are kept, and so is
-  whether the limit was pressed meanwhile);
+- fewer than ``min_samples`` samples: the decision waits for more (they are kept, and so are
+  whether the limit was pressed meanwhile and the most demand seen meanwhile);
 - a limit nobody pressed against for ``restart_after_s`` (no request waited or was refused,
   and at most half of it in use) was not validated by use, so it is no evidence of what the
   engine serves now (RFC 7661, TCP's congestion window validation): slow start begins again,
@@ -143,6 +143,7 @@ class SloLimit:
         self._limit = float(self._bounded(initial))
         self._pending: tuple[list[float], list[float]] = ([], [])
         self._pressed = False  # the limit bound on some update since the last step
+        self._demand = 0  # the most requests seen wanting to run on an update since then
         self.last_gradient: float | None = None  # None until a decision was made
         self.slow_start = True  # until the first cut; again after a quiet spell
         self._quiet_since: float | None = None  # nobody pressed since then
@@ -155,7 +156,7 @@ class SloLimit:
         """Start again from ``initial`` (the engine changed), forgetting pending samples."""
         self._limit = float(self._bounded(initial))
         self._pending = ([], [])
-        self._pressed = False
+        self._pressed, self._demand = False, 0
 
     def update(self, evidence: LimitEvidence) -> int:
         """One step on ``evidence``; returns the new limit."""
@@ -166,10 +167,14 @@ class SloLimit:
         # Pressure waits for a step with the samples: a tick too short of samples to step must
         # not leave the next step deaf to the limit having bound.
         pressed = self._pressed = self._pressed or evidence.pressed
+        # So does the demand: on a fresh pod at one in flight, a queue is turned away between
+        # the ticks that bring a step its samples, and a slow start that reached only for the
+        # step's own tick found one request to run (8 users held at 1 for 25 s).
+        demand = self._demand = max(self._demand, evidence.demand)
         if sum(map(len, self._pending)) < config.min_samples:
             return self.limit
         ttft, tpot = self._pending
-        self._pending, self._pressed = ([], []), False
+        self._pending, self._pressed, self._demand = ([], []), False, 0
         top = config.slow_start_gradient if self.slow_start else config.max_gradient
         gradient = min(self._ttft_gradient(ttft, evidence, top), self._tpot_gradient(tpot, top))
         gradient = min(top, max(config.min_gradient, gradient))
@@ -184,9 +189,9 @@ class SloLimit:
         if gradient > 1:
             grown = max(grown, self._limit + 1)
             if self.slow_start:
-                grown = max(grown, min(evidence.demand, self._limit * config.slow_start_reach))
-                if evidence.demand > 0:  # no further than there are requests to run
-                    grown = max(self._limit, min(grown, evidence.demand))
+                grown = max(grown, min(demand, self._limit * config.slow_start_reach))
+                if demand > 0:  # no further than there are requests to run
+                    grown = max(self._limit, min(grown, demand))
                 if evidence.fits is not None:  # slow start stops where the cache is full
                     grown = max(self._limit, min(grown, evidence.fits))
         self._limit = float(self._bounded(grown))
