@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from collections import Counter
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -124,10 +127,41 @@ def feed_busy(draw: float = 0.0) -> ReleaseRate:
 
 
 def test_a_burst_of_refusals_is_spread_one_release_apart() -> None:
-    """Ten refused at the same instant, nobody queued: 0.5, 1.0, ... 5.0 s, at 2 releases/s."""
+    """Eight refused at the same instant, nobody queued: 0.5, 1.0, ... 4.0 s, at 2 releases/s
+    (the eight places of one 4 s lap)."""
     rate = feed_busy()
-    quotes = [rate.quote(0, 2.0) for _ in range(10)]
-    assert quotes == pytest.approx([0.5 * (n + 1) for n in range(10)])
+    quotes = [rate.quote(0, 2.0) for _ in range(8)]
+    assert quotes == pytest.approx([0.5 * (n + 1) for n in range(8)])
+
+
+@pytest.mark.parametrize(
+    ("first_s", "place", "per_s", "horizon_s", "expected"),
+    [
+        pytest.param(0.5, 7, 2.0, 4.0, 4.0, id="last-place-of-the-lap"),
+        pytest.param(0.5, 8, 2.0, 4.0, 0.5, id="next-lap-starts-at-the-first"),
+        pytest.param(0.5, 19, 2.0, 4.0, 2.0, id="third-lap-fourth-place"),
+        pytest.param(1.0, 3, 0.1, 4.0, 1.0, id="a-release-longer-than-the-horizon"),
+        pytest.param(0.5, 8, 2.0, math.inf, 4.5, id="no-horizon"),
+    ],
+)
+def test_places_past_the_horizon_start_a_new_lap(
+    first_s: float, place: int, per_s: float, horizon_s: float, expected: float
+) -> None:
+    """A lap holds the places that the horizon's releases take; the next starts from the first
+    again, so the spread ends at the horizon instead of where the whole burst would be served."""
+    assert spread_s(first_s, place, per_s, 0.0, horizon_s) == pytest.approx(expected)
+
+
+def test_a_burst_past_a_lap_returns_spread_over_the_horizon() -> None:
+    """40 refused at once at 2 releases a second: 5 laps of 8 places, each place's returns
+    half a second apart; nobody is told past 4 s, and no release interval gets more than the
+    laps' share of the burst (no herd)."""
+    rate = feed_busy(draw=0.5)
+    quotes = [rate.quote(0, 2.0) for _ in range(40)]
+    assert max(quotes) == pytest.approx(4.25)
+    per_interval = Counter(math.floor(q / 0.5) for q in quotes)
+    assert sorted(per_interval) == list(range(1, 9))
+    assert set(per_interval.values()) == {5}
 
 
 def test_a_fast_engines_places_spread_above_the_floor() -> None:
@@ -151,10 +185,22 @@ def test_the_refused_count_decays_as_they_come_back() -> None:
 
 
 def test_quotes_are_capped() -> None:
-    """However many are refused, none is told to wait past MAX_RETRY_S."""
-    rate = feed_busy(draw=0.99)
+    """However many are refused, and however far the horizon, none is told to wait past
+    MAX_RETRY_S."""
+    rate = ReleaseRate(bounds=HintBounds(horizon_s=math.inf), draw=lambda: 0.99)
+    for at in (0.0, 0.5, 1.0, 1.5, 2.0):
+        rate.observe(at)
     quotes = [rate.quote(5, 2.0) for _ in range(500)]
     assert max(quotes) == MAX_RETRY_S
+
+
+def test_no_quote_is_past_the_horizon_after_the_first() -> None:
+    """500 refused behind 5 queued at 2 releases a second: the first place is 3 s away and no
+    quote is more than the 4 s horizon after it."""
+    rate = feed_busy(draw=0.99)
+    quotes = [rate.quote(5, 2.0) for _ in range(500)]
+    assert min(quotes) == pytest.approx(3.0 + 0.99 / 2)
+    assert max(quotes) <= 3.0 + 4.0
 
 
 def test_an_unknown_rate_spreads_over_what_runs() -> None:
@@ -162,7 +208,17 @@ def test_an_unknown_rate_spreads_over_what_runs() -> None:
     to end within it, a quarter second apart."""
     rate = ReleaseRate(draw=lambda: 0.0)
     assert [rate.quote(0, 0.0, running=4) for _ in range(3)] == [1.0, 1.25, 1.5]
-    assert ReleaseRate(draw=lambda: 0.0).quote(2, 0.0, running=4) == 1.5  # 2 queued ahead
+
+
+def test_an_unknown_rate_takes_the_queue_to_end_with_what_runs() -> None:
+    """No release yet, 4 running and 2 queued: all six are taken to be done within the default
+    second, so the first refused is told 1 s (not 1 s more for the queue) and the next follow a
+    sixth of a second apart: a fresh pod's limit is still growing, and a caller told late
+    leaves it unpressed."""
+    rate = ReleaseRate(draw=lambda: 0.0)
+    assert [rate.quote(2, 0.0, running=4) for _ in range(3)] == pytest.approx(
+        [1.0, 1.0 + 1 / 6, 1.0 + 2 / 6]
+    )
 
 
 def test_the_window_of_refusals_is_bounded() -> None:
@@ -204,3 +260,19 @@ def test_every_quote_is_within_the_bounds(
     rate = feed_busy(draw)
     quotes = [rate.quote(ahead, 2.0 + n * step) for n in range(refusals)]
     assert all(0.5 <= q <= MAX_RETRY_S for q in quotes)
+
+
+@given(
+    first_s=st.floats(0.0, 30.0),
+    per_s=st.floats(0.01, 1000.0),
+    place=st.integers(0, 10_000),
+    draw=st.floats(0.0, 0.999),
+    horizon_s=st.floats(0.1, 60.0),
+)
+def test_every_place_is_within_the_horizon(
+    first_s: float, per_s: float, place: int, draw: float, horizon_s: float
+) -> None:
+    """Whatever the burst: no place is quoted more than the horizon (or one release, where that
+    is longer) after the first."""
+    quote = spread_s(first_s, place, per_s, draw, horizon_s)
+    assert first_s <= quote <= first_s + max(horizon_s, 1 / per_s) + 1e-9
