@@ -127,11 +127,11 @@ def feed_busy(draw: float = 0.0) -> ReleaseRate:
 
 
 def test_a_burst_of_refusals_is_spread_one_release_apart() -> None:
-    """Eight refused at the same instant, nobody queued: 0.5, 1.0, ... 4.0 s, at 2 releases/s
-    (the eight places of one 4 s lap)."""
+    """Ten refused at the same instant, nobody queued: 0.5, 1.0, ... 5.0 s, at 2 releases/s
+    measured; a measured rate spreads them past the horizon that bounds a guessed one."""
     rate = feed_busy()
-    quotes = [rate.quote(0, 2.0) for _ in range(8)]
-    assert quotes == pytest.approx([0.5 * (n + 1) for n in range(8)])
+    quotes = [rate.quote(0, 2.0) for _ in range(10)]
+    assert quotes == pytest.approx([0.5 * (n + 1) for n in range(10)])
 
 
 @pytest.mark.parametrize(
@@ -152,16 +152,16 @@ def test_places_past_the_horizon_start_a_new_lap(
     assert spread_s(first_s, place, per_s, 0.0, horizon_s) == pytest.approx(expected)
 
 
-def test_a_burst_past_a_lap_returns_spread_over_the_horizon() -> None:
-    """40 refused at once at 2 releases a second: 5 laps of 8 places, each place's returns
-    half a second apart; nobody is told past 4 s, and no release interval gets more than the
-    laps' share of the burst (no herd)."""
-    rate = feed_busy(draw=0.5)
-    quotes = [rate.quote(0, 2.0) for _ in range(40)]
-    assert max(quotes) == pytest.approx(4.25)
-    per_interval = Counter(math.floor(q / 0.5) for q in quotes)
-    assert sorted(per_interval) == list(range(1, 9))
-    assert set(per_interval.values()) == {5}
+def test_a_fresh_burst_past_a_lap_returns_spread_over_the_horizon() -> None:
+    """48 refused at once on a fresh pod, 4 running: the guess (4 a second) makes laps of 16
+    places a quarter second apart; nobody is told past 1 s + 4 s, and each release interval gets
+    the laps' share of the burst, 3 (no herd)."""
+    rate = ReleaseRate(draw=lambda: 0.5)
+    quotes = [rate.quote(0, 0.0, running=4) for _ in range(48)]
+    assert max(quotes) == pytest.approx(1.0 + 15.5 / 4)
+    per_interval = Counter(math.floor(q * 4) for q in quotes)
+    assert sorted(per_interval) == list(range(4, 20))
+    assert set(per_interval.values()) == {3}
 
 
 def test_a_fast_engines_places_spread_above_the_floor() -> None:
@@ -185,22 +185,19 @@ def test_the_refused_count_decays_as_they_come_back() -> None:
 
 
 def test_quotes_are_capped() -> None:
-    """However many are refused, and however far the horizon, none is told to wait past
-    MAX_RETRY_S."""
-    rate = ReleaseRate(bounds=HintBounds(horizon_s=math.inf), draw=lambda: 0.99)
-    for at in (0.0, 0.5, 1.0, 1.5, 2.0):
-        rate.observe(at)
+    """However many are refused, none is told to wait past MAX_RETRY_S."""
+    rate = feed_busy(draw=0.99)
     quotes = [rate.quote(5, 2.0) for _ in range(500)]
     assert max(quotes) == MAX_RETRY_S
 
 
-def test_no_quote_is_past_the_horizon_after_the_first() -> None:
-    """500 refused behind 5 queued at 2 releases a second: the first place is 3 s away and no
-    quote is more than the 4 s horizon after it."""
-    rate = feed_busy(draw=0.99)
-    quotes = [rate.quote(5, 2.0) for _ in range(500)]
-    assert min(quotes) == pytest.approx(3.0 + 0.99 / 2)
-    assert max(quotes) <= 3.0 + 4.0
+def test_a_guessed_rate_quotes_nobody_past_the_horizon() -> None:
+    """500 refused on a fresh pod, 10 running and 5 queued: the first is told 1 s and no quote
+    is more than the 4 s horizon after it (the guess alone would reach 1 + 500 / 15 = 34 s)."""
+    rate = ReleaseRate(draw=lambda: 0.99)
+    quotes = [rate.quote(5, 0.0, running=10) for _ in range(500)]
+    assert min(quotes) == pytest.approx(1.0 + 0.99 / 15)
+    assert max(quotes) <= 1.0 + 4.0
 
 
 def test_an_unknown_rate_spreads_over_what_runs() -> None:
