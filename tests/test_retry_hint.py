@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from collections import Counter
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -124,10 +127,41 @@ def feed_busy(draw: float = 0.0) -> ReleaseRate:
 
 
 def test_a_burst_of_refusals_is_spread_one_release_apart() -> None:
-    """Ten refused at the same instant, nobody queued: 0.5, 1.0, ... 5.0 s, at 2 releases/s."""
+    """Ten refused at the same instant, nobody queued: 0.5, 1.0, ... 5.0 s, at 2 releases/s
+    measured; a measured rate spreads them past the horizon that bounds a guessed one."""
     rate = feed_busy()
     quotes = [rate.quote(0, 2.0) for _ in range(10)]
     assert quotes == pytest.approx([0.5 * (n + 1) for n in range(10)])
+
+
+@pytest.mark.parametrize(
+    ("first_s", "place", "per_s", "horizon_s", "expected"),
+    [
+        pytest.param(0.5, 7, 2.0, 4.0, 4.0, id="last-place-of-the-lap"),
+        pytest.param(0.5, 8, 2.0, 4.0, 0.5, id="next-lap-starts-at-the-first"),
+        pytest.param(0.5, 19, 2.0, 4.0, 2.0, id="third-lap-fourth-place"),
+        pytest.param(1.0, 3, 0.1, 4.0, 1.0, id="a-release-longer-than-the-horizon"),
+        pytest.param(0.5, 8, 2.0, math.inf, 4.5, id="no-horizon"),
+    ],
+)
+def test_places_past_the_horizon_start_a_new_lap(
+    first_s: float, place: int, per_s: float, horizon_s: float, expected: float
+) -> None:
+    """A lap holds the places that the horizon's releases take; the next starts from the first
+    again, so the spread ends at the horizon instead of where the whole burst would be served."""
+    assert spread_s(first_s, place, per_s, 0.0, horizon_s) == pytest.approx(expected)
+
+
+def test_a_fresh_burst_past_a_lap_returns_spread_over_the_horizon() -> None:
+    """48 refused at once on a fresh pod, 4 running: the guess (4 a second) makes laps of 16
+    places a quarter second apart; nobody is told past 1 s + 4 s, and each release interval gets
+    the laps' share of the burst, 3 (no herd)."""
+    rate = ReleaseRate(draw=lambda: 0.5)
+    quotes = [rate.quote(0, 0.0, running=4) for _ in range(48)]
+    assert max(quotes) == pytest.approx(1.0 + 15.5 / 4)
+    per_interval = Counter(math.floor(q * 4) for q in quotes)
+    assert sorted(per_interval) == list(range(4, 20))
+    assert set(per_interval.values()) == {3}
 
 
 def test_a_fast_engines_places_spread_above_the_floor() -> None:
@@ -157,12 +191,31 @@ def test_quotes_are_capped() -> None:
     assert max(quotes) == MAX_RETRY_S
 
 
+def test_a_guessed_rate_quotes_nobody_past_the_horizon() -> None:
+    """500 refused on a fresh pod, 10 running and 5 queued: the first is told 1 s and no quote
+    is more than the 4 s horizon after it (the guess alone would reach 1 + 500 / 15 = 34 s)."""
+    rate = ReleaseRate(draw=lambda: 0.99)
+    quotes = [rate.quote(5, 0.0, running=10) for _ in range(500)]
+    assert min(quotes) == pytest.approx(1.0 + 0.99 / 15)
+    assert max(quotes) <= 1.0 + 4.0
+
+
 def test_an_unknown_rate_spreads_over_what_runs() -> None:
     """No release yet: the first is told the one-second default, and the 4 running are taken
     to end within it, a quarter second apart."""
     rate = ReleaseRate(draw=lambda: 0.0)
     assert [rate.quote(0, 0.0, running=4) for _ in range(3)] == [1.0, 1.25, 1.5]
-    assert ReleaseRate(draw=lambda: 0.0).quote(2, 0.0, running=4) == 1.5  # 2 queued ahead
+
+
+def test_an_unknown_rate_takes_the_queue_to_end_with_what_runs() -> None:
+    """No release yet, 4 running and 2 queued: all six are taken to be done within the default
+    second, so the first refused is told 1 s (not 1 s more for the queue) and the next follow a
+    sixth of a second apart: a fresh pod's limit is still growing, and a caller told late
+    leaves it unpressed."""
+    rate = ReleaseRate(draw=lambda: 0.0)
+    assert [rate.quote(2, 0.0, running=4) for _ in range(3)] == pytest.approx(
+        [1.0, 1.0 + 1 / 6, 1.0 + 2 / 6]
+    )
 
 
 def test_the_window_of_refusals_is_bounded() -> None:
@@ -204,3 +257,19 @@ def test_every_quote_is_within_the_bounds(
     rate = feed_busy(draw)
     quotes = [rate.quote(ahead, 2.0 + n * step) for n in range(refusals)]
     assert all(0.5 <= q <= MAX_RETRY_S for q in quotes)
+
+
+@given(
+    first_s=st.floats(0.0, 30.0),
+    per_s=st.floats(0.01, 1000.0),
+    place=st.integers(0, 10_000),
+    draw=st.floats(0.0, 0.999),
+    horizon_s=st.floats(0.1, 60.0),
+)
+def test_every_place_is_within_the_horizon(
+    first_s: float, per_s: float, place: int, draw: float, horizon_s: float
+) -> None:
+    """Whatever the burst: no place is quoted more than the horizon (or one release, where that
+    is longer) after the first."""
+    quote = spread_s(first_s, place, per_s, draw, horizon_s)
+    assert first_s <= quote <= first_s + max(horizon_s, 1 / per_s) + 1e-9

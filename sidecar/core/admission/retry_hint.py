@@ -16,12 +16,18 @@ Refused callers are not in the queue, so the queue alone would quote every calle
 same wait, and they would all come back together and be refused again. Each refusal is quoted
 after those refused before it that are still due back (:class:`Returns`), one release each, with
 jitter of up to one release more: the n-th caller of a burst comes back when capacity for it
-frees, and no two places overlap.
+frees, and no two places of a lap overlap. Until a rate is measured, the places are priced at a
+guess (what is held ends within ``unknown_s``), and a lap is ``horizon_s`` of it: the places past
+it start again from the first, so a burst larger than a lap comes back spread over the horizon,
+a lap's worth per release, rather than over the time the guess would take to serve it all. On a
+fresh pod the limit is still growing, and a caller told to come back late leaves it unpressed
+and the engine unfed; once callers wait, the measured rate takes over.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections import deque
 from collections.abc import Callable
@@ -32,6 +38,14 @@ MIN_RETRY_S = 0.5
 # 0 < delay <= its limit (_base_client.py: 60 s in openai 1.54.0, MAX_RETRY_AFTER_DELAY = 120 s in
 # 3.60.0), beyond which it falls back to its own backoff (1.x) or gives up (3.x): 60 s fits both.
 MAX_RETRY_S = 60.0
+# The longest a burst's places are spread over while the release rate is only guessed, before
+# they start again from the first. Spread over the whole time the guess would take to serve them,
+# the demo's 145 callers refused at once on a fresh pod (7 running, no release seen yet) were told
+# 2.3-22.7 s, most of them past a 10 s run, and the engine ran 56 where it holds 71: the limit
+# grows only while callers press on it. A measured rate is not bounded: on an engine slow to drain
+# (the GPU-shaped burst), a horizon on it brought callers back early, to be refused until their
+# retries ran out.
+SPREAD_HORIZON_S = 4.0
 
 
 def clamped_retry_s(retry_after_s: float) -> float:
@@ -41,19 +55,29 @@ def clamped_retry_s(retry_after_s: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class HintBounds:
-    """Clamp of every hint; ``unknown_s`` is answered while there are too few releases to tell."""
+    """Clamp of every hint; ``unknown_s`` is answered while there are too few releases to tell;
+    ``horizon_s`` is the longest a burst's places are spread over while the rate is guessed
+    (:func:`spread_s`)."""
 
     low_s: float = MIN_RETRY_S
     high_s: float = MAX_RETRY_S
     unknown_s: float = 1.0
+    horizon_s: float = SPREAD_HORIZON_S
 
 
-def spread_s(first_s: float, place: int, per_s: float, draw: float) -> float:
+def spread_s(
+    first_s: float, place: int, per_s: float, draw: float, horizon_s: float = math.inf
+) -> float:
     """The wait quoted to a refused caller: ``first_s`` (until capacity for the first refused
     caller frees), one release interval (1 / ``per_s``) for each of the ``place`` refused callers
-    due back before it, and ``draw`` (0 <= draw < 1) of one more as jitter. Places never overlap:
-    every quote of a later place is at least as long, whatever the draws."""
-    return first_s + (place + draw) / per_s
+    due back before it, and ``draw`` (0 <= draw < 1) of one more as jitter. Within a lap places
+    never overlap: every quote of a later place is at least as long, whatever the draws.
+
+    A lap is the places that ``horizon_s`` of releases take; a place past it starts the next
+    lap, from ``first_s`` again, so no quote is more than ``horizon_s`` (or one release, where
+    that is longer) after the first."""
+    lap = max(1, math.floor(per_s * horizon_s)) if math.isfinite(horizon_s) else place + 1
+    return first_s + (place % lap + draw) / per_s
 
 
 class Returns:
@@ -189,18 +213,22 @@ class ReleaseRate:
         ``tokens`` to drain, then the refused callers still due back before it, a release each),
         jittered by up to one release, within the bounds.
 
-        While the rate is unknown, the ``running`` requests are taken to end within
-        ``unknown_s``: the first refused caller waits that, after the queue ahead.
+        While the rate is unknown, the ``running`` requests and the ``queue_ahead`` are taken to
+        end within ``unknown_s``: the first refused caller waits that, and that guess spreads the
+        places over ``horizon_s`` at most.
         """
         bounds = self._bounds
         per_s = self.rate_per_s(now)
         first = self.wait_s(queue_ahead, now, tokens=tokens)
+        horizon_s = math.inf  # a measured rate spreads the places as far as it says
         if first is None or not per_s:
-            per_s = max(running, 1) / bounds.unknown_s
-            first = bounds.unknown_s + queue_ahead / per_s
+            per_s = max(running + max(queue_ahead, 0), 1) / bounds.unknown_s
+            first = bounds.unknown_s
+            horizon_s = bounds.horizon_s
         # The floor holds the first place only: the later ones spread out above it (floored
         # whole, a fast engine's first places would all be told the floor, together).
         first = max(first, bounds.low_s)
-        wait = min(spread_s(first, self._returns.ahead(now), per_s, self._draw()), bounds.high_s)
+        place = self._returns.ahead(now)
+        wait = min(spread_s(first, place, per_s, self._draw(), horizon_s), bounds.high_s)
         self._returns.told(now + wait)
         return wait
