@@ -7,7 +7,8 @@ serves a handful of users at the H100's speed, each with a real `sidecar serve` 
 in front or alone; nginx balances over the ready pods (reloaded as they come and go);
 the autoscaler is the HPA algorithm (hpa.py) on KEDA's trigger, bounds and behavior read from
 deploy/k8s at run time (manifests.py). Every interval (scrape, sync, pollingInterval, windows,
-policy periods, the pod start delay) is in cluster seconds, run FLEET_TIME_SCALE times faster.
+policy periods, the pod start delay, the sidecars' signal windows) is in cluster seconds, run
+FLEET_TIME_SCALE times faster.
 
 Configurations (FLEET_CONFIGS): a: sidecar + the ScaledObject's own trigger (sidecar_utilisation,
 its threshold); b: engine alone + vllm:num_requests_waiting AverageValue 5; c: engine alone +
