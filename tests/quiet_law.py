@@ -18,6 +18,9 @@ class QuietLaw:
     def grows_fast(self, in_force: int) -> bool:
         return False
 
+    def asked(self, tokens: int) -> None:
+        return None
+
     def track(self, timing: StreamTiming, claims: Claims) -> None:
         return None
 

@@ -476,7 +476,7 @@ def test_the_bulkheads_limit_is_the_starts_under_the_cap_in_flight() -> None:
     assert SloMode(Fixed(law)).step(PLAN, slots=8).limit == 8
 
 
-@states("where it reports none, or cannot preempt: max(1, worst-case permits)")
+@states("the engine cannot preempt: max(1, worst-case permits)")
 def test_an_engine_that_cannot_preempt_starts_at_the_worst_case_permits() -> None:
     """Typical requests of 400 tokens would start at 250; without preemption, at the 10 permits."""
     assert start_limit(PLAN, 400, worst_case_only=False) == 250

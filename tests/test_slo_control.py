@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
+from sidecar.core.laws.slo_limit import LimitEvidence
 from sidecar.core.plan.capacity import Budget, Source, Term, engine_cost, make_plan
 from sidecar.core.request.claims import NO_CLAIMS, Claims
 from sidecar.core.request.objectives import Objectives
@@ -96,6 +97,33 @@ def test_a_warm_engine_primes_the_start_from_its_histograms() -> None:
     slo = control(FakeClock())
     slo.observe(reading(typical=(40.0, 360.0)))
     assert slo.step(PLAN).in_flight == 250
+
+
+def test_a_cold_start_is_lifted_once_a_request_says_what_it_holds() -> None:
+    """Started at the worst case (10) before any request came; the first asks for 400 tokens at
+    its worst: the next plan lifts both limits to 100,000 / 400 = 250, once; a later, larger
+    request lowers nothing."""
+    slo = control(FakeClock())
+    slo.observe(reading())
+    assert slo.step(PLAN).in_flight == 10
+    slo.asked(400)
+    assert (slo.step(PLAN).in_flight, slo.step(PLAN).limit) == (250, 250)
+    slo.asked(10_000)
+    assert slo.step(PLAN).in_flight == 250
+
+
+def test_a_cut_limit_is_not_lifted_by_what_a_request_asks() -> None:
+    """Cut below its start before any request said its size (slow start over): the lift is for
+    a start made blind, not for a limit the streams cut."""
+    clock = FakeClock()
+    slo = control(clock)
+    slo.observe(reading())
+    assert slo.step(PLAN).in_flight == 10
+    assert slo.law is not None
+    slo.law.update(LimitEvidence(ttft=(), tpot=(2.0,) * 3, pressed=True))  # past it: cut
+    assert slo.law.limit == 5
+    slo.asked(400)
+    assert slo.step(PLAN).in_flight == 5
 
 
 def test_fast_first_tokens_grow_the_limit_while_streams_still_run() -> None:

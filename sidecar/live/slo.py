@@ -98,6 +98,8 @@ class SloControl:
         # Streams being relayed, with their objectives, and whether their TTFT was sampled.
         self._open: dict[StreamTiming, _Tracked] = {}
         self._typical: float | None = None  # tokens of a typical request, per the engine
+        self._asked: int | None = None  # the largest worst case a request asked for so far
+        self._started_knowing = False  # the law started from a typical request, not the worst
         self._start_now: int | None = None  # where a fresh pod would start, at the last plan
         # The last cut: streams sent before it were admitted under the old limit, and what
         # they show is already answered, so only streams sent since count (one cut per round).
@@ -159,6 +161,12 @@ class SloControl:
             expected_ttft_s=self.expected_ttft_s,
             ttl_s=claims.ttl_s,
         )
+
+    def asked(self, tokens: int) -> None:
+        """A request asked for ``tokens`` at its worst (prompt and completion, every sequence):
+        until the engine says what a typical request holds, the largest asked stands for it, so
+        a fresh pod whose engine fits its longest context once does not start at one."""
+        self._asked = max(self._asked or 0, tokens)
 
     def track(self, timing: StreamTiming, claims: Claims) -> None:
         """A stream is about to be relayed: its first token is sampled on the tick it comes."""
@@ -302,10 +310,17 @@ class SloControl:
         before the engine was seen). Returns the requests in flight it allows and, of them, how
         many may be starting at once (``SloLaw.limits``)."""
         worst_case_only = self.unsupported is not None
-        start = start_limit(plan, self._typical, worst_case_only=worst_case_only)
+        typical = self._typical if self._typical is not None else self._asked
+        start = start_limit(plan, typical, worst_case_only=worst_case_only)
         if self.limits.needs_start(engine_seen=self.verdict.engine_seen):
             self.limits.start(start, blind=not self.verdict.engine_seen)
-            log.info("slo_limit_start", limit=self.limits.held(), typical_tokens=self._typical)
+            self._started_knowing = typical is not None
+            log.info("slo_limit_start", limit=self.limits.held(), typical_tokens=typical)
+        elif not self._started_knowing and typical is not None:
+            # Started at the worst case, before any request said what one holds: lifted once.
+            self._started_knowing = True
+            self.limits.reach_start(start)
+            log.info("slo_limit_start", limit=self.limits.held(), typical_tokens=typical)
         self._start_now = start
         return self.limits.limits(permits=plan.permits, worst_case_only=worst_case_only)
 

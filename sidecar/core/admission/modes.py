@@ -141,6 +141,8 @@ class SteeredLimit(Protocol):
 
     def grows_fast(self, in_force: int) -> bool: ...
 
+    def asked(self, tokens: int) -> None: ...
+
     def track(self, timing: StreamTiming, claims: Claims) -> None: ...
 
     def ended(self, timing: StreamTiming, completed: bool) -> None: ...
@@ -220,6 +222,8 @@ class SloMode(_Permits):
     def price(self, request: CheckedRequest, compartment: str) -> Price:
         # A request that does not stream shows no first token: it is held by the cap on
         # requests in flight alone. A stream of n sequences starts as one: its prefill is one.
+        # What it asks for at its worst tells a fresh law what a request holds.
+        self.law.asked(request.total_tokens)
         return (1 if request.stream else 0), None
 
     def step(self, plan: Plan, slots: int | None = None) -> Limits:

@@ -11,7 +11,10 @@ only gathers the samples and logs each step.
   room for within ``ENGINE_QUEUE_S``. It caps ``in_flight`` where it binds, never cuts the law,
   and where it binds the law does not grow.
 - both start from what the engine can run (``start_limit``); a start from a plan made before the
-  engine was seen is redone at the engine's first plan unless the law already stepped.
+  engine was seen is redone at the engine's first plan unless the law already stepped; a start
+  made at the worst case, before any request said what a typical one holds, is lifted once to
+  where a fresh pod starts with one (each limit still in slow start, the starts within the
+  requests in flight).
 - an engine that cannot preempt never gets more in flight than the plan's worst-case permits.
 """
 
@@ -128,6 +131,16 @@ class SloLaw:
             self.in_flight.restart(limit)
             self.starts.restart(limit)
         self._blind = blind
+
+    def reach_start(self, start: int) -> None:
+        """Each limit still in slow start is at least ``start``, where a fresh pod starts at the
+        present plan and typical request (a start the worst case made is lifted)."""
+        law, starts = self.in_flight, self.starts
+        if law is None or starts is None:
+            return
+        law.reach_start(start)
+        starts.reach_start(start)
+        starts.hold_within(law.limit)
 
     def step(self, tick: Tick) -> Step | None:
         """One step of both limits on ``tick``; None before the first plan started them."""

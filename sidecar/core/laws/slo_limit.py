@@ -234,6 +234,12 @@ class SloLimit:
         if evidence.start is not None:
             self._limit = float(self._bounded(max(self._limit, evidence.start)))
 
+    def reach_start(self, start: int) -> None:
+        """In slow start, at least ``start`` (where a fresh pod starts now): a start made before
+        anything said what a typical request holds is lifted once something does."""
+        if self.slow_start:
+            self._limit = float(self._bounded(max(self._limit, start)))
+
     def hold_within(self, most: int) -> None:
         """No more than ``most`` (another limit this one lives inside: the starts within the
         requests in flight), never below the floor."""
