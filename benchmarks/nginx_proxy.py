@@ -14,7 +14,9 @@ from pathlib import Path
 
 INSTALL_HINT = "nginx not found; install the reference proxy with: apt-get install -y nginx-light"
 
-CONFIG = """\
+# One worker in the foreground, its pid file, logs and temp paths in ``tmp``; the ``http`` block
+# left open for the caller's upstream and server.
+PREAMBLE = """\
 worker_processes 1;
 {master}daemon off;
 pid {tmp}/nginx.pid;
@@ -27,7 +29,10 @@ http {{
     fastcgi_temp_path {tmp}/fastcgi;
     uwsgi_temp_path {tmp}/uwsgi;
     scgi_temp_path {tmp}/scgi;
-    upstream engine {{
+"""
+
+CONFIG = """\
+{preamble}    upstream engine {{
         server 127.0.0.1:{engine_port};
         keepalive 1024;
     }}
@@ -71,7 +76,8 @@ def start_nginx(
     tmp.chmod(0o755)  # as root, the worker runs as nobody and must reach the temp paths
     config = tmp / "nginx.conf"
     master = "master_process off;\n" if single_process else ""
-    config.write_text(CONFIG.format(tmp=tmp, port=port, engine_port=engine_port, master=master))
+    preamble = PREAMBLE.format(tmp=tmp, master=master)
+    config.write_text(CONFIG.format(preamble=preamble, port=port, engine_port=engine_port))
     return subprocess.Popen(
         [*wrapper, binary, "-p", str(tmp), "-c", str(config)],
         stdout=subprocess.DEVNULL,

@@ -16,23 +16,11 @@ import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
-from benchmarks.nginx_proxy import INSTALL_HINT, nginx_binary
+from benchmarks.nginx_proxy import INSTALL_HINT, PREAMBLE, nginx_binary
 from benchmarks.overload.servers import stop, wait_ready
 
 CONFIG = """\
-worker_processes 1;
-daemon off;
-pid {tmp}/nginx.pid;
-error_log {tmp}/error.log warn;
-events {{ worker_connections 8192; }}
-http {{
-    access_log off;
-    client_body_temp_path {tmp}/client_body;
-    proxy_temp_path {tmp}/proxy;
-    fastcgi_temp_path {tmp}/fastcgi;
-    uwsgi_temp_path {tmp}/uwsgi;
-    scgi_temp_path {tmp}/scgi;
-    upstream pods {{
+{preamble}    upstream pods {{
         {method}
 {servers}
         keepalive 256;
@@ -75,7 +63,7 @@ class Balancer:
         servers = "\n".join(f"        server {host} max_fails=0;" for host in hosts)
         self._generation += 1
         text = CONFIG.format(
-            tmp=self.tmp,
+            preamble=PREAMBLE.format(tmp=self.tmp, master=""),
             port=self.port,
             method=METHODS[self.method],
             servers=servers,
