@@ -107,7 +107,9 @@ class AdmissionMode(Protocol):
 
 class _Unsteered:
     """What a mode whose law hears nothing of the streams answers (count and tokens; adaptive
-    learns lengths, slo hears the streams)."""
+    learns lengths, slo hears the streams), and, unless it says otherwise, a mode with no
+    ceiling, nothing to drain before a caller fits, no limit held between plans and no cost left
+    once a stream started."""
 
     def max_wait_s(self, claims: Claims) -> float | None:
         return claims.max_wait_s
@@ -126,6 +128,18 @@ class _Unsteered:
 
     def document(self, snapshot: AdmissionSnapshot) -> dict[str, Any]:
         return {}
+
+    def ceiling(self) -> int | None:
+        return None
+
+    def must_drain(self, admission: Admission, compartment: str) -> int | None:
+        return None
+
+    def held_limit(self) -> int | None:
+        return None
+
+    def started_cost(self) -> int | None:
+        return None
 
 
 class SteeredLimit(Protocol):
@@ -177,18 +191,6 @@ class _Permits(_Unsteered):
 
     def full_request(self, tokens: int, cost: KvCost) -> int:
         return 1
-
-    def ceiling(self) -> int | None:
-        return None
-
-    def must_drain(self, admission: Admission, compartment: str) -> int | None:
-        return None
-
-    def held_limit(self) -> int | None:
-        return None
-
-    def started_cost(self) -> int | None:
-        return None
 
 
 def _capped(limit: int, *caps: int | None) -> int:
@@ -269,18 +271,6 @@ class TokenMode(_Unsteered):
     def step(self, plan: Plan, slots: int | None = None) -> Limits:
         return Limits(limit=plan.admissible_bytes)
 
-    def ceiling(self) -> int | None:
-        return None
-
-    def must_drain(self, admission: Admission, compartment: str) -> int | None:
-        return None
-
-    def held_limit(self) -> int | None:
-        return None
-
-    def started_cost(self) -> int | None:
-        return None
-
 
 class AdaptiveMode(_Unsteered):
     """What a stream holds plus its learned growth, in tokens, against the over-committed pool."""
@@ -313,12 +303,6 @@ class AdaptiveMode(_Unsteered):
         # Tokens that must drain before this caller fits: those ahead, beyond the limit.
         ahead = admission.queued_cost_ahead(compartment) + admission.in_use_cost
         return max(1, ahead - admission.limit + 1)
-
-    def held_limit(self) -> int | None:
-        return None
-
-    def started_cost(self) -> int | None:
-        return None
 
     def learn(self, usage: StreamUsage) -> None:
         self.law.learn(usage)
