@@ -15,7 +15,7 @@ from dataclasses import fields, replace
 import structlog
 
 from sidecar.core.admission.compartments import DEFAULT, Compartments
-from sidecar.core.admission.decisions import Granted, Outcome, Queued, Rejected
+from sidecar.core.admission.decisions import Granted, Hopeless, Outcome, Queued, Rejected
 from sidecar.core.admission.ledger import Ledger, StreamUsage
 from sidecar.core.admission.machine import Admission
 from sidecar.core.admission.modes import AdmissionMode, CountMode
@@ -177,24 +177,18 @@ class Bulkhead:
             self._rejected(permit, decision)
             return None
         self._pressed = True  # it waits: the limit binds
-        if not self._shadow and self._hopeless(decision, self._wait_for(permit)):
-            # Just queued, so still queued: the withdrawal removes it (and may let others in).
-            self._wake(self._core.withdraw(decision.ticket, "queue_full").granted)
-            refusal = Rejected(
-                reason="queue_full",
-                compartment=decision.compartment,
-                cost=decision.cost,
-                queued=self._core.queued,
-            )
-            self._rejected(permit, refusal)  # raises: not in shadow mode
+        hopeless = None if self._shadow else self._hopeless(decision, self._wait_for(permit))
+        if hopeless is not None:
+            self._wake(hopeless.granted)
+            self._rejected(permit, hopeless.refusal)  # raises: not in shadow mode
         return self._enqueue(permit, decision)
 
-    def _hopeless(self, queued: Queued, max_wait_s: float) -> bool:
-        """Whether the queued request would wait past ``max_wait_s``, at the recent rate of
-        releases (one release lets about one waiter in, whatever the unit of cost): then it is
-        refused now (``queue_full``) rather than queued to time out."""
+    def _hopeless(self, queued: Queued, max_wait_s: float) -> Hopeless | None:
+        """The core's answer for the queued request, its wait estimated at the recent rate of
+        releases (one release lets about one waiter in, whatever the unit of cost): refused now
+        where it would wait past ``max_wait_s`` (``queue_full``), rather than queued to time out."""
         wait = self._hint.wait_s(queued.ahead, self._clock())
-        return wait is not None and wait > max_wait_s
+        return self._core.refuse_hopeless(queued, wait, max_wait_s)
 
     def _wait_for(self, permit: Permit) -> float:
         """The longest ``permit`` may wait: the bulkhead's, or less where the request asked."""
@@ -359,14 +353,13 @@ class Bulkhead:
         now (slo: nothing of the limit on starts; it still counts in flight), and the room lets
         waiters in (each a grant the Retry-After hint counts). Modes that price a stream the
         same throughout do nothing here."""
-        ticket, started = permit.ticket, self._mode.started_cost()
-        if started is None or ticket is None or permit.cost <= started:
-            return
-        if not self._core.is_granted(ticket):
-            return  # shadow: it runs without a grant
-        grants = self._core.settle(ticket, started)
-        permit.cost = started
-        self._wake(grants)
+        ticket = permit.ticket
+        if ticket is None:
+            return  # a shadow refusal: it holds nothing
+        started = self._core.start(ticket, self._mode.started_cost())
+        if started is not None:
+            permit.cost = started.cost
+            self._wake(started.granted)
 
     def give_back(self, permit: Permit, outcome: Outcome) -> None:
         """Take back what ``permit`` holds; called once per held permit, by its ``release``."""
