@@ -295,11 +295,17 @@ def render(results: dict[str, dict[str, list[dict[str, float]]]]) -> str:
             worst = min(r["within_slo"] for r in reps)
             ratio = med["within_slo"] / alone if alone else float("nan")
             cells = (
-                case, f"{med['first_try']:.0f}", f"{med['never_served']:.0f}", f"{med['busy']:.0f}",
-                f"{med['returns_admitted']:.0%}", f"{med['ttft_p50']:.2f} / {med['ttft_p90']:.2f}",
-                f"{med['within_slo']:.0f} ({worst:.0f})", f"{ratio:.2f}x",
-                f"{med['busy_p50']:.3f}", f"{med['hint_min']:.1f}-{med['hint_max']:.1f}",
-            )  # fmt: skip
+                case,
+                f"{med['first_try']:.0f}",
+                f"{med['never_served']:.0f}",
+                f"{med['busy']:.0f}",
+                f"{med['returns_admitted']:.0%}",
+                f"{med['ttft_p50']:.2f} / {med['ttft_p90']:.2f}",
+                f"{med['within_slo']:.0f} ({worst:.0f})",
+                f"{ratio:.2f}x",
+                f"{med['busy_p50']:.3f}",
+                f"{med['hint_min']:.1f}-{med['hint_max']:.1f}",
+            )
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

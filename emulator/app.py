@@ -113,6 +113,10 @@ async def _tokenize(request: web.Request) -> web.Response:
     else:
         return error_response(400, "send a prompt string or a messages list", "prompt")
     return web.json_response(
-        {"count": len(ids), "max_model_len": config.max_model_len, "tokens": ids,
-         "token_strs": None}
-    )  # fmt: skip
+        {
+            "count": len(ids),
+            "max_model_len": config.max_model_len,
+            "tokens": ids,
+            "token_strs": None,
+        }
+    )

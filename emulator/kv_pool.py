@@ -109,10 +109,16 @@ class KVPool:
         self._killed: set[str] = set()
         self._free = num_blocks
         self._counts = dict.fromkeys(
-            ("preemptions", "prompt", "generation", "recomputed", "finished_prompt",
-             "finished_generation"),
+            (
+                "preemptions",
+                "prompt",
+                "generation",
+                "recomputed",
+                "finished_prompt",
+                "finished_generation",
+            ),
             0,
-        )  # fmt: skip
+        )
         self._finished = dict.fromkeys(FINISHED_REASONS, 0)
 
     def blocks_for(self, tokens: int) -> int:

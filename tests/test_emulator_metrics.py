@@ -78,8 +78,15 @@ def test_cache_config_info_carries_vllms_kv_figures(
     (theirs,) = vllm["vllm:cache_config_info"][1]
     assert set(ours.labels) <= set(theirs.labels)
     # The tiny fixture model (1024 bytes/token) with the same pool reads exactly like vLLM.
-    for label in ("block_size", "num_gpu_blocks", "kv_cache_size_tokens", "kv_cache_memory_bytes",
-                  "kv_cache_max_concurrency", "engine", "cache_dtype"):  # fmt: skip
+    for label in (
+        "block_size",
+        "num_gpu_blocks",
+        "kv_cache_size_tokens",
+        "kv_cache_memory_bytes",
+        "kv_cache_max_concurrency",
+        "engine",
+        "cache_dtype",
+    ):
         assert ours.labels[label] == theirs.labels[label], label
     assert ours.value == 1.0
 
@@ -91,8 +98,12 @@ def test_gauges_follow_the_pool() -> None:
     pool.submit("a", 20, 5)
     pool.submit("b", 1, 5)
     pool.step()  # a's prompt, 2 blocks, and its first token; b waits (max_num_seqs=1)
-    values = {s.name: s.value for _, samples in scrape(config, pool).values() for s in samples
-              if "finished_reason" not in s.labels}  # fmt: skip
+    values = {
+        s.name: s.value
+        for _, samples in scrape(config, pool).values()
+        for s in samples
+        if "finished_reason" not in s.labels
+    }
     assert values["vllm:num_requests_running"] == 1
     assert values["vllm:num_requests_waiting"] == 1
     assert values["vllm:kv_cache_usage_perc"] == 0.5

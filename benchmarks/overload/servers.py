@@ -116,8 +116,7 @@ def vllm(flags: tuple[str, ...], log: Path) -> Iterator[str]:
 def emulator(flags: tuple[str, ...], log: Path) -> Iterator[str]:
     """``python -m emulator`` with ``flags`` (this venv's); yields its base URL."""
     port = free_port()
-    command = [sys.executable, "-m", "emulator", "--host", "127.0.0.1", "--port", str(port),
-               *flags]  # fmt: skip
+    command = [sys.executable, "-m", "emulator", "--host", "127.0.0.1", "--port", str(port), *flags]
     with log.open("wb") as out:
         process = subprocess.Popen(
             on_engine_cpus(command), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -162,9 +161,12 @@ def sidecar_ports(
         env["SIDECAR_ADMISSION"] = mode
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [program or SIDECAR, "serve"], stdout=out, stderr=subprocess.STDOUT, env=env,
+            [program or SIDECAR, "serve"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
             start_new_session=True,
-        )  # fmt: skip
+        )
     try:
         wait_ready(f"http://127.0.0.1:{admin}/readyz", process, 60)
         yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
