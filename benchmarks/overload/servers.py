@@ -145,6 +145,15 @@ def sidecar_ports(
     upstream: str, mode: str | None, log: Path, program: str | None = None, **extra: str
 ) -> Iterator[tuple[str, str]]:
     """:func:`sidecar`, yielding its proxy URL and its admin URL (``/metrics``)."""
+    with sidecar_process(upstream, mode, log, program, **extra) as (_process, url, admin):
+        yield url, admin
+
+
+@contextlib.contextmanager
+def sidecar_process(
+    upstream: str, mode: str | None, log: Path, program: str | None = None, **extra: str
+) -> Iterator[tuple[subprocess.Popen[bytes], str, str]]:
+    """:func:`sidecar_ports`, yielding the process too (its PID, to sample its memory)."""
     port, admin = free_port(), free_port()
     env = {
         **os.environ,
@@ -169,6 +178,6 @@ def sidecar_ports(
         )
     try:
         wait_ready(f"http://127.0.0.1:{admin}/readyz", process, 60)
-        yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
+        yield process, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
     finally:
         stop(process)
