@@ -45,7 +45,7 @@ def build_app(
     app.on_cleanup.append(lambda _: runner.close())
     app[CONFIG_KEY] = config
     app[RUNNER_KEY] = runner
-    app[REGISTRY_KEY] = build_registry(config, pool.snapshot)
+    app[REGISTRY_KEY] = build_registry(config, runner.snapshot)
     lengths = completion_lengths(config)
     cap = QueueCap(config.max_num_queued_reqs)  # shared: vLLM counts every unfinished request
     chat = GenerationHandler("chat", config, runner, clock, poll_s, lengths=lengths, queue_cap=cap)

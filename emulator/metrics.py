@@ -87,8 +87,8 @@ class EngineCollector(Collector):
         return family
 
     def _lengths(self, snap: Snapshot) -> Iterator[HistogramMetricFamily]:
-        """vLLM's per-request length histograms, with their sums and counts (one +Inf bucket:
-        what a reader of the mean needs)."""
+        """vLLM's per-request length and running-time histograms, with their sums and counts
+        (one +Inf bucket: what a reader of the mean needs)."""
         count = sum(snap.finished.values())
         for name, documentation, total in (
             (
@@ -105,6 +105,15 @@ class EngineCollector(Collector):
             family = HistogramMetricFamily(name, documentation, labels=["engine", "model_name"])
             family.add_metric([ENGINE, self._config.model_name], [("+Inf", count)], total)
             yield family
+        family = HistogramMetricFamily(
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.",
+            labels=["engine", "model_name"],
+        )
+        family.add_metric(
+            [ENGINE, self._config.model_name], [("+Inf", count)], snap.finished_inference_s
+        )
+        yield family
 
     def _cache_config_info(self) -> GaugeMetricFamily:
         config = self._config

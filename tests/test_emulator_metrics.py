@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,17 @@ def test_finished_lengths_read_back_as_the_engines_typical_request() -> None:
     text = generate_latest(build_registry(config, pool.snapshot)).decode()
     reading = parse_metrics(text, 0.0)
     assert (reading.typical_prompt_tokens, reading.typical_generation_tokens) == (10.5, 5.0)
+
+
+def test_the_time_requests_ran_reads_back_as_the_engines_mean() -> None:
+    """vLLM's request_inference_time_seconds, sum over count: the sidecar's probe reads the mean
+    time a request ran, the Retry-After hint's pace before the sidecar has served any."""
+    config = EmulatorConfig(max_model_len=64, kv_tokens=256, block_size=16)
+    pool = make_pool(config)
+    pool.submit("a", 20, 5)
+    pool.submit("b", 1, 5)
+    for _ in range(10):
+        pool.step()
+    snap = replace(pool.snapshot(), finished_inference_s=3.0)
+    text = generate_latest(build_registry(config, lambda: snap)).decode()
+    assert parse_metrics(text, 0.0).typical_inference_s == 1.5
