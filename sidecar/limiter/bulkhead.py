@@ -189,9 +189,9 @@ class Bulkhead:
         return self._enqueue(permit, decision)
 
     def _hopeless(self, queued: Queued, max_wait_s: float) -> Hopeless | None:
-        """The core's answer for the queued request, its wait estimated at the faster of the
-        recent grants to waiters and the pace at which places free (one place lets about one
-        waiter in, whatever the unit of cost): refused now where it would wait past
+        """The core's answer for the queued request, its wait estimated (once grants to waiters
+        were measured) at the faster of them and the pace at which places free (one place lets
+        about one waiter in, whatever the unit of cost): refused now where it would wait past
         ``max_wait_s`` (``queue_full``), rather than queued to time out."""
         wait = self._hint.place_wait_s(queued.ahead, self._clock(), slots=self._slots())
         return self._core.refuse_hopeless(queued, wait, max_wait_s)

@@ -241,12 +241,16 @@ class ReleaseRate:
         return need / rate if rate else None
 
     def place_wait_s(self, queue_ahead: int, now: float, *, slots: int) -> float | None:
-        """Seconds until ``queue_ahead`` waiters and then this caller get in, at the faster of
-        the measured grants and the pace over ``slots`` (:meth:`pace_per_s`); None while neither
-        is known. The faster: a wait is judged hopeless only when neither could keep it short
-        (slow start's grants outrun the pace; a law that lets nobody wait measures no grant)."""
-        rates = [r for r in (self.rate_per_s(now), self.pace_per_s(slots)) if r]
-        return (max(queue_ahead, 0) + 1) / max(rates) if rates else None
+        """Seconds until ``queue_ahead`` waiters and then this caller get in, once grants to
+        waiters were measured: at the faster of them and the pace over ``slots``
+        (:meth:`pace_per_s`); None before. Before any wait was measured nobody is judged
+        hopeless: a fresh burst queues while slow start grows the limit, which no pace at the
+        present cap foresees (counted, it refused 41 of a burst of 96 that vLLM alone served
+        within the objectives, and 56 were within them instead of 96)."""
+        rate = self.rate_per_s(now)
+        if not rate:
+            return None
+        return (max(queue_ahead, 0) + 1) / max(rate, self.pace_per_s(slots) or 0.0)
 
     def retry_after_s(
         self, queue_ahead: int, now: float | None = None, *, tokens: int | None = None
