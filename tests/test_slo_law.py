@@ -204,6 +204,7 @@ def test_a_retry_waits_what_anyone_may_and_no_longer_than_its_ttl() -> None:
     """A request that came back after a busy answer waits as long as the bulkhead lets anyone
     (it clamps the infinite wait to SIDECAR_MAX_WAIT_MS), not the TTFT objective's remainder
     (here none: the engine's expected TTFT is past the aim); its TTL still bounds it."""
+
     def wait(*, ttl_s: float | None, retried: bool = False) -> float:
         return max_wait_s(
             aim=0.8, ttft_objective_s=2.0, expected_ttft_s=1.9, ttl_s=ttl_s, retried=retried
