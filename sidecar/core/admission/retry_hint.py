@@ -1,7 +1,8 @@
-"""When should a refused caller come back? Estimated from how fast waiting requests get in.
+"""When should a refused caller come back? Estimated from how fast places free for it.
 
 Fed by the bulkhead (its injected clock; no clock of its own) with each grant to a waiting
-request. With R such grants per second lately and Q requests ahead, the wait is about
+request and how long each served request held its place (below: Little's pace, which comes
+first where it is known). With R such grants per second lately and Q requests ahead, the wait is about
 (Q + 1) / R, clamped to sane bounds. Where costs are tokens (adaptive admission), grants carry
 their tokens and the hint is the tokens that must drain (those queued ahead, plus the caller's
 own) over the tokens granted per second.
