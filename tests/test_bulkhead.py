@@ -670,3 +670,28 @@ async def test_before_a_grant_to_a_waiter_a_burst_queues_whatever_the_pace() -> 
     gate.set()
     await asyncio.gather(holder, *waiters)
     assert log == ["holder", "w0", "w1", "w2"]
+
+
+async def test_places_freed_while_every_place_is_held_price_the_hint() -> None:
+    """Two places in flight held by streams that end a second apart, each place taken again at
+    once: a refused caller is told the second a place takes to free while the pod is full (the
+    slower of that and the pace of the holds served, two places over 1.75 s)."""
+    fake, log = FakeTime(), new_log()
+    bulkhead = make(fake, limit=8, max_queue=0)
+    bulkhead.resize(Limits(limit=8, in_flight=2))
+    gates = [asyncio.Event() for _ in range(6)]
+    tasks = [asyncio.create_task(hold(bulkhead, gates[i], log, f"s{i}")) for i in range(2)]
+    await settle()
+    for index in range(2, 6):  # one ends, the next takes its place: the pod stays full
+        fake.advance(1.0)
+        gates[index - 2].set()
+        await settle()
+        tasks.append(asyncio.create_task(hold(bulkhead, gates[index], log, f"s{index}")))
+        await settle()
+    with pytest.raises(AdmissionRejectedError) as caught:
+        await hold(bulkhead, asyncio.Event(), log, "late")
+    assert caught.value.reason == "queue_full"
+    assert caught.value.retry_after_s == pytest.approx(1.0)
+    for gate in gates:
+        gate.set()
+    await asyncio.gather(*tasks)

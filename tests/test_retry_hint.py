@@ -330,3 +330,33 @@ def test_a_token_drain_is_not_priced_by_the_pace() -> None:
     assert rate.quote(0, 2.0, tokens=10, running=5) == feed_busy().quote(
         0, 2.0, tokens=10, running=5
     )
+
+
+def test_places_freed_while_full_are_counted_on_a_clock_that_runs_only_then() -> None:
+    """Four places freed a second apart while the pod was full, with a minute not full between
+    two of them: one a second, not four over a minute; fewer than four say nothing."""
+    rate = ReleaseRate()
+    rate.full(0.0, True)
+    for at in (1.0, 2.0):
+        rate.freed(at)
+    rate.full(2.0, False)
+    rate.freed(30.0)  # not full: not counted
+    assert rate.frees_per_s(30.0) is None
+    rate.full(62.0, True)
+    for at in (63.0, 64.0):
+        rate.freed(at)
+    assert rate.frees_per_s(64.0) == pytest.approx(1.0)
+    # Still full and nothing freed since: the rate falls as the time goes by.
+    assert rate.frees_per_s(67.0) == pytest.approx(3 / 6)
+
+
+def test_the_slower_of_the_pace_and_the_places_freed_prices_a_place() -> None:
+    """The requests served so far say 31 places free twice a second (the burst's short streams
+    ended first); while full, one a second freed: callers are told one second apart."""
+    rate = ReleaseRate(draw=lambda: 0.0)
+    rate.expect_hold(15.5)
+    rate.full(0.0, True)
+    for at in (10.0, 11.0, 12.0, 13.0, 14.0):
+        rate.freed(at)
+    assert rate.quote(0, 14.0, running=31, slots=31) == pytest.approx(1.0)
+    assert rate.quote(0, 14.0, running=31, slots=31) == pytest.approx(2.0)

@@ -78,6 +78,7 @@ class Bulkhead:
         self._pressed = False
         self._turned_away = 0  # refusals for room counted by the last turned_away()
         self._waiting = False  # a waiter is queued: the hint's clock runs
+        self._full = False  # every place in flight is held: the hint's frees count
 
     # --- public ----------------------------------------------------------------------------------
 
@@ -113,6 +114,7 @@ class Bulkhead:
         for ticket in self._core.refused_oversize():
             self._refuse_waiter(self._waiters.pop(ticket), "too_large")
         self._wake(grants)
+        self._track_full()
 
     def set_available(self, available: bool) -> None:
         """False while there is no capacity at all: refuse at once (no_capacity), queued too."""
@@ -292,6 +294,7 @@ class Bulkhead:
         self._idle.clear()
         permit.hold(ticket, cost, compartment, wait_s)
         permit.held_at = self._clock()
+        self._track_full()
         usage = permit.asked
         if usage is not None and ticket is not None and self._core.is_granted(ticket):
             permit.usage = usage
@@ -312,6 +315,16 @@ class Bulkhead:
         if waiting != self._waiting:
             self._waiting = waiting
             (self._hint.busy if waiting else self._hint.idle)(self._clock())
+
+    def _track_full(self) -> None:
+        """Run the hint's full clock while every place in flight is held, and only then: the
+        places that free then are how fast one frees for a refused caller."""
+        core = self._core
+        cap = core.in_flight_limit
+        full = cap is not None and core.in_use >= cap
+        if full != self._full:
+            self._full = full
+            self._hint.full(self._clock(), full)
 
     def _wake(self, grants: tuple[Granted, ...], now: float | None = None) -> None:
         if not grants:
@@ -390,7 +403,10 @@ class Bulkhead:
             if self._ledger.streams:  # adaptive with streams open; else no ledger work at all
                 self.sync()
                 self._ledger.close(ticket)
+            if self._full:
+                self._hint.freed(self._clock())
             self._wake(self._core.release(ticket, outcome))
+            self._track_full()
         elif self._waiters.pop(ticket, None) is not None:
             # Shadow: the request ran at once and ended before its would-be grant came.
             self._forget(ticket)

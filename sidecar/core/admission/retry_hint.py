@@ -1,11 +1,11 @@
 """When should a refused caller come back? Estimated from how fast places free for it.
 
 Fed by the bulkhead (its injected clock; no clock of its own) with each grant to a waiting
-request and how long each served request held its place (below: Little's pace, which comes
-first where it is known). With R such grants per second lately and Q requests ahead, the wait is about
-(Q + 1) / R, clamped to sane bounds. Where costs are tokens (adaptive admission), grants carry
-their tokens and the hint is the tokens that must drain (those queued ahead, plus the caller's
-own) over the tokens granted per second.
+request, how long each served request held its place and the places freed while the pod was
+full (below: the pace, which comes first where it is known). With R such grants per second
+lately and Q requests ahead, the wait is about (Q + 1) / R, clamped to sane bounds. Where costs
+are tokens (adaptive admission), grants carry their tokens and the hint is the tokens that must
+drain (those queued ahead, plus the caller's own) over the tokens granted per second.
 
 R is measured on a clock that runs only while a request waits (``busy`` / ``idle``). Time while
 nobody waits is time nobody asked for more, whatever ran: counted, light use before a burst (three
@@ -61,6 +61,12 @@ SPREAD_HORIZON_S = 4.0
 # the burst's shortest streams (13 s of 13-50 s on the GPU-shaped burst); alone they would
 # promise places twice as fast as the streams free them.
 HOLD_PRIOR_WEIGHT = 16
+# Places freed while the pod was full, measured: the slower of it and Little's pace prices a
+# place. Little's pace over the requests served so far is too fast while a burst's long streams
+# have not ended (its first ends are its shortest); the frees it sees are what frees now. At
+# least FREES_MIN frees before it counts; the last FREES_WINDOW of them.
+FREES_MIN = 4
+FREES_WINDOW = 32
 
 
 def clamped_retry_s(retry_after_s: float) -> float:
@@ -143,6 +149,9 @@ class ReleaseRate:
         self._idle_s = 0.0  # idle time before that: the busy clock is the time less it
         self._holds: deque[float] = deque(maxlen=window)  # how long served requests held
         self._engine_hold_s: float | None = None  # the engine's mean, where it says one
+        self._frees: deque[float] = deque(maxlen=FREES_WINDOW)  # on the full clock
+        self._full_since: float | None = None  # the pod has been full since then
+        self._full_s = 0.0  # time full before that: the full clock
 
     @property
     def bounds(self) -> HintBounds:
@@ -172,6 +181,33 @@ class ReleaseRate:
         if self._idle_since is not None:
             idle += max(0.0, at - self._idle_since)
         return at - idle
+
+    def full(self, at: float, full: bool) -> None:
+        """The pod runs every place it has (``full``) or not, from ``at`` on: the full clock
+        runs only while it does."""
+        if full and self._full_since is None:
+            self._full_since = at
+        elif not full and self._full_since is not None:
+            self._full_s += max(0.0, at - self._full_since)
+            self._full_since = None
+
+    def freed(self, at: float) -> None:
+        """A place freed at ``at`` while the pod was full."""
+        if self._full_since is not None:
+            self._frees.append(self._full_s + max(0.0, at - self._full_since))
+
+    def frees_per_s(self, now: float) -> float | None:
+        """Places freed a second while the pod was full, over the last :data:`FREES_WINDOW`
+        and up to ``now`` while it still is (so the rate falls when frees stop); None before
+        :data:`FREES_MIN` of them."""
+        frees = self._frees
+        if len(frees) < FREES_MIN:
+            return None
+        end = frees[-1]
+        if self._full_since is not None:
+            end = max(end, self._full_s + max(0.0, now - self._full_since))
+        span = end - frees[0]
+        return (len(frees) - 1) / span if span > 0 else None
 
     def held(self, seconds: float) -> None:
         """A request that was served held its place for ``seconds`` (grant to release)."""
@@ -279,14 +315,18 @@ class ReleaseRate:
 
         Places free at Little's pace (:meth:`pace_per_s`) over the ``slots`` the pod runs when
         full (``running`` where more run or none is given), where the time a request holds is
-        known; else at the measured rate of grants. Either way a quote past the highest bound
-        starts the next lap from the first place, rather than every later caller being told the
-        bound together. While neither is known, the ``running`` requests and the ``queue_ahead``
-        are taken to end within ``unknown_s``: the first refused caller waits that, and that
-        guess spreads the places over ``horizon_s`` at most.
+        known, or at the places measured freeing while the pod was full (:meth:`frees_per_s`),
+        whichever is slower where both are; else at the measured rate of grants. Either way a
+        quote past the highest bound starts the next lap from the first place, rather than every
+        later caller being told the bound together. While none is known, the ``running``
+        requests and the ``queue_ahead`` are taken to end within ``unknown_s``: the first refused
+        caller waits that, and that guess spreads the places over ``horizon_s`` at most.
         """
         bounds = self._bounds
         pace = None if tokens is not None else self.pace_per_s(max(running, slots or 0))
+        frees = None if tokens is not None else self.frees_per_s(now)
+        if frees is not None:
+            pace = frees if pace is None else min(pace, frees)
         if pace is not None:
             per_s: float | None = pace
             first: float | None = (max(queue_ahead, 0) + 1) / pace
