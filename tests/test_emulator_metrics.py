@@ -112,16 +112,22 @@ def test_gauges_follow_the_pool() -> None:
     assert values["vllm:generation_tokens_total"] == 1
 
 
-def test_finished_lengths_read_back_as_the_engines_typical_request() -> None:
-    """Two requests of 20 + 5 and 1 + 5 tokens finished: the sidecar's probe reads a typical
-    request of 10.5 prompt and 5 generated tokens from the length histograms' sums and counts,
-    as it does from vLLM's."""
+def two_finished() -> tuple[EmulatorConfig, KVPool]:
+    """A pool whose two requests, of 20 + 5 and 1 + 5 tokens, finished."""
     config = EmulatorConfig(max_model_len=64, kv_tokens=256, block_size=16)
     pool = make_pool(config)
     pool.submit("a", 20, 5)
     pool.submit("b", 1, 5)
     for _ in range(10):
         pool.step()
+    return config, pool
+
+
+def test_finished_lengths_read_back_as_the_engines_typical_request() -> None:
+    """Two requests of 20 + 5 and 1 + 5 tokens finished: the sidecar's probe reads a typical
+    request of 10.5 prompt and 5 generated tokens from the length histograms' sums and counts,
+    as it does from vLLM's."""
+    config, pool = two_finished()
     text = generate_latest(build_registry(config, pool.snapshot)).decode()
     reading = parse_metrics(text, 0.0)
     assert (reading.typical_prompt_tokens, reading.typical_generation_tokens) == (10.5, 5.0)
@@ -130,12 +136,7 @@ def test_finished_lengths_read_back_as_the_engines_typical_request() -> None:
 def test_the_time_requests_ran_reads_back_as_the_engines_mean() -> None:
     """vLLM's request_inference_time_seconds, sum over count: the sidecar's probe reads the mean
     time a request ran, the Retry-After hint's pace before the sidecar has served any."""
-    config = EmulatorConfig(max_model_len=64, kv_tokens=256, block_size=16)
-    pool = make_pool(config)
-    pool.submit("a", 20, 5)
-    pool.submit("b", 1, 5)
-    for _ in range(10):
-        pool.step()
+    config, pool = two_finished()
     snap = replace(pool.snapshot(), finished_inference_s=3.0)
     text = generate_latest(build_registry(config, lambda: snap)).decode()
     assert parse_metrics(text, 0.0).typical_inference_s == 1.5
