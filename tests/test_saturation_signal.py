@@ -82,28 +82,31 @@ def test_a_stream_counts_its_ttft_once() -> None:
 
 
 def test_a_long_streams_pace_reaches_the_signal_while_it_runs() -> None:
-    """A stream at 50 ms a token (0.5 of 100 ms) reads 0.5 while it runs; once it completed,
-    its final pace reads the same, counted once."""
+    """A stream at 50 ms a token (0.5 of 100 ms) counts from its 32nd token: it reads 0.5 while
+    it runs; once it completed, its final pace reads the same, counted once."""
     pod = Pod()
     timing = pod.start()
-    for i in range(20):
+    for i in range(31):
         timing.saw(1, 0.2 + 0.05 * i)
-    pod.now = 0.2 + 0.05 * 19
+    pod.now = 0.2 + 0.05 * 30
+    assert pod.signal.read().tpot == 0.0
+    pod.now = 0.2 + 0.05 * 31
+    timing.saw(1, pod.now)
     assert pod.signal.read().tpot == pytest.approx(0.5)
     pod.signal.streamed(timing, 0.0, completed=True)
     assert pod.signal.read().tpot == pytest.approx(0.5)
 
 
 def test_a_stalled_stream_counts_its_stall() -> None:
-    """Ten tokens at 20 ms from 1 s, then nothing: at 2 s its next token could at best make
+    """Forty tokens at 20 ms from 1 s, then nothing: at 5 s its next token could at best make
     100 ms a token, and the term reads 1 before it resumes."""
     pod = Pod()
     timing = pod.start()
-    for i in range(10):
+    for i in range(40):
         timing.saw(1, 1.0 + 0.02 * i)
-    pod.now = 1.2
+    pod.now = 1.8
     assert pod.signal.read().tpot == pytest.approx(0.2)
-    pod.now = 2.0
+    pod.now = 5.0
     assert pod.signal.read().tpot == pytest.approx(1.0)
 
 
@@ -111,9 +114,9 @@ def test_a_stream_left_by_its_client_leaves_no_pace() -> None:
     """Its pace counted while it ran; once the client left, it is gone (the client set it)."""
     pod = Pod()
     timing = pod.start()
-    timing.saw(1, 0.4)
-    timing.saw(1, 0.5)
-    pod.now = 0.5
+    for i in range(40):
+        timing.saw(1, 0.4 + 0.1 * i)
+    pod.now = 4.3
     assert pod.signal.read().tpot == pytest.approx(1.0)
     pod.signal.streamed(timing, 0.0, completed=False)
     assert pod.signal.read().tpot == 0.0

@@ -13,6 +13,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sidecar.core.laws.saturation import (
+    RUNNING_MIN_TOKENS,
     TERMS,
     LatencyShare,
     MeanWindow,
@@ -143,8 +144,9 @@ class SaturationSignal:
         )
 
     def _paces(self, now: float) -> list[float]:
-        """The running streams' TPOT so far, over the objective."""
-        paces = (timing.tpot_so_far_s(now) for timing in self._running)
+        """The TPOT so far of the running streams past their first ``RUNNING_MIN_TOKENS``,
+        over the objective."""
+        paces = (t.tpot_so_far_s(now) for t in self._running if t.tokens >= RUNNING_MIN_TOKENS)
         return [pace / self.objectives.tpot_s for pace in paces if pace is not None]
 
     def _oldest_start_s(self, now: float) -> float:
