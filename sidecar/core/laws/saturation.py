@@ -76,7 +76,7 @@ FLOOR_MIN_SAMPLES = 10  # fewer in a load band say nothing of the engine's floor
 FLOOR_BAND_SAMPLES = 1024  # a band's newest samples: its P10 is as good as over more
 # A running stream's pace counts once it relayed this many token events: over a few gaps, one
 # step that carried other prompts' prefill reads as its whole pace (make bench-capacity, counting
-# from the second token: 1.31 at half of capacity, where the streams that ended read 0.36).
+# from the second token: 1.31 at half of capacity, where the first design read 0.36).
 RUNNING_MIN_TOKENS = 32
 
 
