@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check docs bench bench-venv bench-overload bench-burst bench-capacity bench-cold-start bench-fleet soak test-vllm test-image test-gpu plan clean lock
+.PHONY: demo test check docs bench bench-venv bench-overload bench-burst bench-capacity bench-cold-start bench-fleet bench-slow-clients soak test-vllm test-image test-gpu plan clean lock
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -100,6 +100,13 @@ bench-fleet: $(STAMP)
 # run at the engine within 5 s (target >= 48). About 20 s.
 bench-cold-start: $(STAMP)
 	$(BIN)/python -m benchmarks.cold_start
+
+# Clients that never finish (slowhttptest's slow headers, slow body and slow read, and bodies in
+# 1-byte TCP segments) against the sidecar and against nginx, each in front of the emulated engine:
+# a legitimate client served or not, and each proxy's peak RSS. About 4 min (docs/lab/reliability.md).
+# Needs slowhttptest and nginx (nginx-light). SLOW_CONNECTIONS, SLOW_SECONDS, SLOW_ATTACKS narrow it.
+bench-slow-clients: $(STAMP)
+	$(BIN)/python -m benchmarks.slow_clients
 
 test-vllm: $(STAMP)
 	bash scripts/test_vllm.sh

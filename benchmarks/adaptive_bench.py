@@ -63,9 +63,13 @@ class Tally:
 def process(args: list[str], env: dict[str, str] | None = None) -> Iterator[None]:
     """A server in its own process group, stopped by its PID however the block ends."""
     proc = subprocess.Popen(
-        args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        args,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         yield None
     finally:
@@ -135,13 +139,21 @@ async def client(
 def sidecar_env(engine: str, mode: str, port: int, admin: int) -> dict[str, str]:
     return {
         **os.environ,
-        "SIDECAR_UPSTREAM_URL": engine, "SIDECAR_HOST": "127.0.0.1", "SIDECAR_PORT": str(port),
-        "SIDECAR_ADMIN_HOST": "127.0.0.1", "SIDECAR_ADMIN_PORT": str(admin),
-        "SIDECAR_CAPACITY_SOURCE": ENGINE, "SIDECAR_ADMISSION": mode,
-        "SIDECAR_MAX_PROMPT_TOKENS": "256", "SIDECAR_MAX_COMPLETION_TOKENS": str(MAX_TOKENS),
-        "SIDECAR_MAX_QUEUE": str(CLIENTS), "SIDECAR_MAX_WAIT_MS": "20000",
-        "SIDECAR_REFRESH_MS": "250", "SIDECAR_REJECT_MODE": "http", "SIDECAR_LOG_LEVEL": "warning",
-    }  # fmt: skip
+        "SIDECAR_UPSTREAM_URL": engine,
+        "SIDECAR_HOST": "127.0.0.1",
+        "SIDECAR_PORT": str(port),
+        "SIDECAR_ADMIN_HOST": "127.0.0.1",
+        "SIDECAR_ADMIN_PORT": str(admin),
+        "SIDECAR_CAPACITY_SOURCE": ENGINE,
+        "SIDECAR_ADMISSION": mode,
+        "SIDECAR_MAX_PROMPT_TOKENS": "256",
+        "SIDECAR_MAX_COMPLETION_TOKENS": str(MAX_TOKENS),
+        "SIDECAR_MAX_QUEUE": str(CLIENTS),
+        "SIDECAR_MAX_WAIT_MS": "20000",
+        "SIDECAR_REFRESH_MS": "250",
+        "SIDECAR_REJECT_MODE": "http",
+        "SIDECAR_LOG_LEVEL": "warning",
+    }
 
 
 async def run_mode(mode: str) -> tuple[Tally, float]:
@@ -221,8 +233,10 @@ def main() -> None:
     results = {mode: asyncio.run(run_mode(mode)) for mode in MODES}
     base = results["none"][0].tokens if "none" in results else 1
     tokens_mode = results["tokens"][0].tokens if "tokens" in results else 1
-    print("| mode | goodput tok/s | vs none | vs tokens | completed | preempt/completed | "
-          "TTFT p50 s | TTFT p99 s | busy |")  # fmt: skip
+    print(
+        "| mode | goodput tok/s | vs none | vs tokens | completed | preempt/completed | "
+        "TTFT p50 s | TTFT p99 s | busy |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for mode, (tally, preempted) in results.items():
         per = preempted / tally.completed if tally.completed else float("nan")

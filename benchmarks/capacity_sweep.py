@@ -172,9 +172,15 @@ def main() -> int:
         capable = [s for s in alone if s.share_within >= 0.95]
         capacity = GIVEN or max((s.users for s in capable), default=SWEEP[0])
         best = max(alone, key=lambda s: s.slo_tokens_per_s, default=None)
-        print(f"capacity within the objectives: {capacity} users"
-              + ("" if best is None else f"; best SLO goodput {best.slo_tokens_per_s:,.0f} "
-                 f"tok/s at {best.users}"), flush=True)  # fmt: skip
+        print(
+            f"capacity within the objectives: {capacity} users"
+            + (
+                ""
+                if best is None
+                else f"; best SLO goodput {best.slo_tokens_per_s:,.0f} tok/s at {best.users}"
+            ),
+            flush=True,
+        )
         counts = [max(1, round(share * capacity)) for share in SHARES]
         rows = []
         with servers.sidecar_ports(engine, None, logs / "sidecar.log") as (front, admin):
@@ -205,9 +211,11 @@ def main() -> int:
     for share, side, own in zip(SHARES, rows, beside, strict=True):
         ratio = side.within / own.within if own.within else float("nan")
         signal = "-" if side.signal is None else "{:.2f} ({:.2f}-{:.2f})".format(*side.signal)
-        print(f"| {share:.0%} | {side.users} | {side.within}/{side.requests} / "
-              f"{own.within}/{own.requests} | {ratio:.2f}x | {side.busy} | "
-              f"{side.running:.1f} / {own.running:.1f} | {signal} |")  # fmt: skip
+        print(
+            f"| {share:.0%} | {side.users} | {side.within}/{side.requests} / "
+            f"{own.within}/{own.requests} | {ratio:.2f}x | {side.busy} | "
+            f"{side.running:.1f} / {own.running:.1f} | {signal} |"
+        )
     return 0
 
 

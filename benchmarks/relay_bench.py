@@ -290,8 +290,9 @@ async def bench() -> list[Row]:
                 measured = {t.name: await _measure(t, engine.pid, level) for t in targets}
                 rows += _rows(level, measured)
             if PACE_MS > 0:
-                paced = {t.name: await _measure(t, engine.pid, TTFT_LEVEL, paced=True)
-                         for t in targets}  # fmt: skip
+                paced = {
+                    t.name: await _measure(t, engine.pid, TTFT_LEVEL, paced=True) for t in targets
+                }
                 rows += _rows(TTFT_LEVEL, paced, PACE_MS)
         finally:
             for process in reversed(started):

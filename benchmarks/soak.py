@@ -149,8 +149,10 @@ async def well_behaved(
 async def raw(port: int, kind: str, rng: random.Random) -> None:
     """The hostile clients: hang up at every phase, with FIN or RST, or never read."""
     body = json.dumps({**BODY, "max_tokens": 20}).encode()
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         if kind in ("fin_sending", "rst_sending"):

@@ -113,9 +113,16 @@ def sidecar_settings(engine_url: str, environ: Mapping[str, str] = os.environ) -
 def workload(layout: GpuLayout, clients: int, duration_s: float) -> Workload:
     """The figures the intro quotes."""
     return Workload(
-        MODEL, clients, duration_s, PROMPT_WORDS, MAX_TOKENS, MEDIAN_RATIO,
-        engine_config(layout).kv_cache_size_tokens, TOKENS_PER_S, PREFILL_TOKENS_PER_S,
-    )  # fmt: skip
+        MODEL,
+        clients,
+        duration_s,
+        PROMPT_WORDS,
+        MAX_TOKENS,
+        MEDIAN_RATIO,
+        engine_config(layout).kv_cache_size_tokens,
+        TOKENS_PER_S,
+        PREFILL_TOKENS_PER_S,
+    )
 
 
 async def one_run(

@@ -74,14 +74,18 @@ def intro(layout: GpuLayout, workload: Workload, mode: str, engine: str = "vllm"
         " queue and tick",
         f"(docs/demo.md lists each; admission: {mode}),",
         *(
-            ["then the bare engine, speaking llama.cpp's metrics: the OOM engine (fails its",
-             "streams when its KV cache runs out, as llama.cpp never preempts)."]
+            [
+                "then the bare engine, speaking llama.cpp's metrics: the OOM engine (fails its",
+                "streams when its KV cache runs out, as llama.cpp never preempts).",
+            ]
             if engine == "llamacpp"
-            else ["then the bare engine; first the paged engine (preempts when full, like vLLM),",
-                  f"then the OOM engine (fails its running streams when its KV cache runs out)"
-                  f"{'' if engine == 'vllm' else f', speaking {engine} metrics'}."]
+            else [
+                "then the bare engine; first the paged engine (preempts when full, like vLLM),",
+                f"then the OOM engine (fails its running streams when its KV cache runs out)"
+                f"{'' if engine == 'vllm' else f', speaking {engine} metrics'}.",
+            ]
         ),
-    ]  # fmt: skip
+    ]
 
 
 def progress(elapsed_s: float, total_s: float) -> str:

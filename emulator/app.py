@@ -45,7 +45,7 @@ def build_app(
     app.on_cleanup.append(lambda _: runner.close())
     app[CONFIG_KEY] = config
     app[RUNNER_KEY] = runner
-    app[REGISTRY_KEY] = build_registry(config, pool.snapshot)
+    app[REGISTRY_KEY] = build_registry(config, runner.snapshot)
     lengths = completion_lengths(config)
     cap = QueueCap(config.max_num_queued_reqs)  # shared: vLLM counts every unfinished request
     chat = GenerationHandler("chat", config, runner, clock, poll_s, lengths=lengths, queue_cap=cap)
@@ -113,6 +113,10 @@ async def _tokenize(request: web.Request) -> web.Response:
     else:
         return error_response(400, "send a prompt string or a messages list", "prompt")
     return web.json_response(
-        {"count": len(ids), "max_model_len": config.max_model_len, "tokens": ids,
-         "token_strs": None}
-    )  # fmt: skip
+        {
+            "count": len(ids),
+            "max_model_len": config.max_model_len,
+            "tokens": ids,
+            "token_strs": None,
+        }
+    )

@@ -152,9 +152,12 @@ class GenerationHandler:
         gen = job.generation
         pieces: list[str] = []
         tokens_out = self._runner.generate(
-            job.stream.id, gen.prompt_tokens, job.length, self._pacing(job.fault),
+            job.stream.id,
+            gen.prompt_tokens,
+            job.length,
+            self._pacing(job.fault),
             _alive(request),
-        )  # fmt: skip
+        )
         try:
             async with contextlib.aclosing(tokens_out):
                 async for index in tokens_out:

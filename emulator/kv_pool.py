@@ -46,6 +46,9 @@ class Snapshot:
     # and request_generation_tokens histograms: their sums; their count is sum(finished)).
     finished_prompt_tokens: int = 0
     finished_generation_tokens: int = 0
+    # Engine seconds the finished requests ran, first step to last (vLLM's
+    # request_inference_time_seconds: its sum; the runner keeps the time, the pool has no clock).
+    finished_inference_s: float = 0.0
 
     @property
     def kv_usage(self) -> float:
@@ -109,10 +112,16 @@ class KVPool:
         self._killed: set[str] = set()
         self._free = num_blocks
         self._counts = dict.fromkeys(
-            ("preemptions", "prompt", "generation", "recomputed", "finished_prompt",
-             "finished_generation"),
+            (
+                "preemptions",
+                "prompt",
+                "generation",
+                "recomputed",
+                "finished_prompt",
+                "finished_generation",
+            ),
             0,
-        )  # fmt: skip
+        )
         self._finished = dict.fromkeys(FINISHED_REASONS, 0)
 
     def blocks_for(self, tokens: int) -> int:

@@ -25,11 +25,13 @@ CONTENT_TYPE = "text/plain; version=0.0.4"
 def metrics_text(snap: Snapshot) -> str:
     """llama-server's /metrics for this snapshot (the families the emulator can fill)."""
     counters = (
-        ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens",
-         snap.prompt_tokens),
-        ("tokens_predicted_total", "Number of generation tokens processed",
-         snap.generation_tokens),
-    )  # fmt: skip
+        (
+            "prompt_tokens_total",
+            "Number of prompt tokens processed, excluding cached tokens",
+            snap.prompt_tokens,
+        ),
+        ("tokens_predicted_total", "Number of generation tokens processed", snap.generation_tokens),
+    )
     gauges = (
         ("requests_processing", "Number of requests processing", snap.running),
         ("requests_deferred", "Number of requests deferred", snap.waiting),
@@ -63,10 +65,14 @@ def props(config: EmulatorConfig) -> dict[str, Any]:
 def slots(config: EmulatorConfig, snap: Snapshot) -> list[dict[str, Any]]:
     """GET /slots: one entry per slot, the first ``running`` of them busy."""
     return [
-        {"id": i, "n_ctx": config.max_model_len, "speculative": False,
-         "is_processing": i < snap.running}
+        {
+            "id": i,
+            "n_ctx": config.max_model_len,
+            "speculative": False,
+            "is_processing": i < snap.running,
+        }
         for i in range(config.max_num_seqs)
-    ]  # fmt: skip
+    ]
 
 
 def metrics_handler(snapshot: Callable[[], Snapshot]) -> Handler:

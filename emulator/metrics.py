@@ -33,24 +33,39 @@ class EngineCollector(Collector):
         labels = ["engine", "model_name"]
         values = [ENGINE, self._config.model_name]
         gauges = (
-            ("vllm:num_requests_running", "Number of requests in model execution batches.",
-             snap.running),
-            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-             snap.waiting),
-            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-             snap.kv_usage),
-        )  # fmt: skip
+            (
+                "vllm:num_requests_running",
+                "Number of requests in model execution batches.",
+                snap.running,
+            ),
+            (
+                "vllm:num_requests_waiting",
+                "Number of requests waiting to be processed.",
+                snap.waiting,
+            ),
+            (
+                "vllm:kv_cache_usage_perc",
+                "KV-cache usage. 1 means 100 percent usage.",
+                snap.kv_usage,
+            ),
+        )
         for name, documentation, value in gauges:
             gauge = GaugeMetricFamily(name, documentation, labels=labels)
             gauge.add_metric(values, value)
             yield gauge
         counters = (
-            ("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-             snap.preemptions),
+            (
+                "vllm:num_preemptions",
+                "Cumulative number of preemption from the engine.",
+                snap.preemptions,
+            ),
             ("vllm:prompt_tokens", "Number of prefill tokens processed.", snap.prompt_tokens),
-            ("vllm:generation_tokens", "Number of generation tokens processed.",
-             snap.generation_tokens),
-        )  # fmt: skip
+            (
+                "vllm:generation_tokens",
+                "Number of generation tokens processed.",
+                snap.generation_tokens,
+            ),
+        )
         for name, documentation, value in counters:
             if name == "vllm:num_preemptions" and self._config.fails_on_overflow:
                 continue  # an engine that fails on overflow never preempts: no such series
@@ -72,18 +87,33 @@ class EngineCollector(Collector):
         return family
 
     def _lengths(self, snap: Snapshot) -> Iterator[HistogramMetricFamily]:
-        """vLLM's per-request length histograms, with their sums and counts (one +Inf bucket:
-        what a reader of the mean needs)."""
+        """vLLM's per-request length and running-time histograms, with their sums and counts
+        (one +Inf bucket: what a reader of the mean needs)."""
         count = sum(snap.finished.values())
         for name, documentation, total in (
-            ("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
-             snap.finished_prompt_tokens),
-            ("vllm:request_generation_tokens", "Number of generation tokens processed.",
-             snap.finished_generation_tokens),
-        ):  # fmt: skip
+            (
+                "vllm:request_prompt_tokens",
+                "Number of prefill tokens processed.",
+                snap.finished_prompt_tokens,
+            ),
+            (
+                "vllm:request_generation_tokens",
+                "Number of generation tokens processed.",
+                snap.finished_generation_tokens,
+            ),
+        ):
             family = HistogramMetricFamily(name, documentation, labels=["engine", "model_name"])
             family.add_metric([ENGINE, self._config.model_name], [("+Inf", count)], total)
             yield family
+        family = HistogramMetricFamily(
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.",
+            labels=["engine", "model_name"],
+        )
+        family.add_metric(
+            [ENGINE, self._config.model_name], [("+Inf", count)], snap.finished_inference_s
+        )
+        yield family
 
     def _cache_config_info(self) -> GaugeMetricFamily:
         config = self._config
@@ -125,29 +155,40 @@ class SglangCollector(Collector):
         used = snap.used_blocks * config.block_size
         gauges = (
             ("sglang:num_running_reqs", "The number of running requests.", snap.running),
-            ("sglang:num_queue_reqs", "The number of requests in the waiting queue.",
-             snap.waiting),
+            ("sglang:num_queue_reqs", "The number of requests in the waiting queue.", snap.waiting),
             ("sglang:token_usage", "The token usage.", snap.kv_usage),
             ("sglang:num_used_tokens", "The number of used tokens.", used),
-            ("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.",
-             config.kv_cache_size_tokens),
-            ("sglang:kv_cache_memory_usage_gb", "Memory used by the KV cache pools in GB.",
-             config.kv_cache_memory_bytes / 1024**3),
+            (
+                "sglang:max_total_num_tokens",
+                "Maximum total number of tokens in the KV cache pool.",
+                config.kv_cache_size_tokens,
+            ),
+            (
+                "sglang:kv_cache_memory_usage_gb",
+                "Memory used by the KV cache pools in GB.",
+                config.kv_cache_memory_bytes / 1024**3,
+            ),
             ("sglang:page_size", "KV cache page size in tokens.", config.block_size),
             ("sglang:num_pages", "Number of KV cache pages.", config.num_gpu_blocks),
             ("sglang:context_len", "Maximum context length.", config.max_model_len),
-        )  # fmt: skip
+        )
         for name, documentation, value in gauges:
             gauge = GaugeMetricFamily(name, documentation, labels=list(self._labels()))
             gauge.add_metric(list(self._labels().values()), value)
             yield gauge
         counters = (
-            ("sglang:num_retracted_requests", "Total number of retracted requests.",
-             snap.preemptions),
+            (
+                "sglang:num_retracted_requests",
+                "Total number of retracted requests.",
+                snap.preemptions,
+            ),
             ("sglang:prompt_tokens", "Number of prefill tokens processed.", snap.prompt_tokens),
-            ("sglang:generation_tokens", "Number of generation tokens processed.",
-             snap.generation_tokens),
-        )  # fmt: skip
+            (
+                "sglang:generation_tokens",
+                "Number of generation tokens processed.",
+                snap.generation_tokens,
+            ),
+        )
         for name, documentation, value in counters:
             if name == "sglang:num_retracted_requests" and config.fails_on_overflow:
                 continue  # an engine that fails on overflow never retracts: no such series

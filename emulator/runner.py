@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from emulator.kv_pool import KVPool, Step
+from emulator.kv_pool import KVPool, Snapshot, Step
 
 Sleep = Callable[[float], Awaitable[None]]
 Alive = Callable[[], bool]
@@ -76,6 +76,12 @@ class EngineRunner:
         self._loop_task: asyncio.Task[None] | None = None
         self._work = asyncio.Event()
         self.engine_s = 0.0  # engine time spent in steps so far
+        self._began: dict[str, float] = {}  # request -> engine time its first token's step began
+        self._inference_s = 0.0  # engine time the finished requests ran, first step to last
+
+    def snapshot(self) -> Snapshot:
+        """The pool's snapshot, with the time its finished requests ran."""
+        return replace(self.pool.snapshot(), finished_inference_s=self._inference_s)
 
     async def generate(
         self, request_id: str, prompt_tokens: int, max_tokens: int, pacing: Pacing, alive: Alive
@@ -96,6 +102,7 @@ class EngineRunner:
                 yield index
         finally:
             del self._streams[request_id]
+            self._began.pop(request_id, None)
             if self.pool.phase(request_id) is not None:  # gone early: free its blocks now
                 self.pool.abort(request_id)
                 self._kick()
@@ -132,9 +139,21 @@ class EngineRunner:
                 await self._work.wait()
                 continue
             seconds = self._cost.seconds(step)
+            began = self.engine_s
             self.engine_s += seconds
             await self._sleep(seconds)
+            self._time(step, began)
             self._deliver(step)
+
+    def _time(self, step: Step, began: float) -> None:
+        """A request runs from the step that computed its first token (its prefill's last, for
+        a prompt chunked over several) to the one that computed its last."""
+        for request_id in step.tokens:
+            self._began.setdefault(request_id, began)
+        for request_id in step.preempted:
+            self._began.pop(request_id, None)  # prefilled again: it runs from then
+        for request_id in step.finished:
+            self._inference_s += self.engine_s - self._began.pop(request_id, began)
 
     def _deliver(self, step: Step) -> None:
         for request_id in step.tokens:

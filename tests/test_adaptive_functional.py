@@ -143,12 +143,20 @@ async def test_adaptive_falls_back_on_an_engine_that_does_not_preempt(
 @pytest.mark.parametrize(
     ("engine", "pricing", "reason"),
     [
-        pytest.param(EmulatorConfig(model_name="tiny-llama"), "closed-loop", "TTFT and TPOT",
-                     id="paged-engine-that-preempts"),
-        pytest.param(EmulatorConfig(model_name="tiny-llama", oom=True), "worst-case",
-                     "no preemption counter", id="engine-that-runs-out-instead"),
+        pytest.param(
+            EmulatorConfig(model_name="tiny-llama"),
+            "closed-loop",
+            "TTFT and TPOT",
+            id="paged-engine-that-preempts",
+        ),
+        pytest.param(
+            EmulatorConfig(model_name="tiny-llama", oom=True),
+            "worst-case",
+            "no preemption counter",
+            id="engine-that-runs-out-instead",
+        ),
     ],
-)  # fmt: skip
+)
 async def test_the_default_admission_steers_where_the_engine_lets_it(
     start_pair: StartPair, engine: EmulatorConfig, pricing: str, reason: str
 ) -> None:

@@ -15,7 +15,14 @@ from hypothesis.stateful import (
 )
 
 from sidecar.core.admission.compartments import DEFAULT, Compartments, parse_compartments
-from sidecar.core.admission.decisions import Granted, Queued, Rejected, UnknownTicketError
+from sidecar.core.admission.decisions import (
+    Granted,
+    Hopeless,
+    Queued,
+    Rejected,
+    Started,
+    UnknownTicketError,
+)
 from sidecar.core.admission.machine import Admission
 
 
@@ -233,6 +240,74 @@ def test_settling_a_running_request_lets_the_next_in_and_never_raises_its_cost()
     assert core.in_use_cost == 1
     with pytest.raises(UnknownTicketError):
         core.settle(999, 0)
+
+
+@pytest.mark.parametrize(
+    ("wait_s", "refused"),
+    [
+        pytest.param(None, False, id="no-rate-yet-it-waits"),
+        pytest.param(1.0, False, id="wait-equal-to-the-bound-waits"),
+        pytest.param(1.5, True, id="wait-past-the-bound-refused-now"),
+    ],
+)
+def test_a_hopeless_wait_is_refused_now_as_queue_full(wait_s: float | None, refused: bool) -> None:
+    """A request just queued whose estimated wait passes what it may wait is taken out and
+    refused queue_full (counted once); one within it, or not yet estimated, keeps its place."""
+    core = Admission(limit=1, max_queue=4)
+    core.request(1, DEFAULT)
+    queued = core.request(1, DEFAULT)
+    assert isinstance(queued, Queued)
+    hopeless = core.refuse_hopeless(queued, wait_s, max_wait_s=1.0)
+    if not refused:
+        assert (hopeless, core.queued, core.snapshot().rejected) == (None, 1, {})
+        return
+    expected = Rejected(reason="queue_full", compartment=DEFAULT, cost=1, queued=0)
+    assert hopeless == Hopeless(refusal=expected, granted=())
+    assert (core.queued, core.snapshot().rejected) == (0, {"queue_full": 1})
+
+
+def test_a_hopeless_waiter_leaving_lets_a_borrower_in() -> None:
+    """A hopeless head that blocked borrowing is taken out: the borrower behind it is granted."""
+    core = Admission(limit=10, max_queue=4, compartments=parse_compartments("a=50%,b=0%"))
+    core.request(5, "a")
+    core.request(3, "b")  # b borrows a's idle share: 8 of 10 in use
+    head = core.request(5, "a")  # within a's guarantee, but no room: waits
+    borrower = core.request(2, "b")  # fits, but may not borrow past an older waiting head
+    assert isinstance(head, Queued)
+    assert isinstance(borrower, Queued)
+    hopeless = core.refuse_hopeless(head, 9.0, max_wait_s=1.0)
+    assert hopeless is not None
+    assert hopeless.granted == (Granted(borrower.ticket, "b", 2),)
+
+
+@pytest.mark.parametrize(
+    ("held", "started", "expected"),
+    [
+        pytest.param(1, 0, Started(cost=0), id="slo-stream-holds-nothing-of-the-starts"),
+        pytest.param(1, None, None, id="mode-without-a-started-price"),
+        pytest.param(1, 1, None, id="already-at-the-started-price"),
+        pytest.param(0, 0, None, id="non-stream-held-nothing-to-free"),
+    ],
+)
+def test_a_started_stream_holds_the_modes_started_price(
+    held: int, started: int | None, expected: Started | None
+) -> None:
+    """The start gate: a running stream whose first token came holds the mode's started price
+    from now, where that is less than it holds; else nothing changes."""
+    core = Admission(limit=1, max_queue=2)
+    ticket = _ticket(core.request(held, DEFAULT))
+    assert core.start(ticket, started) == expected
+    assert core.in_use_cost == (held if expected is None else expected.cost)
+
+
+def test_a_started_stream_lets_the_next_in() -> None:
+    """The room a started stream frees goes to the waiter behind it; a ticket that holds no
+    grant (still queued: shadow mode runs it meanwhile) changes nothing."""
+    core = Admission(limit=1, max_queue=2)
+    first, second, third = (_ticket(core.request(1, DEFAULT)) for _ in range(3))
+    assert core.start(third, 0) is None
+    assert core.start(first, 0) == Started(cost=0, granted=(Granted(second, DEFAULT, 1),))
+    assert (core.in_use, core.in_use_cost, core.queued) == (2, 1, 1)
 
 
 # --- stateful property test ----------------------------------------------------------------------

@@ -67,14 +67,30 @@ async def release_twice_a_second(bulkhead: Bulkhead, fake: FakeTime) -> None:
     await asyncio.gather(*tasks)
 
 
-async def test_releases_while_nobody_waits_do_not_set_the_hint() -> None:
-    """Permits that come and go while nobody waits say nothing of how fast a waiter would get
-    in: a caller refused after them is told the unknown-rate hint, not one from their pace."""
+async def test_a_refused_caller_is_told_how_long_a_place_is_held_not_how_often_one_came() -> None:
+    """Light use (a stream of two seconds every half minute, nobody waiting) says how long a
+    place is held, not how fast places free when the pod is full: with the one place held, a
+    refused caller is told the two seconds it frees in (Little's law), not the half minute
+    between the streams."""
     fake, gate, log = FakeTime(), asyncio.Event(), new_log()
     bulkhead = make(fake, max_queue=0)
     for _ in range(5):
         async with bulkhead.admit():
-            fake.advance(10.0)  # three streams of light use, ten seconds each
+            fake.advance(2.0)
+        fake.advance(30.0)
+    holder = asyncio.create_task(hold(bulkhead, gate, log, "holder"))
+    await settle()
+    with pytest.raises(AdmissionRejectedError) as caught:
+        await hold(bulkhead, gate, log, "late")
+    assert caught.value.retry_after_s == pytest.approx(2.0)
+    gate.set()
+    await holder
+
+
+async def test_before_anything_was_served_a_refused_caller_is_told_the_unknown_hint() -> None:
+    """Nothing served and no grant to a waiter measured: the unknown-rate hint."""
+    fake, gate, log = FakeTime(), asyncio.Event(), new_log()
+    bulkhead = make(fake, max_queue=0)
     holder = asyncio.create_task(hold(bulkhead, gate, log, "holder"))
     await settle()
     with pytest.raises(AdmissionRejectedError) as caught:
@@ -85,13 +101,15 @@ async def test_releases_while_nobody_waits_do_not_set_the_hint() -> None:
 
 
 async def test_a_queue_after_light_use_is_not_refused_as_hopeless() -> None:
-    """Light use long before a burst (one start every ten seconds, nobody waiting) does not make
-    the burst's waiters look hopeless: they queue and get in."""
+    """Light use long before a burst (a stream of 0.2 s every ten seconds, nobody waiting) does
+    not make the burst's waiters look hopeless: a place frees every 0.2 s, not every 10 s, so
+    they queue and get in."""
     fake, gate, log = FakeTime(), asyncio.Event(), new_log()
     bulkhead = make(fake, max_queue=4, max_wait_s=1.5)
     for _ in range(3):
         async with bulkhead.admit():
-            fake.advance(10.0)
+            fake.advance(0.2)
+        fake.advance(10.0)
     tasks = [asyncio.create_task(hold(bulkhead, gate, log, f"u{i}")) for i in range(4)]
     await settle()
     assert bulkhead.snapshot().queued == 3
@@ -592,8 +610,9 @@ async def test_a_request_with_a_shorter_wait_is_refused_by_its_own() -> None:
 
 
 async def test_retry_hint_after_an_idle_minute_is_the_rate_before_it() -> None:
-    """Two releases a second, then a minute with nothing held, then a burst: two queued ahead
-    means back in about (2 + 1) / 2 = 1.5 s, not the minute's quiet spread over the releases."""
+    """Places held half a second each, then a minute with nothing held, then a burst: two
+    queued ahead of the one place means back in (2 + 1) / 2 = 1.5 s (Little's law: one place
+    over half a second), not the minute's quiet spread over the releases."""
     fake = FakeTime()
     bulkhead = make(fake, max_queue=2)
     await release_twice_a_second(bulkhead, fake)
@@ -605,6 +624,49 @@ async def test_retry_hint_after_an_idle_minute_is_the_rate_before_it() -> None:
     with pytest.raises(AdmissionRejectedError) as caught:
         await hold(bulkhead, gate, log, "late")
     assert caught.value.reason == "queue_full"
-    assert caught.value.retry_after_s == pytest.approx(3 / (4 / 2.2))
+    assert caught.value.retry_after_s == pytest.approx(3 / 2)
     gate.set()
     await asyncio.gather(*tasks)
+
+
+async def test_waiters_timing_out_together_are_told_places_one_release_apart() -> None:
+    """Four waiters behind the one place (held 2 s a stream, as the engine says) time out
+    together: each is told its place among the refused, 2 s apart, not the queue it leaves
+    behind (which told all four 8 s, to come back together)."""
+    fake, gate, log = FakeTime(), asyncio.Event(), new_log()
+    events: list[AdmissionEvent] = []
+    bulkhead = make(fake, events, max_queue=4, max_wait_s=10.0)
+    bulkhead.expect_hold(2.0)
+    holder = asyncio.create_task(hold(bulkhead, gate, log, "holder"))
+    await settle()
+    waiters = [asyncio.create_task(hold(bulkhead, gate, log, f"w{i}")) for i in range(4)]
+    await settle()
+    assert bulkhead.snapshot().queued == 4
+    fake.advance(10.0)
+    await settle()
+    refused = [e.retry_after_s for e in events if e.kind == "rejected"]
+    assert refused == pytest.approx([2.0, 4.0, 6.0, 8.0])
+    for task in waiters:
+        with pytest.raises(AdmissionRejectedError):
+            await task
+    gate.set()
+    await holder
+
+
+async def test_before_a_grant_to_a_waiter_a_burst_queues_whatever_the_pace() -> None:
+    """Streams hold the one place 2 s (the engine's mean) and a request may wait 3 s: by that
+    pace the third behind it waits 6 s, but no grant to a waiter was measured yet, and slow
+    start may grow the limit the pace is priced at, so all three queue."""
+    fake, gate, log = FakeTime(), asyncio.Event(), new_log()
+    bulkhead = make(fake, max_queue=4, max_wait_s=3.0)
+    bulkhead.expect_hold(2.0)
+    holder = asyncio.create_task(hold(bulkhead, gate, log, "holder"))
+    await settle()
+    waiters = [asyncio.create_task(hold(bulkhead, gate, log, f"w{i}")) for i in range(3)]
+    await settle()
+    assert bulkhead.snapshot().queued == 3
+    bulkhead.resize(Limits(limit=4))  # slow start: the limit grows, the burst gets in
+    await settle()
+    gate.set()
+    await asyncio.gather(holder, *waiters)
+    assert log == ["holder", "w0", "w1", "w2"]

@@ -65,8 +65,9 @@ async def test_a_burst_on_a_fresh_pod_runs_before_the_next_tick(
     """Sixteen streams at once where four fit the worst case: the default admission steps at
     once while they wait and all sixteen run at the engine, none refused; count admission, whose
     limit cannot grow, runs four and queues the rest."""
-    server = SidecarServer(load_settings({**ENV, "SIDECAR_UPSTREAM_URL": engine,
-                                          "SIDECAR_ADMISSION": admission}))  # fmt: skip
+    server = SidecarServer(
+        load_settings({**ENV, "SIDECAR_UPSTREAM_URL": engine, "SIDECAR_ADMISSION": admission})
+    )
     await server.start()
     try:
         assert (await get_json(f"{admin_url(server)}/capacity"))["worst_case_permits"] == 4

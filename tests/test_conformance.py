@@ -39,10 +39,14 @@ def test_a_valid_host_passes(host: str) -> None:
         pytest.param("1.1", [("Host", "a:b")], "not a host", id="bad-port"),
         pytest.param("1.1", [("Host", "[::1")], "not a host", id="open-bracket"),
         pytest.param("2.0", [("Host", "a")], "HTTP/1.0 and HTTP/1.1", id="http-2"),
-        pytest.param("1.1", [("Host", "a"), ("Transfer-Encoding", "gzip, chunked")],
-                     "other than chunked", id="gzip-chunked"),
+        pytest.param(
+            "1.1",
+            [("Host", "a"), ("Transfer-Encoding", "gzip, chunked")],
+            "other than chunked",
+            id="gzip-chunked",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_broken_rule_is_refused_by_name(
     version: str, pairs: list[tuple[str, str]], message: str
 ) -> None:

@@ -51,17 +51,25 @@ BEHIND = completion(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
     ("head", "rule"),
     [
         pytest.param(b"GET /v1/models HTTP/1.1\r\n", b"without a Host", id="no-host"),
-        pytest.param(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nHost: y\r\n", b"more than one",
-                     id="two-hosts"),
-        pytest.param(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nhost: x\r\n", b"more than one",
-                     id="two-hosts-same-value"),
+        pytest.param(
+            b"GET /v1/models HTTP/1.1\r\nHost: x\r\nHost: y\r\n", b"more than one", id="two-hosts"
+        ),
+        pytest.param(
+            b"GET /v1/models HTTP/1.1\r\nHost: x\r\nhost: x\r\n",
+            b"more than one",
+            id="two-hosts-same-value",
+        ),
         pytest.param(b"GET /v1/models HTTP/1.1\r\nHost: a/b\r\n", b"not a host", id="host-path"),
-        pytest.param(b"GET /v1/models HTTP/1.1\r\nHost: u@x\r\n", b"not a host",
-                     id="host-userinfo"),
-        pytest.param(b"GET /v1/models HTTP/1.0\r\nHost: x\r\nHost: y\r\n", b"more than one",
-                     id="http-1.0-two-hosts"),
+        pytest.param(
+            b"GET /v1/models HTTP/1.1\r\nHost: u@x\r\n", b"not a host", id="host-userinfo"
+        ),
+        pytest.param(
+            b"GET /v1/models HTTP/1.0\r\nHost: x\r\nHost: y\r\n",
+            b"more than one",
+            id="http-1.0-two-hosts",
+        ),
     ],
-)  # fmt: skip
+)
 async def test_a_head_that_breaks_a_rule_is_a_400_and_nothing_behind_it_runs(
     edge: Start, double: EngineDouble, head: bytes, rule: bytes
 ) -> None:
@@ -122,11 +130,12 @@ async def test_http_1_0_keep_alive_without_chunked_still_keeps(
     [
         pytest.param(b"/v1/models?a=1#frag", "/v1/models?a=1", 0, id="after-query"),
         pytest.param(b"/v1/models#frag?a=1", "/v1/models", 0, id="before-query"),
-        pytest.param(b"/v1/completions#/../../tokenize", "/v1/completions", 1,
-                     id="dot-segments-in-fragment"),
+        pytest.param(
+            b"/v1/completions#/../../tokenize", "/v1/completions", 1, id="dot-segments-in-fragment"
+        ),
         pytest.param(b"/tokenize#x", "/tokenize", 0, id="free-path"),
     ],
-)  # fmt: skip
+)
 async def test_a_fragment_is_never_forwarded(
     edge: Start, double: EngineDouble, target: bytes, seen: str, permits: int
 ) -> None:

@@ -99,8 +99,10 @@ def test_at_the_port_cap_the_address_with_most_heads_gives_one_up() -> None:
     assert table.open(Conn("own"), "10.0.0.2") == "too_many_connections"
     assert table.open(Conn("other"), "10.0.0.4") is None
     assert [(c.evicted, c.answer) for c in flood] == [
-        (True, "too_many_partial_heads"), (False, None), (False, None)
-    ]  # fmt: skip
+        (True, "too_many_partial_heads"),
+        (False, None),
+        (False, None),
+    ]
 
 
 def test_a_client_at_its_cap_closes_its_own_heads_then_its_own_idle() -> None:

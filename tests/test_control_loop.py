@@ -4,19 +4,29 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from structlog.testing import capture_logs
 
-from sidecar.core.admission.modes import CountMode, SloMode
+from sidecar.core.admission.modes import AdmissionMode, CountMode, SloMode
 from sidecar.core.errors import ProbeError, ProbeTemporaryError
 from sidecar.core.limits import Limits
 from sidecar.core.model.model_spec import load_model_spec
 from sidecar.core.plan.capacity import Budget, KvCost, Plan
 from sidecar.entry.settings import load_settings
 from sidecar.entry.wiring import build_controller
-from sidecar.live.control_loop import HURRY_GAP_S, TASK_NAME, CapacityController, Floor
+from sidecar.live.control_loop import (
+    HURRY_GAP_S,
+    TASK_NAME,
+    Cadence,
+    CapacityController,
+    Floor,
+    Planning,
+    Sinks,
+    Sources,
+)
 from sidecar.live.probes import (
     EngineCacheConfig,
     EngineReading,
@@ -59,21 +69,27 @@ class ScriptedGpu:
         self.closed = True
 
 
-def controller(gpu: ScriptedGpu, clock: Clock, resized: list[Limits]) -> CapacityController:
-    # The textbook 8 GiB example, where the engine takes the whole card (memory fraction 1).
-    textbook = declared(weights_bytes=5 * GIB, overhead_bytes=3 * GIB // 2, memory_fraction=1.0)
+# The textbook 8 GiB example, where the engine takes the whole card (memory fraction 1).
+TEXTBOOK = declared(weights_bytes=5 * GIB, overhead_bytes=3 * GIB // 2, memory_fraction=1.0)
+
+
+def qwen(mode: AdmissionMode) -> Planning:
+    """Qwen2.5-7B at 3,000 + 1,000 tokens, alpha 0.8, a floor of one, under ``mode``."""
+    cost = KvCost(spec=load_model_spec("qwen2.5-7b"))
+    return Planning(
+        cost=cost, budget=Budget(3000, 1000), alpha=0.8, mode=mode, floor=Floor(None, 1)
+    )
+
+
+def controller(
+    gpu: ScriptedGpu, clock: Clock, resized: list[Limits], **cadence: Any
+) -> CapacityController:
+    """The textbook card under count mode; ``cadence`` overrides the loop's timing."""
     return CapacityController(
-        source="nvml",
-        cost=KvCost(spec=load_model_spec("qwen2.5-7b")),
-        budget=Budget(3000, 1000),
-        alpha=0.8,
-        declared=textbook,
-        resize=resized.append,
-        mode=CountMode(),
-        floor=Floor(None, 1),
-        gpu_probe=gpu,
-        stale_after_s=10.0,
-        clock=clock,
+        sources=Sources(requested="nvml", declared=TEXTBOOK, gpu_probe=gpu),
+        planning=qwen(CountMode()),
+        sinks=Sinks(resize=resized.append),
+        cadence=Cadence(stale_after_s=10.0, clock=clock, **cadence),
     )
 
 
@@ -147,17 +163,10 @@ async def test_a_held_limit_stands_on_the_floor() -> None:
     gpu, clock, resized = ScriptedGpu(), Clock(), list[Limits]()
     held: list[int | None] = [12]
     loop = CapacityController(
-        source="nvml",
-        cost=KvCost(spec=load_model_spec("qwen2.5-7b")),
-        budget=Budget(3000, 1000),
-        alpha=0.8,
-        declared=declared(weights_bytes=5 * GIB, overhead_bytes=3 * GIB // 2, memory_fraction=1.0),
-        resize=resized.append,
-        mode=SloMode(HeldLaw(held)),
-        floor=Floor(None, 1),
-        gpu_probe=gpu,
-        stale_after_s=10.0,
-        clock=clock,
+        sources=Sources(requested="nvml", declared=TEXTBOOK, gpu_probe=gpu),
+        planning=qwen(SloMode(HeldLaw(held))),
+        sinks=Sinks(resize=resized.append),
+        cadence=Cadence(stale_after_s=10.0, clock=clock),
     )
     await loop.refresh()
     gpu.failure = ProbeTemporaryError("the engine's /metrics timed out")
@@ -223,8 +232,7 @@ async def test_loop_survives_a_crashing_tick_and_stops_cleanly() -> None:
     async def no_wait(_s: float) -> None:
         await asyncio.sleep(0)
 
-    loop = controller(Exploding(), Clock(), [])
-    loop._sleep = no_wait
+    loop = controller(Exploding(), Clock(), [], sleep=no_wait)
     with capture_logs() as logs:
         loop.start()
         names = {t.get_name() for t in asyncio.all_tasks()}
@@ -335,16 +343,18 @@ async def test_requests_are_rounded_to_the_engines_blocks(
     """Without SIDECAR_BLOCK_SIZE the engine's own block size rounds each request up."""
     tiny = KvCost(spec=load_model_spec("tests/configs/tiny-llama.json"), block_size=declared_block)
     loop = CapacityController(
-        source="vllm",
-        cost=tiny,
-        budget=Budget(100, 29),  # 129 tokens of 1,024 B
-        alpha=1.0,
-        declared=NOTHING_DECLARED,
-        resize=lambda _: None,
-        mode=CountMode(),
-        floor=Floor(None, 1),
-        engine_probe=ScriptedEngine(engine_block),
-        clock=Clock(),
+        sources=Sources(
+            requested="vllm", declared=NOTHING_DECLARED, engine_probe=ScriptedEngine(engine_block)
+        ),
+        planning=Planning(
+            cost=tiny,
+            budget=Budget(100, 29),  # 129 tokens of 1,024 B
+            alpha=1.0,
+            mode=CountMode(),
+            floor=Floor(None, 1),
+        ),
+        sinks=Sinks(resize=lambda _: None),
+        cadence=Cadence(clock=Clock()),
     )
     state = await loop.refresh()
     assert state.limit == permits
@@ -363,17 +373,17 @@ async def test_engine_process_unseen_warns_and_keeps_the_pod_ready() -> None:
             return GpuSnapshot((replace(snap.gpus[0], processes=()),), observed_at=0.0)
 
     loop = CapacityController(
-        source="vllm",
-        cost=tiny,
-        budget=Budget(100, 29),
-        alpha=1.0,
-        declared=declared(weights_bytes=4 * GIB),
-        resize=lambda _: None,
-        mode=CountMode(),
-        floor=Floor(None, 1),
-        gpu_probe=Unlisted(),
-        engine_probe=ScriptedEngine(None),
-        clock=Clock(),
+        sources=Sources(
+            requested="vllm",
+            declared=declared(weights_bytes=4 * GIB),
+            gpu_probe=Unlisted(),
+            engine_probe=ScriptedEngine(None),
+        ),
+        planning=Planning(
+            cost=tiny, budget=Budget(100, 29), alpha=1.0, mode=CountMode(), floor=Floor(None, 1)
+        ),
+        sinks=Sinks(resize=lambda _: None),
+        cadence=Cadence(clock=Clock()),
     )
     state = await loop.refresh()
     assert (state.mode, state.limit, state.disagreements) == ("fresh", 8128, ())
@@ -423,8 +433,7 @@ async def test_a_hurry_ticks_now_instead_of_a_period_later(keep_hurrying: int, t
         asked.append(1)
         return len(asked) <= keep_hurrying
 
-    loop = controller(gpu, Clock(), [])
-    loop._sleep, loop._hurry_while = periods_never_end, hurry_while
+    loop = controller(gpu, Clock(), [], sleep=periods_never_end, hurry_while=hurry_while)
     loop.start()
     await settle()
     assert gpu.reads == 0

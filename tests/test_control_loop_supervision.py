@@ -64,8 +64,7 @@ async def test_the_watchdog_hands_the_bulkhead_the_floor() -> None:
 async def test_a_hung_probe_read_times_out_and_degrades() -> None:
     """A read that never returns is abandoned after the probe timeout; the tick degrades."""
     gpu, clock = HangingGpu(), Clock()
-    loop = controller(gpu, clock, [])
-    loop._probe_timeout_s = 0.05
+    loop = controller(gpu, clock, [], probe_timeout_s=0.05)
     await loop.refresh()
     gpu.hang = True
     state = await asyncio.wait_for(loop.refresh(), 2)

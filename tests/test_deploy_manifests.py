@@ -359,8 +359,11 @@ def test_the_overlays_namespace_line_is_the_one_place(overlay: str, tmp_path: Pa
     kustomization.write_text(text.replace("\nnamespace: llm", "\nnamespace: inference-prod"))
     done = subprocess.run(
         [d.require_tool("kubectl"), "kustomize", str(kustomization.parent)],
-        capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     docs = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
     assert d.only(docs, "Deployment", "llm")["metadata"]["namespace"] == "inference-prod"
     for query in d.keda_queries(docs).values():
@@ -405,8 +408,9 @@ def test_prometheus_reads_vllm_on_its_own_port_not_through_the_proxy(overlay: st
     docs = rendered(overlay)
     endpoints = d.only(docs, "PodMonitor")["spec"]["podMetricsEndpoints"]
     assert {(e["port"], e["path"]) for e in endpoints} == {
-        ("admin", "/metrics"), ("engine", "/metrics"),
-    }  # fmt: skip
+        ("admin", "/metrics"),
+        ("engine", "/metrics"),
+    }
     settings = load_settings(d.sidecar_env(docs))
     paths = ProxyPaths(
         free=parse_free_paths(settings.free_paths),
@@ -601,8 +605,9 @@ def test_objectives_match_the_sidecars_priorities_and_their_pool() -> None:
     for objective in objectives:
         assert objective["metadata"]["namespace"] == pool["metadata"]["namespace"]
         assert objective["spec"]["poolRef"] == {
-            "group": "inference.networking.k8s.io", "name": pool["metadata"]["name"],
-        }  # fmt: skip
+            "group": "inference.networking.k8s.io",
+            "name": pool["metadata"]["name"],
+        }
 
 
 def test_the_picker_is_llm_ds_router_at_a_pinned_release() -> None:
@@ -619,9 +624,10 @@ def test_the_refusal_alert_and_panel_count_every_capacity_refusal() -> None:
     refusal is a miss) match exactly the outcomes the scale-out signal counts as refusals, the
     connection caps included."""
     (rule,) = (
-        r for r in d.alert_rules(d.render("overlays/device-plugin-keda"))
+        r
+        for r in d.alert_rules(d.render("overlays/device-plugin-keda"))
         if r["alert"] == "SidecarRejectingSustained"
-    )  # fmt: skip
+    )
     panel_exprs = [
         e
         for t, e in d.dashboard_targets(d.dashboard())
@@ -665,9 +671,11 @@ def test_the_dashboard_answers_are_users_served_first() -> None:
     assert "vector($tpot_objective)" in exprs["Time per output token (p50, p99) and its objective"]
     law_metrics = set().union(*(d.metric_names(t["expr"]) for p in law[1] for t in p["targets"]))
     assert {
-        "sidecar_slo_limit", "sidecar_slo_starts_limit", "sidecar_slo_drain_limit",
+        "sidecar_slo_limit",
+        "sidecar_slo_starts_limit",
+        "sidecar_slo_drain_limit",
         "sidecar_slo_ends_per_second",
-    } <= law_metrics  # fmt: skip
+    } <= law_metrics
 
 
 def test_the_objective_lines_default_to_the_sidecars_objectives() -> None:

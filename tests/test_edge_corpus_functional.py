@@ -91,15 +91,23 @@ async def test_no_corpus_vector_reaches_the_engine_without_a_permit(
     server = await edge(
         SIDECAR_HEADER_TIMEOUT_MS="300", SIDECAR_BODY_TIMEOUT_MS="300", SIDECAR_KV_POOL="1GiB"
     )
-    cases = [(f"{name} [{kind}]", raw) for name, raw0 in vectors()
-             for kind, raw in (("as sent", raw0), ("with Host", with_host(raw0)))]  # fmt: skip
+    cases = [
+        (f"{name} [{kind}]", raw)
+        for name, raw0 in vectors()
+        for kind, raw in (("as sent", raw0), ("with Host", with_host(raw0)))
+    ]
     assert len(cases) >= 400
     failures: dict[str, list[int]] = {}
     for start in range(0, len(cases), AT_ONCE):
         batch = cases[start : start + AT_ONCE]
         answers = await asyncio.gather(*(replay(server.proxy_port, raw) for _, raw in batch))
-        failures.update({name: st for (name, _), st in zip(batch, answers, strict=True)
-                         if any(s >= 500 and s != 503 for s in st)})  # fmt: skip
+        failures.update(
+            {
+                name: st
+                for (name, _), st in zip(batch, answers, strict=True)
+                if any(s >= 500 and s != 503 for s in st)
+            }
+        )
     assert failures == {}
     snapshot = server.bulkhead.snapshot()
     # At most: a request admitted and forwarded may still be one the engine's parser refuses

@@ -101,8 +101,9 @@ def _close_all(conns: list[Conn]) -> None:
 async def test_partial_heads_from_two_addresses_lock_nobody_out(door: Open) -> None:
     """A port filled with one-byte heads from two addresses: every request from a third one is
     served, each closing a stale head, which is answered 503 with Retry-After."""
-    d = await door(EdgeLimits(max_connections=32, max_connections_per_client=16,
-                              max_partial_heads=8))  # fmt: skip
+    d = await door(
+        EdgeLimits(max_connections=32, max_connections_per_client=16, max_partial_heads=8)
+    )
     flood = [await _from(f"127.0.0.{2 + i % 2}", d.port, b"G") for i in range(32)]
     try:
         assert await until(lambda: _open_count(d, 32))

@@ -127,10 +127,14 @@ async def test_bodies_the_checks_cannot_price_get_a_4xx_never_a_500(
 ) -> None:
     """Each hostile body gets its own answer: priced and sent, or a 400 that never reaches it."""
     server = await edge()
-    async with aiohttp.ClientSession() as s, s.post(
-        proxy_url(server) + "/v1/completions", data=body,
-        headers={"Content-Type": "application/json"},
-    ) as r:  # fmt: skip
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            proxy_url(server) + "/v1/completions",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        ) as r,
+    ):
         assert r.status == status
         if status == 400:
             assert error_of(await r.read())["type"] == "invalid_request_error"
@@ -171,18 +175,24 @@ async def test_chat_content_arrays_of_non_objects_are_a_400_and_reach_nothing(
         assert r.status == 400
         error = error_of(await r.read())
     assert (error["param"], error["code"], error["type"]) == (
-        "messages", "invalid_type", "invalid_request_error",
-    )  # fmt: skip
+        "messages",
+        "invalid_type",
+        "invalid_request_error",
+    )
     assert double.seen == []
 
 
 async def test_a_declared_non_utf8_charset_is_a_415(edge: Start, double: EngineDouble) -> None:
     """Content-Type: application/json; charset=utf-16 is refused before it reaches the engine."""
     server = await edge()
-    async with aiohttp.ClientSession() as s, s.post(
-        proxy_url(server) + "/v1/completions", data='{"prompt":"hi"}'.encode("utf-16"),
-        headers={"Content-Type": "application/json; charset=utf-16"},
-    ) as r:  # fmt: skip
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            proxy_url(server) + "/v1/completions",
+            data='{"prompt":"hi"}'.encode("utf-16"),
+            headers={"Content-Type": "application/json; charset=utf-16"},
+        ) as r,
+    ):
         assert r.status == 415
     assert double.seen == []
 
@@ -346,10 +356,14 @@ async def test_a_broken_plain_body_is_cut_off_not_a_clean_200(edge: Start) -> No
 async def test_a_crlf_stream_is_relayed_whole(edge: Start) -> None:
     """CRLF-framed events go out as they are, byte for byte."""
     server = await edge()
-    async with aiohttp.ClientSession() as s, s.post(
-        proxy_url(server) + "/v1/chat/completions", json={**CHAT, "stream": True},
-        headers={"x-double": "crlf"},
-    ) as r:  # fmt: skip
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            proxy_url(server) + "/v1/chat/completions",
+            json={**CHAT, "stream": True},
+            headers={"x-double": "crlf"},
+        ) as r,
+    ):
         assert await r.read() == b"data: 1\r\n\r\ndata: [DONE]\r\n\r\n"
 
 
@@ -454,12 +468,18 @@ async def test_a_client_that_expects_100_continue_gets_it_then_its_answer(
 @pytest.mark.parametrize(
     ("head", "status"),
     [
-        pytest.param(b"POST /v1/completions HTTP/1.1\r\nExpect: x-secret-token\r\n", b"417",
-                     id="unknown-expectation"),
-        pytest.param(b"POST /v1/%2e%2e/%2fcompletions HTTP/1.1\r\nExpect: 100-continue\r\n",
-                     b"400", id="refused-before-the-body"),
+        pytest.param(
+            b"POST /v1/completions HTTP/1.1\r\nExpect: x-secret-token\r\n",
+            b"417",
+            id="unknown-expectation",
+        ),
+        pytest.param(
+            b"POST /v1/%2e%2e/%2fcompletions HTTP/1.1\r\nExpect: 100-continue\r\n",
+            b"400",
+            id="refused-before-the-body",
+        ),
     ],
-)  # fmt: skip
+)
 async def test_an_expectation_never_sends_a_refused_request_on(
     edge: Start, double: EngineDouble, head: bytes, status: bytes
 ) -> None:
@@ -599,15 +619,18 @@ SECRET = "sk-very-secret-key-123"
 MALFORMED = [
     pytest.param(
         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
-        b"Content-Length: 5\r\n\r\n0\r\n\r\n", id="te-and-cl",
+        b"Content-Length: 5\r\n\r\n0\r\n\r\n",
+        id="te-and-cl",
     ),
     pytest.param(
         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
-        b"Content-Length: 30\r\n\r\n{}", id="two-content-lengths",
+        b"Content-Length: 30\r\n\r\n{}",
+        id="two-content-lengths",
     ),
     pytest.param(
         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-        b"zz\r\n{}\r\n0\r\n\r\n", id="bad-chunk-size",
+        b"zz\r\n{}\r\n0\r\n\r\n",
+        id="bad-chunk-size",
     ),
     pytest.param(
         b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n",
@@ -620,15 +643,17 @@ MALFORMED = [
     pytest.param(b"GET /v1/models HTTP/1.1\r\nHost: x\x00y\r\n\r\n", id="nul-in-a-field"),
     pytest.param(
         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, gzip\r\n\r\n"
-        b"2\r\n{}\r\n0\r\n\r\n", id="chunked-not-last",
+        b"2\r\n{}\r\n0\r\n\r\n",
+        id="chunked-not-last",
     ),
     pytest.param(
         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
-        b"e\r\n{\"prompt\":\"a\"}\r\n0\r\n\r\n", id="a-coding-before-chunked",
+        b'e\r\n{"prompt":"a"}\r\n0\r\n\r\n',
+        id="a-coding-before-chunked",
     ),
     pytest.param(
         b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n"
-        b"Transfer-Encoding: chunked\r\n\r\ne\r\n{\"prompt\":\"a\"}\r\n0\r\n\r\n",
+        b'Transfer-Encoding: chunked\r\n\r\ne\r\n{"prompt":"a"}\r\n0\r\n\r\n',
         id="codings-in-two-fields",
     ),
     pytest.param(b"GET /v1/models\r\n\r\n", id="http-0.9"),
@@ -642,7 +667,7 @@ MALFORMED = [
         b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + b"X-Long: " + b"a" * 5000 * 150,
         id="a-head-that-never-ends",
     ),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("raw", MALFORMED)
@@ -760,9 +785,10 @@ async def test_a_fast_start_does_not_buy_a_stalled_body_its_timeout(edge: Start)
     """A body sent fast, then stalled: cut off 408 body_timeout by the pace of its last window,
     long before the 30 s timeout its fast start would have bought on average."""
     server = await edge(
-        SIDECAR_BODY_TIMEOUT_MS="30000", SIDECAR_BODY_MIN_RATE="1000",
+        SIDECAR_BODY_TIMEOUT_MS="30000",
+        SIDECAR_BODY_MIN_RATE="1000",
         SIDECAR_BODY_RATE_GRACE_MS="200",
-    )  # fmt: skip
+    )
     head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"
     async with asyncio.timeout(5):
         answer = await exchange(server.proxy_port, head + b" " * 60_000, timeout_s=5)
@@ -791,8 +817,10 @@ async def test_refusals_at_the_door_are_counted(edge: Start) -> None:
     try:
         assert await until(lambda: _open(server, 1))
         with capture_logs() as logs:
-            answers = [await exchange(server.proxy_port, b"GET /v1/models HTTP/1.1\r\n\r\n")
-                       for _ in range(3)]  # fmt: skip
+            answers = [
+                await exchange(server.proxy_port, b"GET /v1/models HTTP/1.1\r\n\r\n")
+                for _ in range(3)
+            ]
         async with asyncio.timeout(3):
             assert (await holder[0][0].read()).startswith(b"HTTP/1.1 408")
     finally:
@@ -816,9 +844,10 @@ async def test_prompt_counting_is_capped_by_the_gate(edge: Start, double: Engine
     server = await edge(SIDECAR_MAX_PRE_ADMISSION="1", SIDECAR_PROMPT_TOKENS="engine")
     async with aiohttp.ClientSession() as s:
         held = asyncio.create_task(
-            s.post(proxy_url(server) + "/v1/completions", json=COMPLETION,
-                   headers={"x-double": "held"})
-        )  # fmt: skip
+            s.post(
+                proxy_url(server) + "/v1/completions", json=COMPLETION, headers={"x-double": "held"}
+            )
+        )
         try:
             assert await until(lambda: _gate_held(server, 1))
             async with s.post(proxy_url(server) + "/v1/completions", json=COMPLETION) as r:
@@ -841,9 +870,10 @@ async def test_a_trickled_body_is_cut_at_its_floor_with_a_408(
     """A byte every 50 ms (20 B/s) under a 1,000 B/s floor is cut once the grace is over, long
     before the 30 s body timeout; nothing reaches the engine."""
     server = await edge(
-        SIDECAR_BODY_TIMEOUT_MS="30000", SIDECAR_BODY_MIN_RATE="1000",
+        SIDECAR_BODY_TIMEOUT_MS="30000",
+        SIDECAR_BODY_MIN_RATE="1000",
         SIDECAR_BODY_RATE_GRACE_MS="300",
-    )  # fmt: skip
+    )
     reader, writer = await asyncio.open_connection("127.0.0.1", server.proxy_port)
     writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n")
 
@@ -887,10 +917,14 @@ async def test_a_body_above_its_floor_is_read_whole(edge: Start, double: EngineD
 async def test_drain_past_its_grace_ends_streams_in_band(edge: Start) -> None:
     """Grace gone: a running stream gets an SSE error with code draining, then [DONE]."""
     server = await edge()
-    async with aiohttp.ClientSession() as s, s.post(
-        proxy_url(server) + "/v1/chat/completions", json={**CHAT, "stream": True},
-        headers={"x-double": "endless"},
-    ) as r:  # fmt: skip
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            proxy_url(server) + "/v1/chat/completions",
+            json={**CHAT, "stream": True},
+            headers={"x-double": "endless"},
+        ) as r,
+    ):
         await r.content.readuntil(b"\n\n")
         drained = asyncio.create_task(server.drain(0.2))
         body = await asyncio.wait_for(r.read(), 10)

@@ -224,13 +224,17 @@ async def test_queue_cap_answers_503_as_vllm_does(
                 refused = (r.status, await r.json(), r.headers.get("Retry-After"))
             assert refused == (
                 503,
-                {"error": {
-                    "message": "The engine is currently busy and cannot accept new requests. "
-                    "Please try again later or on a different instance.",
-                    "type": "Service Unavailable", "param": None, "code": 503,
-                }},
+                {
+                    "error": {
+                        "message": "The engine is currently busy and cannot accept new requests. "
+                        "Please try again later or on a different instance.",
+                        "type": "Service Unavailable",
+                        "param": None,
+                        "code": 503,
+                    }
+                },
                 None,
-            )  # fmt: skip
+            )
         assert await asyncio.gather(*held) == [200, 200]
         assert await _drain(session, url, body) == 200
 

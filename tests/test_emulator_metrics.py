@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -78,8 +79,15 @@ def test_cache_config_info_carries_vllms_kv_figures(
     (theirs,) = vllm["vllm:cache_config_info"][1]
     assert set(ours.labels) <= set(theirs.labels)
     # The tiny fixture model (1024 bytes/token) with the same pool reads exactly like vLLM.
-    for label in ("block_size", "num_gpu_blocks", "kv_cache_size_tokens", "kv_cache_memory_bytes",
-                  "kv_cache_max_concurrency", "engine", "cache_dtype"):  # fmt: skip
+    for label in (
+        "block_size",
+        "num_gpu_blocks",
+        "kv_cache_size_tokens",
+        "kv_cache_memory_bytes",
+        "kv_cache_max_concurrency",
+        "engine",
+        "cache_dtype",
+    ):
         assert ours.labels[label] == theirs.labels[label], label
     assert ours.value == 1.0
 
@@ -91,8 +99,12 @@ def test_gauges_follow_the_pool() -> None:
     pool.submit("a", 20, 5)
     pool.submit("b", 1, 5)
     pool.step()  # a's prompt, 2 blocks, and its first token; b waits (max_num_seqs=1)
-    values = {s.name: s.value for _, samples in scrape(config, pool).values() for s in samples
-              if "finished_reason" not in s.labels}  # fmt: skip
+    values = {
+        s.name: s.value
+        for _, samples in scrape(config, pool).values()
+        for s in samples
+        if "finished_reason" not in s.labels
+    }
     assert values["vllm:num_requests_running"] == 1
     assert values["vllm:num_requests_waiting"] == 1
     assert values["vllm:kv_cache_usage_perc"] == 0.5
@@ -113,3 +125,17 @@ def test_finished_lengths_read_back_as_the_engines_typical_request() -> None:
     text = generate_latest(build_registry(config, pool.snapshot)).decode()
     reading = parse_metrics(text, 0.0)
     assert (reading.typical_prompt_tokens, reading.typical_generation_tokens) == (10.5, 5.0)
+
+
+def test_the_time_requests_ran_reads_back_as_the_engines_mean() -> None:
+    """vLLM's request_inference_time_seconds, sum over count: the sidecar's probe reads the mean
+    time a request ran, the Retry-After hint's pace before the sidecar has served any."""
+    config = EmulatorConfig(max_model_len=64, kv_tokens=256, block_size=16)
+    pool = make_pool(config)
+    pool.submit("a", 20, 5)
+    pool.submit("b", 1, 5)
+    for _ in range(10):
+        pool.step()
+    snap = replace(pool.snapshot(), finished_inference_s=3.0)
+    text = generate_latest(build_registry(config, lambda: snap)).decode()
+    assert parse_metrics(text, 0.0).typical_inference_s == 1.5

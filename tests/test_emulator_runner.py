@@ -74,6 +74,20 @@ async def test_a_step_takes_its_fixed_time_plus_its_tokens() -> None:
     assert runner.engine_s == pytest.approx(0.072)
 
 
+async def test_finished_requests_count_the_time_they_ran_as_vllm_does() -> None:
+    """vLLM's request_inference_time_seconds: a request runs from the step of its first token
+    to the step of its last. Two of 3 tokens side by side: a step of both prompts (0.02 + 10 x
+    0.001 s), then two decode steps of both (0.02 + 2 x 0.001 s): each ran 0.074 s."""
+    runner, clock = make_runner(num_blocks=16, cost=StepCost(step_s=0.02, token_s=0.001))
+    await asyncio.gather(
+        token_times(runner, clock, "a", 5, 3), token_times(runner, clock, "b", 5, 3)
+    )
+    snap = runner.snapshot()
+    assert snap.finished["length"] == 2
+    assert snap.finished_inference_s == pytest.approx(2 * (0.030 + 0.022 + 0.022))
+    await runner.close()
+
+
 async def test_first_token_delay_comes_before_the_queue() -> None:
     """A slow-first-token delay passes before the request reaches the engine."""
     runner, clock = make_runner(cost=StepCost(step_s=0.025))

@@ -65,10 +65,13 @@ HANG_UP = b"<hang up>"
 async def _read_request(reader: asyncio.StreamReader) -> None:
     head = await reader.readuntil(b"\r\n\r\n")
     length = next(
-        (int(line.split(b":")[1]) for line in head.split(b"\r\n")
-         if line.lower().startswith(b"content-length:")),
+        (
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        ),
         0,
-    )  # fmt: skip
+    )
     await reader.readexactly(length)
 
 

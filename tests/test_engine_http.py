@@ -785,14 +785,28 @@ ANSWER_BYTES = st.one_of(
     st.binary(max_size=200),
     st.lists(
         st.sampled_from(
-            [b"HTTP/1.1 200 OK\r\n", b"HTTP/1.0 204 x\r\n", b"HTTP/1.1 100 Continue\r\n\r\n",
-             b"Content-Length: 3\r\n", b"Transfer-Encoding: chunked\r\n", b"X: a\x00b\r\n",
-             b"X: a\nb\r\n", b"\r\n", b"\n", b"3\r\nabc\r\n", b"0\r\n\r\n", b"zz\r\n", b"abc",
-             b"Connection: close\r\n", b"\x00", b"\xff"]
+            [
+                b"HTTP/1.1 200 OK\r\n",
+                b"HTTP/1.0 204 x\r\n",
+                b"HTTP/1.1 100 Continue\r\n\r\n",
+                b"Content-Length: 3\r\n",
+                b"Transfer-Encoding: chunked\r\n",
+                b"X: a\x00b\r\n",
+                b"X: a\nb\r\n",
+                b"\r\n",
+                b"\n",
+                b"3\r\nabc\r\n",
+                b"0\r\n\r\n",
+                b"zz\r\n",
+                b"abc",
+                b"Connection: close\r\n",
+                b"\x00",
+                b"\xff",
+            ]
         ),
         max_size=12,
     ).map(b"".join),
-)  # fmt: skip
+)
 
 
 @settings(max_examples=300, deadline=None)

@@ -40,8 +40,9 @@ def test_open_loop_arrivals_are_one_trace_per_seed() -> None:
 
 def test_open_loop_arrivals_follow_the_shape() -> None:
     """Three times the arrivals a second during the step (within Poisson noise)."""
-    times = arrivals(Load(shape=SHAPES["step"], open_loop=True, pod_users=8, pod_rate=2.0,
-                          seed=47), 10)  # fmt: skip
+    times = arrivals(
+        Load(shape=SHAPES["step"], open_loop=True, pod_users=8, pod_rate=2.0, seed=47), 10
+    )
     before = sum(1 for t in times if t < 120) / 12
     during = sum(1 for t in times if 120 <= t < 720) / 60
     assert before == pytest.approx(2.0, rel=0.5)
@@ -52,16 +53,34 @@ def test_a_refusal_is_a_miss_and_replica_seconds_count_loading_pods() -> None:
     """Attainment is over every request offered; a pod bills from creation to gone."""
     run = {
         "requests": [
-            {"began": 130.0, "served": True, "ttft_s": 0.5, "tokens": 100, "busy": 0,
-             "attempts": 1, "within": True},
-            {"began": 140.0, "served": False, "ttft_s": None, "tokens": 0, "busy": 9,
-             "attempts": 9, "within": False},
+            {
+                "began": 130.0,
+                "served": True,
+                "ttft_s": 0.5,
+                "tokens": 100,
+                "busy": 0,
+                "attempts": 1,
+                "within": True,
+            },
+            {
+                "began": 140.0,
+                "served": False,
+                "ttft_s": None,
+                "tokens": 0,
+                "busy": 9,
+                "attempts": 9,
+                "within": False,
+            },
         ],
         "ticks": [{"at": 135.0, "replicas": 1, "desired": 3}],
-        "pods": [{"created": 0.0, "ready_at": 0.0, "gone_at": None},
-                 {"created": 135.0, "ready_at": 250.0, "gone_at": 500.0}],
-        "step": (120.0, 720.0), "end": 1000.0, "scale": 10.0,
-    }  # fmt: skip
+        "pods": [
+            {"created": 0.0, "ready_at": 0.0, "gone_at": None},
+            {"created": 135.0, "ready_at": 250.0, "gone_at": 500.0},
+        ],
+        "step": (120.0, 720.0),
+        "end": 1000.0,
+        "scale": 10.0,
+    }
     figures = summarise(run)
     assert (figures["attainment"], figures["refusals"], figures["replica_s"]) == (0.5, 9, 1365.0)
     assert (figures["to_decision_s"], figures["to_ready_s"]) == (15.0, 130.0)

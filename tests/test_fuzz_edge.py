@@ -74,21 +74,29 @@ async def _idle(server: SidecarServer) -> BulkheadSnapshot:
 
 JSONISH = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
-    lambda inner: st.lists(inner, max_size=4)
-    | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=12,
-)  # fmt: skip
+)
 FIELDS = st.fixed_dictionaries(
     {},
     optional={
-        "model": JSONISH, "stream": JSONISH, "n": JSONISH, "max_tokens": JSONISH,
-        "max_completion_tokens": JSONISH, "max_output_tokens": JSONISH, "prompt": JSONISH,
-        "messages": JSONISH | st.lists(
+        "model": JSONISH,
+        "stream": JSONISH,
+        "n": JSONISH,
+        "max_tokens": JSONISH,
+        "max_completion_tokens": JSONISH,
+        "max_output_tokens": JSONISH,
+        "prompt": JSONISH,
+        "messages": JSONISH
+        | st.lists(
             st.fixed_dictionaries({"role": st.just("user"), "content": JSONISH}), max_size=3
         ),
-        "input": JSONISH, "instructions": JSONISH,
+        "input": JSONISH,
+        "instructions": JSONISH,
     },
-)  # fmt: skip
+)
 HOSTILE_BYTES = st.sampled_from(
     [
         b'{"prompt": "\\ud800", "max_tokens": 2}',
@@ -104,15 +112,43 @@ HOSTILE_BYTES = st.sampled_from(
 )
 BODIES = FIELDS.map(lambda d: json.dumps(d).encode()) | HOSTILE_BYTES | st.binary(max_size=64)
 ENDPOINTS = st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/responses"])
-SEGMENT = st.sampled_from(["v1", "chat", "completions", "responses", ".", "..", "", "%2E", "%2e",
-                           "%2F", "%5C", "%41", "%", "x", "tokenize", "%252E"])  # fmt: skip
+SEGMENT = st.sampled_from(
+    [
+        "v1",
+        "chat",
+        "completions",
+        "responses",
+        ".",
+        "..",
+        "",
+        "%2E",
+        "%2e",
+        "%2F",
+        "%5C",
+        "%41",
+        "%",
+        "x",
+        "tokenize",
+        "%252E",
+    ]
+)
 PATHS = st.lists(SEGMENT, min_size=1, max_size=6).map(lambda parts: "/" + "/".join(parts))
 HEADER_VALUES = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40)
 HEADERS = st.dictionaries(
-    st.sampled_from(["Content-Type", "X-Tenant-Id", "X-Priority", "Authorization", "X-Request-Id",
-                     "Accept", "Content-Encoding"]),
-    HEADER_VALUES, max_size=4,
-)  # fmt: skip
+    st.sampled_from(
+        [
+            "Content-Type",
+            "X-Tenant-Id",
+            "X-Priority",
+            "Authorization",
+            "X-Request-Id",
+            "Accept",
+            "Content-Encoding",
+        ]
+    ),
+    HEADER_VALUES,
+    max_size=4,
+)
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -29,8 +29,12 @@ from tests.engine_double import EngineDouble
 from tests.servers import sidecar_in_a_thread
 from tests.test_fuzz_edge import Live
 
-FAST = {"SIDECAR_MAX_QUEUE": "8", "SIDECAR_KEEPALIVE_TIMEOUT_MS": "100",
-        "SIDECAR_HEADER_TIMEOUT_MS": "500", "SIDECAR_BODY_TIMEOUT_MS": "500"}  # fmt: skip
+FAST = {
+    "SIDECAR_MAX_QUEUE": "8",
+    "SIDECAR_KEEPALIVE_TIMEOUT_MS": "100",
+    "SIDECAR_HEADER_TIMEOUT_MS": "500",
+    "SIDECAR_BODY_TIMEOUT_MS": "500",
+}
 READ_TIMEOUT_S = 3.0  # silence past every deadline above (and the server's 1 s linger): a hang
 BODY = json.dumps({"model": "m", "prompt": "hi", "max_tokens": 5}).encode()
 ANSWER = {"object": "text_completion", "choices": [{"text": "hi"}], "data": [], "count": 3}
@@ -113,10 +117,22 @@ HOSTILE = {
 FIELDS = st.sampled_from(sorted(HOSTILE)).flatmap(
     lambda name: st.sampled_from(HOSTILE[name]).map(lambda value: name + b": " + value)
 )
-VERSIONS = st.sampled_from([b"HTTP/1.0", b"HTTP/2.0", b"HTTP/0.9", b"HTTP/1.2", b"HTTP/1",
-                            b"http/1.1", b"HTTP/1.1 ", b"HTTP/11", b""])  # fmt: skip
-BYTES = st.sampled_from([b"\r", b"\n", b"\r\n", b" ", b"\t", b":", b"\x00", b"\x7f", b"\xff",
-                         b";", b","]) | st.binary(min_size=1, max_size=3)  # fmt: skip
+VERSIONS = st.sampled_from(
+    [
+        b"HTTP/1.0",
+        b"HTTP/2.0",
+        b"HTTP/0.9",
+        b"HTTP/1.2",
+        b"HTTP/1",
+        b"http/1.1",
+        b"HTTP/1.1 ",
+        b"HTTP/11",
+        b"",
+    ]
+)
+BYTES = st.sampled_from(
+    [b"\r", b"\n", b"\r\n", b" ", b"\t", b":", b"\x00", b"\x7f", b"\xff", b";", b","]
+) | st.binary(min_size=1, max_size=3)
 NEWLINES = st.sampled_from([b"", b"\r\n\r\n", b"\n", b"\r", b"\r\n ", b"\n\r"])
 
 
@@ -185,8 +201,9 @@ def answers(reply: bytes) -> list[tuple[int, int, str, bytes]]:
             continue
         answer = http.client.HTTPResponse(stream)  # type: ignore[arg-type]
         answer.begin()
-        out.append((answer.version, answer.status, answer.getheader("Content-Type", ""),
-                    answer.read()))  # fmt: skip
+        out.append(
+            (answer.version, answer.status, answer.getheader("Content-Type", ""), answer.read())
+        )
     return out
 
 
@@ -232,8 +249,11 @@ POINTS = st.lists(st.integers(0, 4096), max_size=4)
 
 
 @settings(FUZZ, max_examples=100)
-@given(requests=st.lists(valid().map(encode) | hostile(), min_size=1, max_size=3),
-       points=POINTS, half_close=st.booleans())  # fmt: skip
+@given(
+    requests=st.lists(valid().map(encode) | hostile(), min_size=1, max_size=3),
+    points=POINTS,
+    half_close=st.booleans(),
+)
 def test_hostile_bytes_never_get_a_500_nor_leak(
     live: Wired, requests: list[bytes], points: list[int], half_close: bool
 ) -> None:

@@ -44,13 +44,15 @@ async def in_use(server: SidecarServer) -> int:
 
 
 NUMBERS = [
-    pytest.param(b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], '
-                 b'"temperature": NaN}', id="nan"),
+    pytest.param(
+        b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
+        id="nan",
+    ),
     pytest.param(b'{"model": "m", "prompt": "hi", "temperature": Infinity}', id="infinity"),
     pytest.param(b'{"model": "m", "prompt": "hi", "top_p": -Infinity}', id="minus-infinity"),
     pytest.param(b'{"model": "m", "prompt": "hi", "temperature": 1e999}', id="overflow"),
     pytest.param(b'{"model": "m", "prompt": "hi", "logit_bias": {"5": -1e999}}', id="nested"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("body", NUMBERS)
@@ -72,31 +74,71 @@ BIG = "x" * 100_000  # ~25,000 tokens as the engine renders it
 BUDGET_3000 = {"SIDECAR_MAX_PROMPT_TOKENS": "3000", "SIDECAR_KV_POOL": str(2 * 3028 * 1024)}
 USER = {"role": "user", "content": "hi"}
 RENDERS = [
-    pytest.param("/v1/chat/completions", {"messages": [USER], "tools": [
-        {"type": "function", "function": {"name": "f", "description": BIG}}]}, id="tools"),
-    pytest.param("/v1/chat/completions", {"messages": [USER, {"role": "assistant", "tool_calls": [
-        {"id": "c", "type": "function", "function": {"name": "f", "arguments": BIG}}]}]},
-        id="tool-call-arguments"),
-    pytest.param("/v1/chat/completions",
-                 {"messages": [{"role": "user", "name": BIG, "content": "hi"}]}, id="name"),
-    pytest.param("/v1/chat/completions",
-                 {"messages": [USER], "documents": [{"text": BIG}]}, id="documents"),
-    pytest.param("/v1/chat/completions", {"messages": [
-        {"role": "tool", "tool_call_id": "c", "content": BIG}]}, id="tool-role"),
-    pytest.param("/v1/responses", {"input": [
-        {"type": "function_call", "call_id": "c", "name": "f", "arguments": BIG}]},
-        id="responses-function-call"),
-    pytest.param("/v1/responses", {"input": "hi", "instructions": BIG},
-                 id="responses-instructions"),
-    pytest.param("/v1/chat/completions", {"messages": [
-        {"role": "user", "content": [{"type": "x-unknown", "payload": BIG}]}]},
-        id="unknown-part-type"),
-    pytest.param("/v1/chat/completions", {"messages": [
-        {"role": "user", "content": [{"payload": BIG}]}]}, id="part-without-type"),
-    pytest.param("/v1/chat/completions", {"messages": [
-        {"role": "assistant", "content": [{"type": "thinking", "thinking": BIG}]}, USER]},
-        id="thinking-part"),
-]  # fmt: skip
+    pytest.param(
+        "/v1/chat/completions",
+        {
+            "messages": [USER],
+            "tools": [{"type": "function", "function": {"name": "f", "description": BIG}}],
+        },
+        id="tools",
+    ),
+    pytest.param(
+        "/v1/chat/completions",
+        {
+            "messages": [
+                USER,
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": "c", "type": "function", "function": {"name": "f", "arguments": BIG}}
+                    ],
+                },
+            ]
+        },
+        id="tool-call-arguments",
+    ),
+    pytest.param(
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "name": BIG, "content": "hi"}]},
+        id="name",
+    ),
+    pytest.param(
+        "/v1/chat/completions", {"messages": [USER], "documents": [{"text": BIG}]}, id="documents"
+    ),
+    pytest.param(
+        "/v1/chat/completions",
+        {"messages": [{"role": "tool", "tool_call_id": "c", "content": BIG}]},
+        id="tool-role",
+    ),
+    pytest.param(
+        "/v1/responses",
+        {"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": BIG}]},
+        id="responses-function-call",
+    ),
+    pytest.param(
+        "/v1/responses", {"input": "hi", "instructions": BIG}, id="responses-instructions"
+    ),
+    pytest.param(
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "x-unknown", "payload": BIG}]}]},
+        id="unknown-part-type",
+    ),
+    pytest.param(
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"payload": BIG}]}]},
+        id="part-without-type",
+    ),
+    pytest.param(
+        "/v1/chat/completions",
+        {
+            "messages": [
+                {"role": "assistant", "content": [{"type": "thinking", "thinking": BIG}]},
+                USER,
+            ]
+        },
+        id="thinking-part",
+    ),
+]
 
 
 @pytest.mark.parametrize(("path", "body"), RENDERS)
@@ -114,18 +156,35 @@ async def test_a_render_over_the_prompt_budget_is_refused(
 
 
 UNPRICED = [
-    pytest.param("/v1/chat/completions", {"messages": [USER], "chat_template": BIG}, "estimate",
-                 id="chat-template"),
-    pytest.param("/v1/responses", {"input": "hi", "chat_template": BIG}, "estimate",
-                 id="responses-chat-template"),
-    pytest.param("/v1/responses", {"input": "hi", "chat_template": BIG}, "engine",
-                 id="responses-chat-template-engine-count"),
-    pytest.param("/v1/completions", {"prompt": "hi", "prompt_embeds": BIG}, "estimate",
-                 id="prompt-embeds"),
+    pytest.param(
+        "/v1/chat/completions",
+        {"messages": [USER], "chat_template": BIG},
+        "estimate",
+        id="chat-template",
+    ),
+    pytest.param(
+        "/v1/responses",
+        {"input": "hi", "chat_template": BIG},
+        "estimate",
+        id="responses-chat-template",
+    ),
+    pytest.param(
+        "/v1/responses",
+        {"input": "hi", "chat_template": BIG},
+        "engine",
+        id="responses-chat-template-engine-count",
+    ),
+    pytest.param(
+        "/v1/completions", {"prompt": "hi", "prompt_embeds": BIG}, "estimate", id="prompt-embeds"
+    ),
     pytest.param("/v1/completions", {"prompt_embeds": BIG}, "estimate", id="prompt-embeds-alone"),
-    pytest.param("/v1/completions", {"prompt": "hi", "prompt_embeds": BIG}, "engine",
-                 id="prompt-embeds-engine-count"),
-]  # fmt: skip
+    pytest.param(
+        "/v1/completions",
+        {"prompt": "hi", "prompt_embeds": BIG},
+        "engine",
+        id="prompt-embeds-engine-count",
+    ),
+]
 
 
 @pytest.mark.parametrize(("path", "body", "count"), UNPRICED)

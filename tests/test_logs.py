@@ -75,11 +75,34 @@ def test_secrets_are_redacted(event: dict[str, str], expected: dict[str, str]) -
     assert dict(redact_secrets(None, "info", dict(event))) == expected
 
 
-@given(st.text(max_size=80) | st.builds(
-    "".join, st.lists(st.sampled_from(["Authorization: ", "api_key=", "Cookie:", "bearer ", "sk-",
-                                       "SK-abcdefg", "ſk-abcdefg", "authorızation: x", "x", " ",
-                                       "http://", "u:p@", "?token=", "&KEY=", "/"]),
-                      max_size=6)))  # fmt: skip
+@given(
+    st.text(max_size=80)
+    | st.builds(
+        "".join,
+        st.lists(
+            st.sampled_from(
+                [
+                    "Authorization: ",
+                    "api_key=",
+                    "Cookie:",
+                    "bearer ",
+                    "sk-",
+                    "SK-abcdefg",
+                    "ſk-abcdefg",
+                    "authorızation: x",
+                    "x",
+                    " ",
+                    "http://",
+                    "u:p@",
+                    "?token=",
+                    "&KEY=",
+                    "/",
+                ]
+            ),
+            max_size=6,
+        ),
+    )
+)
 def test_text_passed_over_holds_nothing_to_scrub(text: str) -> None:
     """The fast check skips only text the scrubbing pattern leaves as it is."""
     if not may_hold_secret(text):
@@ -104,8 +127,10 @@ def test_library_records_become_json_without_tracebacks() -> None:
     logger = logging.getLogger("aiohttp.server")
     error = ValueError("Authorization: Bearer sk-secret-secret")
     for _ in range(3):
-        logger.error("Error handling request Authorization: Bearer sk-secret-secret",
-                     exc_info=(ValueError, error, None))  # fmt: skip
+        logger.error(
+            "Error handling request Authorization: Bearer sk-secret-secret",
+            exc_info=(ValueError, error, None),
+        )
     lines = out.getvalue().splitlines()
     assert len(lines) == 1
     event = json.loads(lines[0])

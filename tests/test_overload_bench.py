@@ -36,9 +36,8 @@ def loaded_metrics() -> str:
 def test_a_sample_reads_the_four_series_and_not_their_neighbours() -> None:
     """num_requests_waiting_by_reason and num_preemptions_created are other series."""
     sample = parse(loaded_metrics(), at=5.0)
-    assert (sample.running, sample.waiting, sample.kv_usage, sample.preemptions) == (
-        23.0, 7.0, 0.93, 41.0,
-    )  # fmt: skip
+    series = (sample.running, sample.waiting, sample.kv_usage, sample.preemptions)
+    assert series == (23.0, 7.0, 0.93, 41.0)
 
 
 def test_preemptions_and_means_are_taken_inside_the_window() -> None:
@@ -94,8 +93,16 @@ async def test_the_open_loop_offers_its_rate_however_late_its_loop_wakes() -> No
 
     tally = Tally()
     load = Load("open", prompt_words=8, rate=10.0)
-    await open_loop("http://127.0.0.1:9", load, "m", Window(0.0, 100.0), tally,
-                    clock=lambda: now, sleep=late_sleep, send=send)  # fmt: skip
+    await open_loop(
+        "http://127.0.0.1:9",
+        load,
+        "m",
+        Window(0.0, 100.0),
+        tally,
+        clock=lambda: now,
+        sleep=late_sleep,
+        send=send,
+    )
     assert 9.0 < len(tally.sent) / 100.0 < 11.0
     assert now <= 101.0  # it ended with its window (two late wakes), not minutes behind it
     assert tally.sent == sorted(tally.sent)

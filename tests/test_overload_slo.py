@@ -78,19 +78,35 @@ def test_the_median_of_repetitions_skips_what_one_did_not_measure() -> None:
 def _run(rep: int, load: str, config: str, *, tokens: int, ttft: float, busy_s: float) -> Any:
     """A recorded run of 10 s: ten completions of ``tokens`` tokens at ``ttft`` (100 tokens a
     second after it), sent every half second, and two busy answers of ``busy_s``."""
-    records = [["completed", t / 2, t / 2 + ttft + (tokens - 1) / 100, ttft, tokens, None, ""]
-               for t in range(10)]  # fmt: skip
+    records = [
+        ["completed", t / 2, t / 2 + ttft + (tokens - 1) / 100, ttft, tokens, None, ""]
+        for t in range(10)
+    ]
     records += [["busy", 1.0, 1.0 + busy_s, 0.5, ""] for _ in range(2)]
     records = [r if len(r) == 7 else [r[0], r[1], r[2], None, 0, r[3], r[4]] for r in records]
     samples = [[0.0, 0.5, 10, 0, 7.0], [9.5, 0.9, 12, 3, 10.0]]
     sent = [r[1] for r in records]
-    return {"rep": rep, "load": load, "config": config, "label": config, "window_s": 10.0,
-            "sent": sent, "records": records, "engine_samples": samples}  # fmt: skip
+    return {
+        "rep": rep,
+        "load": load,
+        "config": config,
+        "label": config,
+        "window_s": 10.0,
+        "sent": sent,
+        "records": records,
+        "engine_samples": samples,
+    }
 
 
 def _document(runs: list[Any]) -> Any:
-    return {"objectives": {"ttft_s": 2.0, "tpot_s": 0.1}, "measure_s": 10.0, "warmup_s": 2.0,
-            "repetitions": 3, "loads": {"closed-long": "test"}, "runs": runs}  # fmt: skip
+    return {
+        "objectives": {"ttft_s": 2.0, "tpot_s": 0.1},
+        "measure_s": 10.0,
+        "warmup_s": 2.0,
+        "repetitions": 3,
+        "loads": {"closed-long": "test"},
+        "runs": runs,
+    }
 
 
 def test_targets_are_judged_on_the_median_of_paired_ratios() -> None:
@@ -127,16 +143,25 @@ def test_every_configuration_meets_every_load_in_each_repetition_in_turn() -> No
     runs = schedule(2, LOADS[2:], CONFIGS)
     names = [(rep, spec.name, config.name) for rep, spec, config in runs]
     assert names == [
-        (0, "open-long", "alone"), (0, "open-long", "queued-reqs"),
-        (0, "open-long", "queued-tokens"), (0, "open-long", "sidecar"),
+        (0, "open-long", "alone"),
+        (0, "open-long", "queued-reqs"),
+        (0, "open-long", "queued-tokens"),
+        (0, "open-long", "sidecar"),
         (0, "open-long", "sidecar-b"),
-        (0, "gpu-long", "alone"), (0, "gpu-long", "queued-reqs"), (0, "gpu-long", "sidecar"),
+        (0, "gpu-long", "alone"),
+        (0, "gpu-long", "queued-reqs"),
+        (0, "gpu-long", "sidecar"),
         (0, "gpu-long", "sidecar-b"),
-        (1, "open-long", "queued-reqs"), (1, "open-long", "queued-tokens"),
-        (1, "open-long", "sidecar"), (1, "open-long", "sidecar-b"), (1, "open-long", "alone"),
-        (1, "gpu-long", "queued-reqs"), (1, "gpu-long", "sidecar"),
-        (1, "gpu-long", "sidecar-b"), (1, "gpu-long", "alone"),
-    ]  # fmt: skip
+        (1, "open-long", "queued-reqs"),
+        (1, "open-long", "queued-tokens"),
+        (1, "open-long", "sidecar"),
+        (1, "open-long", "sidecar-b"),
+        (1, "open-long", "alone"),
+        (1, "gpu-long", "queued-reqs"),
+        (1, "gpu-long", "sidecar"),
+        (1, "gpu-long", "sidecar-b"),
+        (1, "gpu-long", "alone"),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -154,11 +179,23 @@ def test_a_goodput_ratio_over_nothing(ours: int, theirs: int, text: str, ok: boo
     for rep in range(3):
         runs += [
             _run(rep, "closed-long", "alone", tokens=200, ttft=3.0, busy_s=0.01),
-            _run(rep, "closed-long", "queued-reqs", tokens=theirs or 200, ttft=1.5 if theirs
-                 else 3.0, busy_s=0.01),
-            _run(rep, "closed-long", "sidecar", tokens=ours or 200, ttft=1.0 if ours else 3.0,
-                 busy_s=0.05),
-        ]  # fmt: skip
+            _run(
+                rep,
+                "closed-long",
+                "queued-reqs",
+                tokens=theirs or 200,
+                ttft=1.5 if theirs else 3.0,
+                busy_s=0.01,
+            ),
+            _run(
+                rep,
+                "closed-long",
+                "sidecar",
+                tokens=ours or 200,
+                ttft=1.0 if ours else 3.0,
+                busy_s=0.05,
+            ),
+        ]
     check = Report(_document(runs)).checks("closed-long")[0]
     assert (check.text.split(" ", 2)[2].startswith(text), check.ok) == (True, ok)
 
@@ -166,8 +203,9 @@ def test_a_goodput_ratio_over_nothing(ours: int, theirs: int, text: str, ok: boo
 def test_a_recorded_run_reads_as_it_was_printed() -> None:
     """The open-long load of a real short run (15 s, vLLM 0.32 on CPU, docs/lab/overload.md):
     its records give back the figures and the verdicts that run printed."""
-    document = json.loads((Path(__file__).parent / "fixtures" / "overload"
-                           / "open-long-short-run.json").read_text())  # fmt: skip
+    document = json.loads(
+        (Path(__file__).parent / "fixtures" / "overload" / "open-long-short-run.json").read_text()
+    )
     report = Report(document)
     rows = {row[0]: row[1:6] for row in table(report, "open-long")}
     assert rows == {

@@ -261,10 +261,11 @@ async def test_a_stream_answers_head_with_no_body_and_keeps_the_connection(serve
         pytest.param(post("/", b"x" * 100), id="declared-length"),
         pytest.param(
             b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-            + b"8\r\nxxxxxxxx\r\n" * 3, id="chunked-past-the-limit",
+            + b"8\r\nxxxxxxxx\r\n" * 3,
+            id="chunked-past-the-limit",
         ),
     ],
-)  # fmt: skip
+)
 async def test_a_body_over_the_limit_gets_a_413_and_a_close(serve: Serve, raw: bytes) -> None:
     """A body past max_body_bytes, declared or counted as it arrives, reads a 413 and then the
     close."""

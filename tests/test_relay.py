@@ -168,9 +168,16 @@ class _Wire:
 
 def _client(socket: _Socket, wire: _Wire, version: tuple[int, int] = (1, 1)) -> Request:
     return Request(
-        "POST", "/v1/chat/completions", version, CIMultiDict(), transport=socket,
-        wire=cast(Wire, wire), client_max_size=1 << 20, keep_alive=True, body_exists=False,
-    )  # fmt: skip
+        "POST",
+        "/v1/chat/completions",
+        version,
+        CIMultiDict(),
+        transport=socket,
+        wire=cast(Wire, wire),
+        client_max_size=1 << 20,
+        keep_alive=True,
+        body_exists=False,
+    )
 
 
 async def _relayed(
@@ -187,9 +194,11 @@ async def _relayed(
         engine.sends.put_nowait(SSE_HEAD)
         answer = await send(upstream, "POST", "/v1/chat/completions", {}, b"{}")
         relay = relay_stream(
-            _client(socket, wire or _Wire(), version), answer, "req-1",
+            _client(socket, wire or _Wire(), version),
+            answer,
+            "req-1",
             write_timeout_s=write_timeout_s,
-        )  # fmt: skip
+        )
         task = asyncio.create_task(relay)
         for n, read in enumerate(reads, start=1):
             await socket.writes(n)  # the head, then what each read before this one carried

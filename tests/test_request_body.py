@@ -20,10 +20,18 @@ MIB = 1024 * 1024
 
 def _request(budget: BodyBudget, client: str = "10.0.0.1") -> Request:
     return Request(
-        "POST", "/v1/completions", (1, 1), CIMultiDict(), transport=cast(asyncio.Transport, None),
-        wire=cast(Wire, None), client_max_size=4 * MIB, keep_alive=True, body_exists=True,
-        budget=budget, client=client,
-    )  # fmt: skip
+        "POST",
+        "/v1/completions",
+        (1, 1),
+        CIMultiDict(),
+        transport=cast(asyncio.Transport, None),
+        wire=cast(Wire, None),
+        client_max_size=4 * MIB,
+        keep_alive=True,
+        body_exists=True,
+        budget=budget,
+        client=client,
+    )
 
 
 async def test_a_body_in_two_byte_pieces_holds_about_what_it_counts() -> None:

@@ -406,11 +406,14 @@ def test_the_engine_counts_what_it_renders() -> None:
 @pytest.mark.parametrize(
     ("body", "endpoint"),
     [
-        pytest.param({"model": "m", "input": "hi", "instructions": "x" * 2000}, "responses",
-                     id="responses-input"),
+        pytest.param(
+            {"model": "m", "input": "hi", "instructions": "x" * 2000},
+            "responses",
+            id="responses-input",
+        ),
         pytest.param({"model": "m", "prompt": ["x" * 2000, "y"]}, "completions", id="a-batch"),
     ],
-)  # fmt: skip
+)
 def test_what_the_engine_does_not_count_is_bounded_by_its_estimate(
     body: dict[str, object], endpoint: str
 ) -> None:

@@ -273,3 +273,60 @@ def test_every_place_is_within_the_horizon(
     is longer) after the first."""
     quote = spread_s(first_s, place, per_s, draw, horizon_s)
     assert first_s <= quote <= first_s + max(horizon_s, 1 / per_s) + 1e-9
+
+
+def test_how_long_a_place_is_held_weighs_what_was_served_against_the_engine() -> None:
+    """The engine's mean stands in for the served requests short of 16; past 16 they alone
+    say; neither: unknown."""
+    rate = ReleaseRate()
+    assert rate.hold_s() is None
+    rate.expect_hold(30.0)
+    assert rate.hold_s() == pytest.approx(30.0)
+    for _ in range(4):
+        rate.held(10.0)  # a burst's first ends are its shortest streams
+    assert rate.hold_s() == pytest.approx((4 * 10.0 + 12 * 30.0) / 16)
+    for _ in range(12):
+        rate.held(20.0)
+    assert rate.hold_s() == pytest.approx((4 * 10.0 + 12 * 20.0) / 16)
+    rate.expect_hold(None)
+    assert rate.hold_s() == pytest.approx((4 * 10.0 + 12 * 20.0) / 16)
+
+
+def test_the_pace_is_the_places_over_how_long_one_is_held() -> None:
+    """Little's law: 31 places held 31 s each free one a second; nothing held frees nothing."""
+    rate = ReleaseRate()
+    rate.expect_hold(31.0)
+    assert rate.pace_per_s(31) == pytest.approx(1.0)
+    assert rate.pace_per_s(0) is None
+    assert ReleaseRate().pace_per_s(31) is None
+
+
+def test_a_burst_onto_long_streams_is_told_to_come_back_a_release_apart() -> None:
+    """31 streams of about 31 s fill the pod: the refused are told to come back one second
+    apart (the pace at which places free), whatever the burst's first fast grants measured
+    (the limit growing, 30 a second), and past the 60 s bound the places start again from the
+    first rather than all being told 60 s."""
+    rate = ReleaseRate(draw=lambda: 0.0)
+    for index in range(31):
+        rate.observe(index / 30)  # slow start's grants: 30 a second
+    rate.expect_hold(31.0)
+    quotes = [rate.quote(0, 1.0, running=31, slots=31) for _ in range(65)]
+    assert quotes[:3] == pytest.approx([1.0, 2.0, 3.0])
+    assert quotes[59] == pytest.approx(MAX_RETRY_S) == max(quotes)
+    assert quotes[60:62] == pytest.approx([1.0, 2.0])  # the second lap
+
+
+def test_the_pace_counts_the_places_the_pod_runs_when_full() -> None:
+    """A pod still growing toward 40 places with 10 held is told the pace of the 40."""
+    rate = ReleaseRate(draw=lambda: 0.0)
+    rate.expect_hold(20.0)
+    assert rate.quote(0, 0.0, running=10, slots=40) == pytest.approx(20.0 / 40)
+
+
+def test_a_token_drain_is_not_priced_by_the_pace() -> None:
+    """Where tokens must drain (adaptive), the measured drain decides, not the places' pace."""
+    rate = feed_busy()
+    rate.expect_hold(100.0)
+    assert rate.quote(0, 2.0, tokens=10, running=5) == feed_busy().quote(
+        0, 2.0, tokens=10, running=5
+    )

@@ -36,21 +36,36 @@ CONFIG = SaturationConfig()
 @pytest.mark.parametrize(
     ("evidence", "utilisation", "term"),
     [
-        pytest.param(SaturationEvidence(loaded=True, ttft=0.3, tpot=0.45, kv=0.2), 0.45, "tpot",
-                     id="compute-bound"),
-        pytest.param(SaturationEvidence(loaded=True, ttft=0.7, tpot=0.45), 0.7, "ttft",
-                     id="prefill-bound"),
-        pytest.param(SaturationEvidence(loaded=True, tpot=0.1, kv=0.85), 0.85, "kv",
-                     id="memory-bound"),
+        pytest.param(
+            SaturationEvidence(loaded=True, ttft=0.3, tpot=0.45, kv=0.2),
+            0.45,
+            "tpot",
+            id="compute-bound",
+        ),
+        pytest.param(
+            SaturationEvidence(loaded=True, ttft=0.7, tpot=0.45), 0.7, "ttft", id="prefill-bound"
+        ),
+        pytest.param(
+            SaturationEvidence(loaded=True, tpot=0.1, kv=0.85), 0.85, "kv", id="memory-bound"
+        ),
         # One refusal in four lately: 1 + 0.25, whatever the latency says.
-        pytest.param(SaturationEvidence(loaded=True, tpot=0.6, recent_offered=400,
-                                        recent_refused=100), 1.25, "refusals", id="refusing"),
-        pytest.param(SaturationEvidence(loaded=True, recent_offered=10, recent_refused=10), 2.0,
-                     "refusals", id="refusing-everything"),
-        pytest.param(SaturationEvidence(loaded=True, ttft=1.8), 1.8, "ttft",
-                     id="missing-the-ttft-objective"),
+        pytest.param(
+            SaturationEvidence(loaded=True, tpot=0.6, recent_offered=400, recent_refused=100),
+            1.25,
+            "refusals",
+            id="refusing",
+        ),
+        pytest.param(
+            SaturationEvidence(loaded=True, recent_offered=10, recent_refused=10),
+            2.0,
+            "refusals",
+            id="refusing-everything",
+        ),
+        pytest.param(
+            SaturationEvidence(loaded=True, ttft=1.8), 1.8, "ttft", id="missing-the-ttft-objective"
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_signal_is_the_largest_term(
     evidence: SaturationEvidence, utilisation: float, term: str
 ) -> None:
@@ -231,8 +246,13 @@ def test_outcome_window_counts_what_ended_lately() -> None:
     """Deltas of cumulative counts inside the window; too_large and draining are not refusals."""
     window = OutcomeWindow(window_s=60.0)
     assert window.recent(0.0, {"completed": 100, "queue_full": 5}) == (0.0, 0.0)
-    counts = {"completed": 150, "queue_full": 15, "too_large": 10, "draining": 5,
-              "too_many_client_connections": 20}  # fmt: skip
+    counts = {
+        "completed": 150,
+        "queue_full": 15,
+        "too_large": 10,
+        "draining": 5,
+        "too_many_client_connections": 20,
+    }
     assert window.recent(30.0, counts) == (95.0, 30.0)
     # Past the window, the sample of 30 s is the base: nothing new ended since.
     assert window.recent(95.0, counts) == (0.0, 0.0)

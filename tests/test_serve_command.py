@@ -171,8 +171,13 @@ async def test_drain_ends_within_grace_whatever_a_never_reading_client_does(
 ) -> None:
     """SIGTERM with 1 s grace and a stalled stream to a client that never reads: exit 0 in 3 s."""
     proxy, admin = held_port(), held_port()
-    env = {**BASE_ENV, "SIDECAR_UPSTREAM_URL": slow_engine, "SIDECAR_PORT": str(proxy),
-           "SIDECAR_ADMIN_PORT": str(admin), "SIDECAR_DRAIN_GRACE_S": "1"}  # fmt: skip
+    env = {
+        **BASE_ENV,
+        "SIDECAR_UPSTREAM_URL": slow_engine,
+        "SIDECAR_PORT": str(proxy),
+        "SIDECAR_ADMIN_PORT": str(admin),
+        "SIDECAR_DRAIN_GRACE_S": "1",
+    }
     process = serve(env)
     body = json.dumps({"model": "tiny-llama", "prompt": "hi", "max_tokens": 20, "stream": True})
     request = (

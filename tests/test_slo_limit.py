@@ -172,9 +172,16 @@ def test_streams_within_their_aim_and_pressed_always_grow_it(
 
 @pytest.mark.parametrize(
     ("running", "kv_usage", "fits"),
-    [(10, 0.4, 25), (23, 1.0, 23), (10, 0.01, None), (None, 0.5, None), (0, 0.5, None),
-     (10, None, None), (10, 1.5, None)],
-)  # fmt: skip
+    [
+        (10, 0.4, 25),
+        (23, 1.0, 23),
+        (10, 0.01, None),
+        (None, 0.5, None),
+        (0, 0.5, None),
+        (10, None, None),
+        (10, 1.5, None),
+    ],
+)
 def test_what_the_cache_holds_at_the_present_mix(
     running: float | None, kv_usage: float | None, fits: int | None
 ) -> None:

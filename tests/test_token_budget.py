@@ -38,9 +38,12 @@ def test_budget_follows_the_engine_and_settings_narrow_it(
     """Each case's prompt, completion and per-request budget, and where each half came from."""
     budget = resolve_budget(prompt, completion, context)
     assert (
-        budget.prompt_tokens, budget.completion_tokens, budget.total_tokens,
-        budget.prompt_origin, budget.completion_origin,
-    ) == expected  # fmt: skip
+        budget.prompt_tokens,
+        budget.completion_tokens,
+        budget.total_tokens,
+        budget.prompt_origin,
+        budget.completion_origin,
+    ) == expected
     assert budget.plan_budget().total == expected[2]
 
 

@@ -42,9 +42,13 @@ def _engine(tokenizer: Tokenizer) -> web.Application:
         await tokenizer.released.wait()
         count = tokenizer.count
         return web.json_response(
-            {"count": count, "max_model_len": 1024, "tokens": list(range(count)),
-             "token_strs": None}
-        )  # fmt: skip
+            {
+                "count": count,
+                "max_model_len": 1024,
+                "tokens": list(range(count)),
+                "token_strs": None,
+            }
+        )
 
     async def completions(_request: web.Request) -> web.Response:
         body = {"object": "text_completion", "choices": [{"text": "hi"}]}

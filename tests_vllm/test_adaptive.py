@@ -24,7 +24,9 @@ import scrape
 from conftest import Stack
 
 EOS_TOKEN_ID = 2  # scripts/build_tiny_model.py trains </s> as id 2
-LENGTH = 24  # min_tokens, then a strong EOS bias: every completion is this long
+# min_tokens, then a strong EOS bias: every completion is this long. Long enough that the burst's
+# streams overlap at the engine however late a loaded CPU sends them (24 once read as 1 at once).
+LENGTH = 48
 MAX_TOKENS = 400
 BURST = 8
 POLL_S = 0.05
@@ -161,7 +163,11 @@ async def test_adaptive_runs_more_streams_without_preemption(
         adaptive = await _burst(http, stack, url)
         worst_case = await _burst(http, stack, stack.sidecar_url)
         after = await _preemptions(http, stack)
-    report = f"adaptive {adaptive}, worst case {worst_case}"
+        # What the adaptive sidecar priced by, said beside a failure (a fallback to the worst
+        # case, a cut overcommit ratio).
+        terms = (await scrape.capacity(http, admin))["adaptive"]
+    state = {key: terms[key] for key in ("pricing", "pricing_reason", "overcommit_ratio")}
+    report = f"adaptive {adaptive} ({state}), worst case {worst_case}"
     print(f"most streams vLLM decoded at once: {report}")
     served = [n for n in adaptive.prompt_tokens + worst_case.prompt_tokens if n is not None]
     assert all(n > max(scrape.DECODE_BUCKETS) for n in served), report

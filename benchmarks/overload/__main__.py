@@ -158,8 +158,13 @@ async def measure(
             run = await run_load(url, engine_url, load, spec.model, warmup_s)
     else:
         run = await run_load(engine_url, engine_url, load, spec.model, warmup_s)
-    run |= {"rep": rep, "load": spec.name, "config": config.name, "engine": spec.engine,
-            "label": config.label(spec.engine)}  # fmt: skip
+    run |= {
+        "rep": rep,
+        "load": spec.name,
+        "config": config.name,
+        "engine": spec.engine,
+        "label": config.label(spec.engine),
+    }
     print(progress_line(run), flush=True)
     return run
 
@@ -228,8 +233,9 @@ async def main_async() -> dict[str, Any]:
 
 def _commit() -> str:
     with contextlib.suppress(OSError, subprocess.CalledProcessError):
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             check=True, text=True)  # fmt: skip
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, check=True, text=True
+        )
         return out.stdout.strip()
     return "unknown"
 

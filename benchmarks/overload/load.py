@@ -131,8 +131,9 @@ async def _read_stream(response: aiohttp.ClientResponse, sent: float) -> Record:
         chunk = json.loads(data)
         if event_name == "fallback":
             hint = chunk.get("error", {}).get("retry_after_ms")
-            return Record("busy", sent, time.monotonic(),
-                          retry_after_s=None if hint is None else hint / 1000)  # fmt: skip
+            return Record(
+                "busy", sent, time.monotonic(), retry_after_s=None if hint is None else hint / 1000
+            )
         if "error" in chunk:
             # vLLM's own queue caps answer a stream that passed their first check with 200 and
             # an in-band error of code 503.

@@ -36,11 +36,17 @@ GPU_MAX_TOKENS = 2048  # prompt and completion within max_model_len 4,096
 # The emulated engine's words average 6.8 bytes with their space; the tiny Llama's tokenizer
 # makes about 2 bytes a token (real tokenizers about 4, the sidecar's default).
 SIDECAR_SETTINGS = {
-    "vllm": {"max_prompt_tokens": "1000", "max_completion_tokens": "1024",
-             "prompt_bytes_per_token": "2"},
-    "emulator": {"max_prompt_tokens": "2048", "max_completion_tokens": "2048",
-                 "prompt_bytes_per_token": "6.8"},
-}  # fmt: skip
+    "vllm": {
+        "max_prompt_tokens": "1000",
+        "max_completion_tokens": "1024",
+        "prompt_bytes_per_token": "2",
+    },
+    "emulator": {
+        "max_prompt_tokens": "2048",
+        "max_completion_tokens": "2048",
+        "prompt_bytes_per_token": "6.8",
+    },
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +74,9 @@ class Config:
             own = ", ".join(f"{key}={value}" for key, value in self.settings)
             build = f" ({self.program})" if self.program else ""
             return f"sidecar{build}, {own or 'defaults'}"
-        return " ".join((engine + (" alone" if self.cap_flag is None else ""),
-                         *self.engine_flags(engine)))  # fmt: skip
+        return " ".join(
+            (engine + (" alone" if self.cap_flag is None else ""), *self.engine_flags(engine))
+        )
 
 
 def sidecar_settings(text: str) -> tuple[tuple[str, str], ...]:
@@ -82,8 +89,12 @@ def sidecar_settings(text: str) -> tuple[tuple[str, str], ...]:
 
 
 ALONE, CAP, TOKENS_CAP, OURS, OURS_B = (
-    "alone", "queued-reqs", "queued-tokens", "sidecar", "sidecar-b"
-)  # fmt: skip
+    "alone",
+    "queued-reqs",
+    "queued-tokens",
+    "sidecar",
+    "sidecar-b",
+)
 CONFIGS = (
     Config(ALONE),
     Config(CAP, "--max-num-queued-reqs"),

@@ -36,8 +36,15 @@ def run_figures(run: dict[str, Any], objectives: Objectives) -> Figures:
     inside = [s for s in samples if 0 <= s[0] <= run["window_s"]]
     preempted = inside[-1][4] - inside[0][4] if len(inside) >= 2 else 0.0
     kv, running, waiting = (mean([s[i] for s in inside]) for i in (1, 2, 3))
-    return figures(records, 0.0, run["window_s"], objectives, sent=run["sent"],
-                   preemptions=preempted, engine=(kv, running, waiting))  # fmt: skip
+    return figures(
+        records,
+        0.0,
+        run["window_s"],
+        objectives,
+        sent=run["sent"],
+        preemptions=preempted,
+        engine=(kv, running, waiting),
+    )
 
 
 def mean(values: Sequence[float]) -> float:
@@ -98,26 +105,41 @@ class Report:
         present = set(self.configs(load))
         if OURS not in present:
             return []
-        checks = [self._goodput(load, peer, target, present)
-                  for peer, target in GOODPUT_TARGETS.get(load, ())]  # fmt: skip
+        checks = [
+            self._goodput(load, peer, target, present)
+            for peer, target in GOODPUT_TARGETS.get(load, ())
+        ]
         ours = self.median(load, OURS)
         if ALONE in present:
             raw = self.per_rep_ratio(load, "raw", [ALONE])
-            checks.append(Check(load, f"raw tok/s {_x(raw)} the engine alone (>= {RAW_TARGET}x)",
-                                _at_least(raw, RAW_TARGET)))  # fmt: skip
+            checks.append(
+                Check(
+                    load,
+                    f"raw tok/s {_x(raw)} the engine alone (>= {RAW_TARGET}x)",
+                    _at_least(raw, RAW_TARGET),
+                )
+            )
         if CAP in present:
             cap = self.median(load, CAP).ttft_p99_s
-            checks.append(Check(
-                load, f"TTFT p99 {ours.ttft_p99_s:.2f} s <= the queue cap's {cap:.2f} s",
-                None if math.isnan(ours.ttft_p99_s) or math.isnan(cap)
-                else ours.ttft_p99_s <= cap,
-            ))  # fmt: skip
+            checks.append(
+                Check(
+                    load,
+                    f"TTFT p99 {ours.ttft_p99_s:.2f} s <= the queue cap's {cap:.2f} s",
+                    None
+                    if math.isnan(ours.ttft_p99_s) or math.isnan(cap)
+                    else ours.ttft_p99_s <= cap,
+                )
+            )
         busy = ours.busy_p50_s
-        checks.append(Check(
-            load, "busy answer p50 " + ("- (no busy answer)" if math.isnan(busy) else
-                                        f"{busy:.3f} s") + f" <= {BUSY_P50_TARGET_S} s",
-            True if math.isnan(busy) else busy <= BUSY_P50_TARGET_S,
-        ))  # fmt: skip
+        checks.append(
+            Check(
+                load,
+                "busy answer p50 "
+                + ("- (no busy answer)" if math.isnan(busy) else f"{busy:.3f} s")
+                + f" <= {BUSY_P50_TARGET_S} s",
+                True if math.isnan(busy) else busy <= BUSY_P50_TARGET_S,
+            )
+        )
         return checks
 
     def _goodput(self, load: str, peer: str, target: float, present: set[str]) -> Check:
@@ -126,8 +148,9 @@ class Report:
             return Check(load, f"SLO goodput >= {target}x {peer}: not measured", None)
         value = self.per_rep_ratio(load, "slo_goodput", against)
         name = "the better of " + " and ".join(against) if peer == "best" else peer
-        return Check(load, f"SLO goodput {_x(value)} {name} (>= {target}x)",
-                     _at_least(value, target))  # fmt: skip
+        return Check(
+            load, f"SLO goodput {_x(value)} {name} (>= {target}x)", _at_least(value, target)
+        )
 
 
 def _mark(ok: bool | None) -> str:
@@ -143,10 +166,17 @@ def _at_least(value: float, target: float) -> bool | None:
 
 
 COLUMNS = (
-    "in front of the engine", "offered req/s", "SLO goodput tok/s", "raw tok/s",
-    "met / completed", "TTFT p50 / p99 s", "busy p50 s", "preempt / completed", "KV mean",
+    "in front of the engine",
+    "offered req/s",
+    "SLO goodput tok/s",
+    "raw tok/s",
+    "met / completed",
+    "TTFT p50 / p99 s",
+    "busy p50 s",
+    "preempt / completed",
+    "KV mean",
     "running",
-)  # fmt: skip
+)
 
 
 def _cells(label: str, f: Figures) -> list[str]:
@@ -154,12 +184,17 @@ def _cells(label: str, f: Figures) -> list[str]:
         return "-" if math.isnan(x) else format(x, fmt)
 
     return [
-        label, num(f.offered_per_s, ".1f"), num(f.slo_goodput, ",.0f"), num(f.raw, ",.0f"),
+        label,
+        num(f.offered_per_s, ".1f"),
+        num(f.slo_goodput, ",.0f"),
+        num(f.raw, ",.0f"),
         f"{f.met:.0f} / {f.completed:.0f}",
-        f"{num(f.ttft_p50_s, '.2f')} / {num(f.ttft_p99_s, '.2f')}", num(f.busy_p50_s, ".3f"),
-        num(f.preemptions_per_completed, ".2f"), num(f.kv_usage_mean, ".2f"),
+        f"{num(f.ttft_p50_s, '.2f')} / {num(f.ttft_p99_s, '.2f')}",
+        num(f.busy_p50_s, ".3f"),
+        num(f.preemptions_per_completed, ".2f"),
+        num(f.kv_usage_mean, ".2f"),
         num(f.running_mean, ".1f"),
-    ]  # fmt: skip
+    ]
 
 
 def table(report: Report, load: str) -> list[list[str]]:
@@ -191,8 +226,18 @@ def markdown(report: Report) -> str:
 def print_report(report: Report) -> bool:
     """A table per load and the targets; True if every measured target was met."""
     widths = (34, 7, 9, 9, 11, 13, 8, 8, 5, 7)
-    head = ("in front of the engine", "req/s", "SLO tok/s", "raw tok/s", "met/done",
-            "TTFT p50/p99", "busy p50", "preempt", "KV", "running")  # fmt: skip
+    head = (
+        "in front of the engine",
+        "req/s",
+        "SLO tok/s",
+        "raw tok/s",
+        "met/done",
+        "TTFT p50/p99",
+        "busy p50",
+        "preempt",
+        "KV",
+        "running",
+    )
     passed = True
     for load in report.loads:
         print(f"\n{load}: {report.document['loads'].get(load, '')}")
@@ -223,8 +268,13 @@ def write_plot(report: Report, path: Path) -> None:
         for index, config in enumerate(configs):
             run = next(r for r in report.runs if (r["load"], r["config"]) == (load, config))
             samples = run["engine_samples"]
-            top.plot([s[0] for s in samples], [s[1] for s in samples], f"C{index}",
-                     label=report.label(load, config), linewidth=1)  # fmt: skip
+            top.plot(
+                [s[0] for s in samples],
+                [s[1] for s in samples],
+                f"C{index}",
+                label=report.label(load, config),
+                linewidth=1,
+            )
         top.set_title(load)
         top.set_ylim(0, 1.05)
         top.set_xlabel("s into the measurement")
@@ -232,10 +282,14 @@ def write_plot(report: Report, path: Path) -> None:
         top.legend(fontsize=6, loc="lower right")
         medians = [report.median(load, c) for c in configs]
         xs = range(len(configs))
-        bottom.bar([x - 0.2 for x in xs], [m.raw for m in medians], 0.4, color="0.75",
-                   label="raw")  # fmt: skip
-        bottom.bar([x + 0.2 for x in xs], [m.slo_goodput for m in medians], 0.4,
-                   color=[f"C{i}" for i in xs], label="SLO goodput")  # fmt: skip
+        bottom.bar([x - 0.2 for x in xs], [m.raw for m in medians], 0.4, color="0.75", label="raw")
+        bottom.bar(
+            [x + 0.2 for x in xs],
+            [m.slo_goodput for m in medians],
+            0.4,
+            color=[f"C{i}" for i in xs],
+            label="SLO goodput",
+        )
         bottom.set_xticks(list(xs), configs, fontsize=8)
         bottom.set_ylabel("completion tokens/s")
         bottom.legend(fontsize=7)

@@ -116,8 +116,7 @@ def vllm(flags: tuple[str, ...], log: Path) -> Iterator[str]:
 def emulator(flags: tuple[str, ...], log: Path) -> Iterator[str]:
     """``python -m emulator`` with ``flags`` (this venv's); yields its base URL."""
     port = free_port()
-    command = [sys.executable, "-m", "emulator", "--host", "127.0.0.1", "--port", str(port),
-               *flags]  # fmt: skip
+    command = [sys.executable, "-m", "emulator", "--host", "127.0.0.1", "--port", str(port), *flags]
     with log.open("wb") as out:
         process = subprocess.Popen(
             on_engine_cpus(command), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -146,6 +145,15 @@ def sidecar_ports(
     upstream: str, mode: str | None, log: Path, program: str | None = None, **extra: str
 ) -> Iterator[tuple[str, str]]:
     """:func:`sidecar`, yielding its proxy URL and its admin URL (``/metrics``)."""
+    with sidecar_process(upstream, mode, log, program, **extra) as (_process, url, admin):
+        yield url, admin
+
+
+@contextlib.contextmanager
+def sidecar_process(
+    upstream: str, mode: str | None, log: Path, program: str | None = None, **extra: str
+) -> Iterator[tuple[subprocess.Popen[bytes], str, str]]:
+    """:func:`sidecar_ports`, yielding the process too (its PID, to sample its memory)."""
     port, admin = free_port(), free_port()
     env = {
         **os.environ,
@@ -162,11 +170,14 @@ def sidecar_ports(
         env["SIDECAR_ADMISSION"] = mode
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [program or SIDECAR, "serve"], stdout=out, stderr=subprocess.STDOUT, env=env,
+            [program or SIDECAR, "serve"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
             start_new_session=True,
-        )  # fmt: skip
+        )
     try:
         wait_ready(f"http://127.0.0.1:{admin}/readyz", process, 60)
-        yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
+        yield process, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
     finally:
         stop(process)

@@ -44,6 +44,7 @@ from sidecar.entry.wiring import (
 from sidecar.limiter.events import AdmissionEvent
 from sidecar.live.control_loop import CapacityController
 from sidecar.live.probes import GpuProbe
+from sidecar.live.sources import Readings
 from sidecar.telemetry.adaptive_metrics import AdaptiveCollector
 from sidecar.telemetry.capacity_metrics import register_capacity_metrics
 from sidecar.telemetry.metrics import BulkheadCollector, RequestMetrics
@@ -97,7 +98,7 @@ class SidecarServer:
             nvml=gpu_probe,
             adaptive=self.adaptive,
             available=self.bulkhead.set_available,
-            observe=self.signal.observe,
+            observe=self._observe,
             slo=self.slo,
             hurry_while=self._growing_on_a_queue,
         )
@@ -124,6 +125,13 @@ class SidecarServer:
         self.registry.register(SaturationCollector(self.signal))
         if self.slo is not None:
             self.registry.register(SloCollector(self.slo))
+
+    def _observe(self, readings: Readings) -> None:
+        """Each tick's readings: the scale-out signal, and the engine's mean time a request
+        runs for the Retry-After hint's pace."""
+        self.signal.observe(readings)
+        engine = readings.engine
+        self.bulkhead.expect_hold(None if engine is None else engine.typical_inference_s)
 
     def _pressed(self) -> bool:
         """Whether the limit bound since the law last asked (the bulkhead's ``pressed``)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,14 @@ from sidecar.edge.proxy.prompt_count import EnginePromptCounter
 from sidecar.entry.settings import Settings
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.live.adaptive import AdaptiveCapacity
-from sidecar.live.control_loop import CapacityController, Floor
+from sidecar.live.control_loop import (
+    Cadence,
+    CapacityController,
+    Floor,
+    Planning,
+    Sinks,
+    Sources,
+)
 from sidecar.live.declared_memory import static_memory
 from sidecar.live.probes import GpuProbe
 from sidecar.live.probes.engine_probe import ENGINES, EngineMetricsProbe
@@ -193,46 +201,59 @@ def build_controller(
         resolve_budget, settings.max_prompt_tokens, settings.max_completion_tokens
     )
     budget = budget_rule(None).plan_budget()  # until the engine says its max_model_len
-    declared = declared_from(settings, clock())
-    live = settings.capacity_source != "static"
-    upstream = settings.upstream_url.rstrip("/")
-    metrics_url = settings.engine_metrics_url or upstream + "/metrics"
+    sources = sources_of_settings(settings, clock, nvml, http_session)
     if mode is None:  # a controller on its own (sidecar probe): permits, or bytes in tokens mode
         mode = build_mode(settings, adaptive, str, lambda: controller.cost, slo)
+    floor = _floor(settings, cost or engine_cost(1, None), budget, sources.declared, mode)
     controller = CapacityController(
-        source=settings.capacity_source,
-        cost=cost,
-        budget=budget,
-        alpha=settings.safety_factor,
-        declared=declared,
-        resize=resize,
-        mode=mode,
-        floor=_floor(settings, cost or engine_cost(1, None), budget, declared, mode),
-        gpu_probe=(nvml or NvmlProbe(parse_gpu_selection(settings.gpus), clock=clock))
-        if live
-        else None,
-        engine_probe=EngineMetricsProbe(
-            metrics_url,
-            engine=settings.capacity_source if settings.capacity_source in ENGINES else "auto",
-            base_url=upstream,
-            session=http_session,
+        sources=sources,
+        planning=Planning(
+            cost=cost,
+            budget=budget,
+            alpha=settings.safety_factor,
+            mode=mode,
+            floor=floor,
+            budget_rule=budget_rule,
+        ),
+        sinks=Sinks(resize=resize, available=available, feedback=_feedback(adaptive, slo, observe)),
+        cadence=Cadence(
+            refresh_s=settings.refresh_ms / 1000,
+            stale_after_s=settings.stale_after_ms / 1000,
+            probe_timeout_s=settings.probe_timeout_ms / 1000,
             clock=clock,
-            llamacpp_kv_unified=settings.llamacpp_kv_unified,
-        )
-        if live
-        else None,
-        refresh_s=settings.refresh_ms / 1000,
-        stale_after_s=settings.stale_after_ms / 1000,
-        engine_pid=settings.engine_pid,
-        tolerance=settings.disagreement_tolerance,
-        clock=clock,
-        feedback=_feedback(adaptive, slo, observe),
-        available=available,
-        probe_timeout_s=settings.probe_timeout_ms / 1000,
-        budget_rule=budget_rule,
-        hurry_while=hurry_while,
+            hurry_while=hurry_while,
+        ),
     )
     return controller
+
+
+def sources_of_settings(
+    settings: Settings,
+    clock: Callable[[], float],
+    nvml: GpuProbe | None = None,
+    http_session: aiohttp.ClientSession | None = None,
+) -> Sources:
+    """What the controller reads: the declared numbers, and NVML and the engine's /metrics
+    unless SIDECAR_CAPACITY_SOURCE=static."""
+    sources = Sources(
+        requested=settings.capacity_source,
+        declared=declared_from(settings, clock()),
+        engine_pid=settings.engine_pid,
+        tolerance=settings.disagreement_tolerance,
+    )
+    if settings.capacity_source == "static":
+        return sources
+    upstream = settings.upstream_url.rstrip("/")
+    engine_probe = EngineMetricsProbe(
+        settings.engine_metrics_url or upstream + "/metrics",
+        engine=settings.capacity_source if settings.capacity_source in ENGINES else "auto",
+        base_url=upstream,
+        session=http_session,
+        clock=clock,
+        llamacpp_kv_unified=settings.llamacpp_kv_unified,
+    )
+    gpu_probe = nvml or NvmlProbe(parse_gpu_selection(settings.gpus), clock=clock)
+    return replace(sources, gpu_probe=gpu_probe, engine_probe=engine_probe)
 
 
 def _feedback(

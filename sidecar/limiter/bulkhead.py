@@ -15,7 +15,7 @@ from dataclasses import fields, replace
 import structlog
 
 from sidecar.core.admission.compartments import DEFAULT, Compartments
-from sidecar.core.admission.decisions import Granted, Outcome, Queued, Rejected
+from sidecar.core.admission.decisions import Granted, Hopeless, Outcome, Queued, Rejected
 from sidecar.core.admission.ledger import Ledger, StreamUsage
 from sidecar.core.admission.machine import Admission
 from sidecar.core.admission.modes import AdmissionMode, CountMode
@@ -138,6 +138,11 @@ class Bulkhead:
         """The cap on requests in flight in force (None: none beyond the limit)."""
         return self._core.in_flight_limit
 
+    def expect_hold(self, seconds: float | None) -> None:
+        """The engine's own mean time a request runs (None: it does not say): until requests
+        served here say how long one holds its place, the Retry-After hint's pace counts it."""
+        self._hint.expect_hold(seconds)
+
     def snapshot(self) -> BulkheadSnapshot:
         """Current limit, use, queue and cumulative counters."""
         core = replace(
@@ -177,24 +182,25 @@ class Bulkhead:
             self._rejected(permit, decision)
             return None
         self._pressed = True  # it waits: the limit binds
-        if not self._shadow and self._hopeless(decision, self._wait_for(permit)):
-            # Just queued, so still queued: the withdrawal removes it (and may let others in).
-            self._wake(self._core.withdraw(decision.ticket, "queue_full").granted)
-            refusal = Rejected(
-                reason="queue_full",
-                compartment=decision.compartment,
-                cost=decision.cost,
-                queued=self._core.queued,
-            )
-            self._rejected(permit, refusal)  # raises: not in shadow mode
+        hopeless = None if self._shadow else self._hopeless(decision, self._wait_for(permit))
+        if hopeless is not None:
+            self._wake(hopeless.granted)
+            self._rejected(permit, hopeless.refusal)  # raises: not in shadow mode
         return self._enqueue(permit, decision)
 
-    def _hopeless(self, queued: Queued, max_wait_s: float) -> bool:
-        """Whether the queued request would wait past ``max_wait_s``, at the recent rate of
-        releases (one release lets about one waiter in, whatever the unit of cost): then it is
-        refused now (``queue_full``) rather than queued to time out."""
-        wait = self._hint.wait_s(queued.ahead, self._clock())
-        return wait is not None and wait > max_wait_s
+    def _hopeless(self, queued: Queued, max_wait_s: float) -> Hopeless | None:
+        """The core's answer for the queued request, its wait estimated (once grants to waiters
+        were measured) at the faster of them and the pace at which places free (one place lets
+        about one waiter in, whatever the unit of cost): refused now where it would wait past
+        ``max_wait_s`` (``queue_full``), rather than queued to time out."""
+        wait = self._hint.place_wait_s(queued.ahead, self._clock(), slots=self._slots())
+        return self._core.refuse_hopeless(queued, wait, max_wait_s)
+
+    def _slots(self) -> int:
+        """The places the pod runs when full, for the Retry-After hint's pace: the cap in flight,
+        or what runs where more run or there is none."""
+        core = self._core
+        return max(core.in_use, core.in_flight_limit or 0)
 
     def _wait_for(self, permit: Permit) -> float:
         """The longest ``permit`` may wait: the bulkhead's, or less where the request asked."""
@@ -285,6 +291,7 @@ class Bulkhead:
         self._open += 1
         self._idle.clear()
         permit.hold(ticket, cost, compartment, wait_s)
+        permit.held_at = self._clock()
         usage = permit.asked
         if usage is not None and ticket is not None and self._core.is_granted(ticket):
             permit.usage = usage
@@ -334,7 +341,8 @@ class Bulkhead:
         assert waiter.ticket is not None
         self._forget(waiter.ticket)
         name, cost = waiter.compartment, waiter.cost
-        error = self._error(reason, name, waited_s=self._clock() - waiter.started)
+        # The requests still queued came after it: none of them is ahead of it for a place.
+        error = self._error(reason, name, waited_s=self._clock() - waiter.started, queued=False)
         self._emit(
             "rejected",
             name,
@@ -359,18 +367,19 @@ class Bulkhead:
         now (slo: nothing of the limit on starts; it still counts in flight), and the room lets
         waiters in (each a grant the Retry-After hint counts). Modes that price a stream the
         same throughout do nothing here."""
-        ticket, started = permit.ticket, self._mode.started_cost()
-        if started is None or ticket is None or permit.cost <= started:
-            return
-        if not self._core.is_granted(ticket):
-            return  # shadow: it runs without a grant
-        grants = self._core.settle(ticket, started)
-        permit.cost = started
-        self._wake(grants)
+        ticket = permit.ticket
+        if ticket is None:
+            return  # a shadow refusal: it holds nothing
+        started = self._core.start(ticket, self._mode.started_cost())
+        if started is not None:
+            permit.cost = started.cost
+            self._wake(started.granted)
 
     def give_back(self, permit: Permit, outcome: Outcome) -> None:
         """Take back what ``permit`` holds; called once per held permit, by its ``release``."""
         if permit.ticket is not None:
+            if outcome == "completed":  # how long a place is held: Retry-After's pace
+                self._hint.held(self._clock() - permit.held_at)
             self._return_grant(permit.ticket, permit.cost, outcome)
         self._open -= 1
         if self._open == 0:
@@ -390,14 +399,19 @@ class Bulkhead:
     # --- reporting -------------------------------------------------------------------------------
 
     def _error(
-        self, reason: RejectReason, compartment: str, waited_s: float = 0.0
+        self, reason: RejectReason, compartment: str, waited_s: float = 0.0, *, queued: bool = True
     ) -> AdmissionRejectedError:
+        """The refusal of a new request (``queued``: the queue is ahead of it) or of a waiter
+        leaving the queue (nobody queued is ahead of it)."""
         if reason == "too_large":
             retry = self._hint.bounds.high_s  # retrying cannot help; say so with the longest hint
         else:
-            need = self._mode.must_drain(self._core, compartment)
-            ahead = self._core.queued_ahead(compartment) if need is None else 0
-            retry = self._hint.quote(ahead, self._clock(), tokens=need, running=self._core.in_use)
+            core = self._core
+            need = self._mode.must_drain(core, compartment)
+            ahead = core.queued_ahead(compartment) if need is None and queued else 0
+            retry = self._hint.quote(
+                ahead, self._clock(), tokens=need, running=core.in_use, slots=self._slots()
+            )
         return AdmissionRejectedError(reason, retry, waited_s)
 
     def _emit(

@@ -53,6 +53,7 @@ class Permit:
         "compartment",
         "cost",
         "future",
+        "held_at",
         "max_wait_s",
         "may_wait",
         "outcome",
@@ -78,6 +79,7 @@ class Permit:
         self.shadow_rejected: RejectReason | None = None
         self.ticket: int | None = None
         self.started = 0.0
+        self.held_at = 0.0  # when it began to hold its grant (the bulkhead's clock)
         self.future: asyncio.Future[float] | None = None
         self.max_wait_s: float | None = None  # a shorter wait than the bulkhead's, where asked
         self._holder = holder

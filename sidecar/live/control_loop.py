@@ -109,51 +109,82 @@ def degrade(state: CapacityState, now: float, stale_after_s: float, floor: Floor
     return replace(state, plan=floor.plan, limit=floor.limit, stale=True, on_floor=True)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Sources:
+    """What each tick reads: the capacity source asked for (auto, nvml, an engine's name,
+    static), what the operator declared, the probes (None: not read), and the engine's
+    process and how far its pool may disagree with NVML's before it is reported."""
+
+    requested: str
+    declared: Declared
+    gpu_probe: GpuProbe | None = None
+    engine_probe: EngineProbe | None = None
+    engine_pid: int | None = None
+    tolerance: float = 0.10
+
+
+@dataclass(frozen=True, kw_only=True)
+class Planning:
+    """How a reading becomes limits: the model's price of a token (None: the engine's), the
+    token budget and the safety factor of the plan, the admission mode whose limits each plan
+    gives, and the floor. ``budget_rule``: the token budget for the engine's max_model_len
+    (None: not known); without it, ``budget`` stands."""
+
+    cost: KvCost | None
+    budget: Budget
+    alpha: float
+    mode: AdmissionMode
+    floor: Floor
+    budget_rule: Callable[[int | None], TokenBudget] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cadence:
+    """When the loop ticks and how long a plan stands: the period, the age past which a stale
+    plan gives way to the floor, each probe read's deadline, the clock and the sleep.
+    ``hurry_while``: asked after each tick; True makes the next one come HURRY_GAP_S later
+    instead of a period later (``CapacityController.hurry``)."""
+
+    refresh_s: float = 1.0
+    stale_after_s: float = 10.0
+    probe_timeout_s: float = 2.0
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    hurry_while: Callable[[], bool] = lambda: False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sinks:
+    """Who hears the loop: the bulkhead, handed the limits whenever they change (``resize``);
+    whoever hears when a plan of 0 permits starts or stops (``available``); and what hears
+    each tick's readings, its warnings joining the plan's (``feedback``)."""
+
+    resize: Callable[[Limits], None]
+    available: Callable[[bool], None] | None = None
+    feedback: Callable[[Readings], tuple[ConfigWarning, ...]] | None = None
+
+
 class CapacityController:
     """Owns the plan: ``refresh()`` is one tick; ``start()``/``stop()`` run it every refresh."""
 
     def __init__(
         self,
         *,
-        source: str,
-        cost: KvCost | None,
-        budget: Budget,
-        alpha: float,
-        declared: Declared,
-        resize: Callable[[Limits], None],
-        mode: AdmissionMode,
-        floor: Floor,
-        gpu_probe: GpuProbe | None = None,
-        engine_probe: EngineProbe | None = None,
-        refresh_s: float = 1.0,
-        stale_after_s: float = 10.0,
-        engine_pid: int | None = None,
-        tolerance: float = 0.10,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        probe_timeout_s: float = 2.0,
-        feedback: Callable[[Readings], tuple[ConfigWarning, ...]] | None = None,
-        available: Callable[[bool], None] | None = None,
-        budget_rule: Callable[[int | None], TokenBudget] | None = None,
-        hurry_while: Callable[[], bool] = lambda: False,
+        sources: Sources,
+        planning: Planning,
+        sinks: Sinks,
+        cadence: Cadence | None = None,
     ) -> None:
-        """``mode``: the admission mode, whose limit each plan gives; ``budget_rule``: the token
-        budget for the engine's max_model_len (None: not known); without it, ``budget`` stands.
-        ``hurry_while``: asked after each tick; True makes the next one come HURRY_GAP_S later
-        instead of a period later (``hurry``)."""
-        self._wanted, self._cost, self._budget, self._alpha = source, cost, budget, alpha
-        self._declared, self._resize, self._mode, self._floor = declared, resize, mode, floor
-        self._gpu_probe, self._engine_probe = gpu_probe, engine_probe
-        self._refresh_s, self._stale_after_s = refresh_s, stale_after_s
-        self._engine_pid, self._tolerance = engine_pid, tolerance
-        self._clock, self._sleep = clock, sleep
-        self._probe_timeout_s = probe_timeout_s
-        self._feedback, self._available = feedback, available
+        """Reads ``sources``, plans by ``planning``, tells ``sinks``, ticks by ``cadence``."""
+        self._sources, self._planning, self._sinks = sources, planning, sinks
+        self._cadence = cadence = cadence or Cadence()
+        self._clock = cadence.clock
+        floor = planning.floor
         self._state = CapacityState(
             plan=None, source="none", limit=floor.limit, in_flight=floor.in_flight, on_floor=True
         )
-        self._budget_rule = budget_rule
         self._engine = EngineHealth()
+        budget_rule, budget = planning.budget_rule, planning.budget
         self.token_budget: TokenBudget = (
             budget_rule(None)
             if budget_rule is not None
@@ -170,32 +201,33 @@ class CapacityController:
         self._task: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._hurried = asyncio.Event()
-        self._hurry_while = hurry_while
 
     @property
     def state(self) -> CapacityState:
         """The state in force now, judged by the age of the last good plan at this moment."""
         now = self._clock()
-        return judged(self._state, now, self.fresh_for_s, self._stale_after_s, self.floor)
+        stale_after_s = self._cadence.stale_after_s
+        return judged(self._state, now, self.fresh_for_s, stale_after_s, self.floor)
 
     @property
     def floor(self) -> Floor:
         """What applies when the sidecar cannot read the GPU or the engine: the floor, or the
         limit the mode holds where that is higher (slo: the law's, steered by the streams)."""
-        held = self._mode.held_limit()
-        if held is None or held <= self._floor.limit:
-            return self._floor
-        return replace(self._floor, limit=held)
+        floor = self._planning.floor
+        held = self._planning.mode.held_limit()
+        if held is None or held <= floor.limit:
+            return floor
+        return replace(floor, limit=held)
 
     @property
     def fresh_for_s(self) -> float:
         """A plan older than this is stale: two missed ticks plus one probe timeout."""
-        return 2 * self._refresh_s + self._probe_timeout_s
+        return 2 * self._cadence.refresh_s + self._cadence.probe_timeout_s
 
     @property
     def requested_source(self) -> str:
         """The capacity source the operator asked for (auto, nvml, an engine's name, static)."""
-        return self._wanted
+        return self._sources.requested
 
     @property
     def cost(self) -> KvCost:
@@ -204,7 +236,7 @@ class CapacityController:
         plan = self._state.plan
         if plan is not None:
             return plan.cost
-        return self._cost or engine_cost(1, None)  # no plan, no model: one unit per token
+        return self._planning.cost or engine_cost(1, None)  # no plan, no model: one unit per token
 
     @property
     def pool_tokens(self) -> int | None:
@@ -222,18 +254,19 @@ class CapacityController:
         now = self._clock()
         self._engine.observe(readings, now)
         cost = self._cost_for(readings)
+        sources, planning, feedback = self._sources, self._planning, self._sinks.feedback
         try:
-            extra = self._feedback(readings) if self._feedback is not None else ()
+            extra = feedback(readings) if feedback is not None else ()
             inputs = plan_inputs(
-                self._wanted,
+                sources.requested,
                 readings,
                 cost,
-                engine_pid=self._engine_pid,
-                tolerance=self._tolerance,
+                engine_pid=sources.engine_pid,
+                tolerance=sources.tolerance,
             )
-            plan = make_plan(inputs.cost, inputs.memory, self._plan_budget(), self._alpha)
+            plan = make_plan(inputs.cost, inputs.memory, self._plan_budget(), planning.alpha)
         except Exception as exc:  # a probe, a plan, or a bug: all of them degrade, none is fresh
-            failed = degrade(self._state, now, self._stale_after_s, self.floor)
+            failed = degrade(self._state, now, self._cadence.stale_after_s, self.floor)
             detail = str(exc) if isinstance(exc, ProbeError | PlanError) else repr(exc)
             new = replace(failed, readings=readings, error=detail)
         else:
@@ -257,12 +290,12 @@ class CapacityController:
         this tick read them: a request past them would only wait at the engine, outside the
         sidecar's queue."""
         slots = readings.engine.slots if readings.engine is not None else None
-        return self._mode.step(plan, slots)
+        return self._planning.mode.step(plan, slots)
 
     def engine_unready(self) -> str | None:
         """Why the engine cannot serve, judged now from the age of its last good reading (a loop
         that hangs goes unready by itself); None while it answers, or where nothing probes it."""
-        if self._engine_probe is None:
+        if self._sources.engine_probe is None:
             return None
         return self._engine.unready(self._clock(), self.fresh_for_s)
 
@@ -270,15 +303,16 @@ class CapacityController:
         """Seconds since the engine last answered its probe; None where nothing probes it, or
         before it first answered."""
         seen = self._engine.seen_at
-        if self._engine_probe is None or seen is None:
+        if self._sources.engine_probe is None or seen is None:
             return None
         return max(0.0, self._clock() - seen)
 
     def _plan_budget(self) -> Budget:
         """The budget of this tick: the engine's context, narrowed by the settings."""
-        if self._budget_rule is None:
-            return self._budget
-        self.token_budget = self._budget_rule(self._engine.max_model_len)
+        rule = self._planning.budget_rule
+        if rule is None:
+            return self._planning.budget
+        self.token_budget = rule(self._engine.max_model_len)
         return self.token_budget.plan_budget()
 
     def _empty(self, plan: Plan) -> tuple[ConfigWarning, ...]:
@@ -290,7 +324,7 @@ class CapacityController:
     def _cost_for(self, readings: Readings) -> KvCost | None:
         """SIDECAR_BLOCK_SIZE when declared, else the block size the engine pages its cache in."""
         cache = readings.engine.cache if readings.engine is not None else None
-        cost = self._cost
+        cost = self._planning.cost
         if cost is None or cost.block_size is not None or cache is None or cache.block_size is None:
             return cost
         return replace(cost, block_size=cache.block_size)
@@ -311,7 +345,7 @@ class CapacityController:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for probe in (self._gpu_probe, self._engine_probe):
+        for probe in (self._sources.gpu_probe, self._sources.engine_probe):
             if probe is not None:
                 with contextlib.suppress(ProbeError):
                     await probe.close()
@@ -325,7 +359,7 @@ class CapacityController:
 
     async def _watch(self) -> None:
         while True:
-            await self._sleep(self._refresh_s)
+            await self._cadence.sleep(self._cadence.refresh_s)
             self.enforce()
 
     def hurry(self) -> None:
@@ -339,7 +373,7 @@ class CapacityController:
             self._hurried.clear()  # a hurry during the tick asks for the one after it
             try:
                 await self.refresh()
-                if self._hurry_while():
+                if self._cadence.hurry_while():
                     self.hurry()
             except Exception:  # the loop must outlive any bug in one tick
                 log.exception("capacity_tick_crashed")
@@ -347,9 +381,10 @@ class CapacityController:
     async def _next_tick(self) -> None:
         """Until the period ends, or ``hurry()`` was called, whichever is first, but never less
         than HURRY_GAP_S after the last tick."""
-        gap = min(HURRY_GAP_S, self._refresh_s)
-        await self._sleep(gap)
-        period = asyncio.ensure_future(self._sleep(self._refresh_s - gap))
+        sleep, refresh_s = self._cadence.sleep, self._cadence.refresh_s
+        gap = min(HURRY_GAP_S, refresh_s)
+        await sleep(gap)
+        period = asyncio.ensure_future(sleep(refresh_s - gap))
         hurried = asyncio.ensure_future(self._hurried.wait())
         try:
             await asyncio.wait((period, hurried), return_when=asyncio.FIRST_COMPLETED)
@@ -358,12 +393,12 @@ class CapacityController:
             hurried.cancel()
 
     async def _read(self) -> Readings:
-        timeout = self._probe_timeout_s
+        sources, timeout = self._sources, self._cadence.probe_timeout_s
         gpus, engine = await asyncio.gather(
-            _attempt(self._gpu_probe, timeout), _attempt(self._engine_probe, timeout)
+            _attempt(sources.gpu_probe, timeout), _attempt(sources.engine_probe, timeout)
         )
         return Readings(
-            declared=self._declared,
+            declared=sources.declared,
             gpus=gpus[0] if isinstance(gpus[0], GpuSnapshot) else None,
             gpu_error=gpus[1],
             engine=engine[0] if isinstance(engine[0], EngineReading) else None,
@@ -375,13 +410,14 @@ class CapacityController:
         # The one place the bulkhead's limits are set: pushed whenever they change.
         limits = new.limits
         if limits != self._resized_to:
-            self._resize(limits)
+            self._sinks.resize(limits)
             self._resized_to = limits
         if (old.mode, old.source) != (new.mode, new.source) or not self._published:
             _log_transition(old, new)
         self._published = True
-        if old.available != new.available and self._available is not None:
-            self._available(new.available)
+        available = self._sinks.available
+        if old.available != new.available and available is not None:
+            available(new.available)
         _log_warnings(old, new)
         if _flagged(old) != _flagged(new):
             log.warning("capacity_disagreement", gpus=sorted(_flagged(new)), checks=_checks(new))

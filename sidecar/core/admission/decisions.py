@@ -91,6 +91,25 @@ class Withdrawal:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Hopeless:
+    """A request just queued whose estimated wait is past what it may wait, taken out of its
+    queue: ``refusal`` (queue_full) is its answer now, rather than a timeout later;
+    ``granted``: the waiters its leaving lets in."""
+
+    refusal: Rejected
+    granted: tuple[Granted, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Started:
+    """A running stream's first token came and it holds less from now: ``cost``, what it holds;
+    ``granted``: the waiters the room lets in."""
+
+    cost: int
+    granted: tuple[Granted, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CompartmentSnapshot:
     """One compartment's reserve, ceiling and current use."""
 

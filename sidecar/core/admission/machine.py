@@ -14,6 +14,11 @@ and tokens modes), a queued request of more than one unit bigger than its compar
 ceiling can never run, so a resize refuses it at once (``too_large``, collected through
 ``refused_oversize()``) and those behind it are considered in the same pass.
 
+Waits and starts: a request just queued whose estimated wait passes what it may wait is refused
+at once (``refuse_hopeless``: the estimate is the caller's, from the Retry-After hint; the refusal
+is decided here), and a stream whose first token came holds the mode's started price from then
+(``start``: slo's start gate).
+
 Starvation: queues are strict FIFO per compartment, so a large request at the head of a queue is
 never overtaken inside its compartment. Across compartments, once an older head is waiting for
 room, no later request may *borrow*; borrowed capacity drains back as running work ends, and the
@@ -33,9 +38,11 @@ from sidecar.core.admission.decisions import (
     CompartmentSnapshot,
     Decision,
     Granted,
+    Hopeless,
     Outcome,
     Queued,
     Rejected,
+    Started,
     UnknownTicketError,
     Withdrawal,
     WithdrawReason,
@@ -217,6 +224,33 @@ class Admission:
         self._used[waiter.compartment] -= freed
         self._used_total -= freed
         return self._pump() if freed and self._queued_tickets else ()
+
+    def refuse_hopeless(
+        self, queued: Queued, wait_s: float | None, max_wait_s: float
+    ) -> Hopeless | None:
+        """The request just ``queued``, whose wait is estimated at ``wait_s`` (None: not known
+        yet), waits on unless that is past ``max_wait_s`` (None then): it would only time out,
+        so it is taken out of its queue and refused now (queue_full)."""
+        if wait_s is None or wait_s <= max_wait_s:
+            return None
+        withdrawal = self.withdraw(queued.ticket, "queue_full")
+        refusal = Rejected(
+            reason="queue_full",
+            compartment=queued.compartment,
+            cost=queued.cost,
+            queued=self.queued,
+        )
+        return Hopeless(refusal=refusal, granted=withdrawal.granted)
+
+    def start(self, ticket: int, started: int | None) -> Started | None:
+        """``ticket``'s stream started (its first token came): where the mode prices a started
+        stream at ``started`` (slo's start gate: 0), less than it holds, it holds that from now
+        and the room lets waiters in. None where nothing changes: the mode has no such price, it
+        holds no more, or ``ticket`` holds no grant (shadow: it runs without one)."""
+        waiter = self._granted.get(ticket)
+        if started is None or waiter is None or waiter.cost <= started:
+            return None
+        return Started(cost=started, granted=self.settle(ticket, started))
 
     def set_available(self, available: bool) -> tuple[int, ...]:
         """No capacity at all (a plan of 0 permits): refuse at once, and the queued too.

@@ -2,10 +2,8 @@
 :class:`~sidecar.edge.http.reader.RequestReader` parses to the port's handler, writes its answer,
 and bounds the connection's life.
 
-A connection is always in one :class:`~sidecar.edge.http.states.State`, moved only by the rows
-of one table; reading and writing are paused and resumed by its
-:class:`~sidecar.edge.flow.FlowControl`; its one deadline at a time is a
-:class:`~sidecar.edge.http.deadline.Deadline`.
+Its state, its deadline and the ways it ends are its :class:`~sidecar.edge.http.life.Life`'s;
+reading and writing are paused and resumed by its :class:`~sidecar.edge.flow.FlowControl`.
 """
 
 from __future__ import annotations
@@ -20,19 +18,12 @@ import structlog
 from sidecar.core.outcomes import EdgeFault
 from sidecar.edge.conformance import HeadRefusedError
 from sidecar.edge.flow import FlowControl
-from sidecar.edge.http.deadline import Deadline, Due
-from sidecar.edge.http.port import (
-    LINGER_S,
-    MAX_AHEAD,
-    MAX_LINGERING,
-    Port,
-    client_address,
-    tune_socket,
-)
+from sidecar.edge.http.life import Life
+from sidecar.edge.http.port import MAX_AHEAD, Port, client_address, tune_socket
 from sidecar.edge.http.reader import ChunksTooSmallError, RequestReader
 from sidecar.edge.http.request import Request
 from sidecar.edge.http.response import Answer, rest_of_answer
-from sidecar.edge.http.states import READING, Event, State, next_state
+from sidecar.edge.http.states import READING, Event, State
 from sidecar.edge.message import raw_answer
 
 log = structlog.get_logger(__name__)
@@ -43,13 +34,12 @@ class Connection(asyncio.Protocol):
 
     transport: asyncio.Transport
     _flow: FlowControl
+    _life: Life
 
     def __init__(self, port: Port[Connection]) -> None:
         self._port, self._limits = port, port.limits
         self._loop = asyncio.get_running_loop()
         self._reader = RequestReader(self, port)
-        self._deadline = Deadline(self._loop, self._expired)
-        self.state = State.IDLE
         self.task: asyncio.Task[None] | None = None  # the running handler's
         self._flushing = False  # an answer is leaving: the next request waits until it has
         self._ahead = 0  # requests run in a row, each read before the answer before it arrived
@@ -62,13 +52,18 @@ class Connection(asyncio.Protocol):
         # A stream transport; not isinstance-checked: uvloop's do not subclass asyncio's.
         self.transport = cast(asyncio.Transport, transport)
         self._flow = FlowControl(self.transport)
+        self._life = Life(self.transport, self._flow, self._port)
         self.client = client_address(transport)
         refused = self._port.connections.open(self, self.client)
         if refused is not None:
-            self._refuse(refused)
+            self._life.refuse(refused)
             return
         tune_socket(transport)
-        self._deadline.set("head", self._limits.header_timeout_s)
+        self._life.deadline.set("head", self._limits.header_timeout_s)
+
+    @property
+    def state(self) -> State:
+        return self._life.state
 
     def data_received(self, data: bytes) -> None:
         if self.state not in READING:
@@ -85,7 +80,7 @@ class Connection(asyncio.Protocol):
             else:
                 reader.take(data)
         except httptools.HttpParserUpgrade:
-            self._move(Event.FINAL)  # what follows is not HTTP/1.1
+            self._life.move(Event.FINAL)  # what follows is not HTTP/1.1
         except (httptools.HttpParserError, HeadRefusedError) as exc:
             self._parse_failed(exc)
             return
@@ -93,11 +88,8 @@ class Connection(asyncio.Protocol):
             self._flow.pause_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.state is State.REFUSED:
-            self._port.lingering -= 1
-        self._move(Event.LOST)
+        self._life.lost()
         self._port.connections.close(self)
-        self._deadline.clear()
         if self.task is not None:
             self.task.cancel()  # the client hung up: its handler ends now
         if self._reader.body_of is not None:
@@ -124,13 +116,13 @@ class Connection(asyncio.Protocol):
             self._flow.pause_reading()  # pipelined: it waits for the answer before it
             return
         self._port.connections.mark(self, "partial")
-        if self._deadline.due != "head":
-            self._deadline.set("head", self._limits.header_timeout_s)
+        if self._life.deadline.due != "head":
+            self._life.deadline.set("head", self._limits.header_timeout_s)
 
     def received(self, request: Request) -> None:
         self._port.connections.mark(self, "busy")
         if not self.running():
-            self._deadline.clear()
+            self._life.deadline.clear()
             self._start(request)
         elif not self._queue:
             self._queue.append(request)
@@ -139,7 +131,7 @@ class Connection(asyncio.Protocol):
             # running request is served; its answer is the last (a pipelining client retries).
             request.release()
             self._drop_queued()
-            self._move(Event.FINAL)
+            self._life.move(Event.FINAL)
 
     def running(self) -> bool:
         return self.task is not None or self._flushing
@@ -155,7 +147,7 @@ class Connection(asyncio.Protocol):
 
     @property
     def lost(self) -> bool:
-        return self.state is State.CLOSED
+        return self._life.closed
 
     async def drain(self) -> None:
         """Wait until the client's socket buffer has room; ConnectionResetError once it is gone."""
@@ -168,7 +160,7 @@ class Connection(asyncio.Protocol):
         that does not allow another after it (its client asked to close, its body was not read
         whole) makes its answer the last, now."""
         if self.state is State.ACTIVE and not request.allows_another:
-            self._move(Event.NO_KEEP_ALIVE)
+            self._life.move(Event.NO_KEEP_ALIVE)
         return self.state is State.ACTIVE
 
     def shut_down(self) -> None:
@@ -177,7 +169,7 @@ class Connection(asyncio.Protocol):
         if self.task is None:
             self.close_if_idle()
         elif self.state is State.ACTIVE:  # else its answer is the last already
-            self._move(Event.NO_KEEP_ALIVE)
+            self._life.move(Event.NO_KEEP_ALIVE)
 
     def evict(self, fault: EdgeFault | None) -> None:
         """Closed to make room for a new connection: an idle one at once (RFC 9112 §9.5 lets a
@@ -192,31 +184,11 @@ class Connection(asyncio.Protocol):
             else:
                 self.abort()
             return
-        self._deadline.clear()
+        self._life.deadline.clear()
         if fault is None:
-            self._move(Event.CLOSE)
-            self.transport.close()
-            return
-        self._refuse(fault)
-
-    def _refuse(self, fault: EdgeFault) -> None:
-        """Refused at the door, or closed to make room: a 503 the client can read, never a bare
-        reset. What it sent is read off for a moment first (closing with unread bytes would send
-        a reset), while few refused connections are doing so: they hold descriptors beyond the
-        port's cap."""
-        port = self._port
-        port.refused(fault)
-        self.transport.write(raw_answer(fault, retry_after_s=port.connections.room_s()))
-        if port.lingering < MAX_LINGERING:
-            port.lingering += 1  # one more REFUSED: counted out when it is lost
-            self._move(Event.REFUSE)
-            if self._can_half_close():
-                self._read_off()
-            else:
-                self.transport.close()
+            self._life.close()
         else:
-            self._move(Event.CLOSE)
-            self.transport.close()
+            self._life.refuse(fault)
 
     def waiting_on_client(self) -> int | None:
         body = self._reader.body_of
@@ -230,12 +202,11 @@ class Connection(asyncio.Protocol):
         return held + (body.received if body is not None else 0)
 
     def close_if_idle(self) -> None:
-        if self.task is None and self.state is not State.CLOSED:
-            self.transport.close()
+        if self.task is None:
+            self._life.close_if_open()
 
     def abort(self) -> None:
-        if self.state is not State.CLOSED:
-            self.transport.abort()
+        self._life.abort_if_open()
 
     # Running requests.
 
@@ -244,9 +215,9 @@ class Connection(asyncio.Protocol):
         before it had left, or sent before the client's TCP had all of that answer) counts
         towards MAX_AHEAD; the one that reaches it gets the connection's last answer."""
         self._ahead = self._ahead + 1 if ahead or self._flow.unacknowledged() else 0
-        self._move(Event.START)
+        self._life.move(Event.START)
         if self._ahead >= MAX_AHEAD and self.state is State.ACTIVE:
-            self._move(Event.NO_KEEP_ALIVE)
+            self._life.move(Event.NO_KEEP_ALIVE)
         self.task = request.task = self._loop.create_task(self._serve(request))
 
     async def _serve(self, request: Request) -> None:
@@ -258,8 +229,7 @@ class Connection(asyncio.Protocol):
             # into an answer: no answer will come, so the connection ends (a stream unfinished).
             self.task = None
             if not self.lost:
-                self._move(Event.CLOSE)
-                self.transport.close()
+                self._life.close()
             return
         except Exception:
             log.exception("proxy_handler_failed")
@@ -274,24 +244,24 @@ class Connection(asyncio.Protocol):
         if out:
             self.transport.write(out)
         if keep is None:  # the handler failed with its answer under way: cut it off
-            self._move(Event.CLOSE)
-            self.transport.abort()
+            self._life.cut_off()
         elif not keep:
             # Bytes may still be coming (a body, a pipelined request): read them off first.
             unread = not request.complete or self.state is State.LAST or bool(self._queue)
-            self._end(unread=unread or self._reader.head is not None or bool(self._reader.backlog))
+            unread = unread or self._reader.head is not None or bool(self._reader.backlog)
+            self._life.end(unread=unread)
         else:
-            self._move(Event.KEEP)
+            self._life.move(Event.KEEP)
             # The next request runs once this answer has left the sidecar: a client that does
             # not read gets none run for it, and its next waits (until the keep-alive deadline).
             self._flushing = True
             if not self._flow.when_flushed(self._next):
-                self._deadline.set("idle", self._limits.keepalive_timeout_s)
+                self._life.deadline.set("idle", self._limits.keepalive_timeout_s)
 
     def _next(self) -> None:
         """The answer before has left: run what was read behind it (ahead of the client's
         reads), and read one request ahead of that."""
-        self._deadline.clear()
+        self._life.deadline.clear()
         self._parse(None)  # a head that completes now is queued: it was read before the answer
         self._flushing = False
         if self._queue:
@@ -304,33 +274,10 @@ class Connection(asyncio.Protocol):
             return
         if self._reader.head is not None:  # the next head has begun
             self._port.connections.mark(self, "partial")
-            self._deadline.set("head", self._limits.header_timeout_s)
+            self._life.deadline.set("head", self._limits.header_timeout_s)
         else:
             self._port.connections.mark(self, "idle")
-            self._deadline.set("idle", self._limits.keepalive_timeout_s)
-
-    def _end(self, *, unread: bool) -> None:
-        """Close once the answer is out; with bytes unread, half-close and read them off first."""
-        if unread and self._can_half_close():
-            self._move(Event.LINGER)
-            self._read_off()
-        else:
-            self._move(Event.CLOSE)
-            self.transport.close()
-
-    def _can_half_close(self) -> bool:
-        transport = self.transport
-        return transport.can_write_eof() and not transport.is_closing()
-
-    def _read_off(self) -> None:
-        """Half-close and read off what the client still sends, for a moment."""
-        self.transport.write_eof()
-        self._flow.resume_reading()
-        self._deadline.set("linger", LINGER_S)
-
-    def _move(self, event: Event) -> None:
-        """The one way the state changes: a row of the table in :mod:`states`."""
-        self.state = next_state(self.state, event)
+            self._life.deadline.set("idle", self._limits.keepalive_timeout_s)
 
     def _parse_failed(self, exc: Exception) -> None:
         reason = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else exc
@@ -340,27 +287,12 @@ class Connection(asyncio.Protocol):
             tiny = isinstance(reason, ChunksTooSmallError)
             reader.body_of.fail("tiny_chunks" if tiny else "bad_framing")
             reader.body_of = None
-            self._move(Event.FINAL)
+            self._life.move(Event.FINAL)
         elif self.task is None and not self._queue:
             # A rule of ours says which one it was, in our words; llhttp's errors quote bytes.
             message = str(reason) if isinstance(reason, HeadRefusedError) else None
             self._port.refused("bad_request")
             self.transport.write(raw_answer("bad_request", message))
-            self._end(unread=True)
+            self._life.end(unread=True)
         else:  # the answer under way is the last
-            self._move(Event.FINAL)
-
-    def _expired(self, due: Due) -> None:
-        if self.state is State.CLOSED:
-            return
-        transport = self.transport
-        if due == "head":
-            self._port.connections.count.head_timeouts += 1
-            self._port.refused("header_timeout")
-            self._move(Event.CLOSE)
-            transport.write(raw_answer("header_timeout"))
-            transport.close()
-        elif transport.get_write_buffer_size() > 0:
-            transport.abort()  # a client that stopped reading: close() would wait on it
-        else:
-            transport.close()
+            self._life.move(Event.FINAL)

@@ -1,6 +1,6 @@
 """A client connection's life as one table: (state, event) -> next state, as h11 keeps it.
 
-Pure: no I/O. :class:`~sidecar.edge.http.connection.Connection` moves only through
+Pure: no I/O. A connection's :class:`~sidecar.edge.http.life.Life` moves only through
 :func:`next_state`; a pair the table lacks is a bug, raised as ``IllegalTransitionError``. Whether
 an answer keeps the connection is read from the state (ACTIVE), as is whether a closing connection
 reads off its client's bytes (LINGERING, REFUSED) and is one of the port's refused ones (REFUSED).

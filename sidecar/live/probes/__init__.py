@@ -108,6 +108,9 @@ class EngineReading:
     # request_prompt_tokens / request_generation_tokens histograms), where it has served any.
     typical_prompt_tokens: float | None = None
     typical_generation_tokens: float | None = None
+    # Mean time a finished request ran, prefill and decode, its wait in the engine's queue aside
+    # (vLLM's request_inference_time_seconds histogram), where it has served any.
+    typical_inference_s: float | None = None
 
     @property
     def pool_tokens(self) -> int | None:

@@ -24,10 +24,12 @@ _SUMMED = {
 }
 
 
-# Histograms of finished requests whose mean (sum / count) primes the learned lengths.
+# Histograms of finished requests whose mean (sum / count) primes the learned lengths, and the
+# time a request holds its place (the Retry-After hint's pace).
 _MEANS = {
     "vllm:request_prompt_tokens": "typical_prompt_tokens",
     "vllm:request_generation_tokens": "typical_generation_tokens",
+    "vllm:request_inference_time_seconds": "typical_inference_s",
 }
 _CACHE_INFO = "vllm:cache_config_info"
 # Family and sample names the probe reads; a counter's family may be named without its _total.
@@ -122,6 +124,7 @@ def _reading(
         observed_at=observed_at,
         typical_prompt_tokens=means.get("typical_prompt_tokens"),
         typical_generation_tokens=means.get("typical_generation_tokens"),
+        typical_inference_s=means.get("typical_inference_s"),
     )
 
 
