@@ -214,6 +214,9 @@ def sidecar_env(upstream: str, proxy_port: int, admin_port: int, double: Path) -
         "SIDECAR_MAX_WAIT_MS": "120000",
         # The default admission waits no longer than the TTFT objective: held streams must queue.
         "SIDECAR_SLO_TTFT_MS": "120000",
+        # The engine runs 2 tokens a second: a pod healthy at that pace is held to it (the
+        # signal hears the running streams' pace).
+        "SIDECAR_SLO_TPOT_MS": "2000",
         "SIDECAR_LOG_LEVEL": "warning",
     }
 

@@ -16,6 +16,7 @@ from sidecar.core.laws.saturation import (
     OutcomeWindow,
     SaturationConfig,
     SaturationEvidence,
+    load_band,
     saturation,
 )
 from sidecar.core.outcomes import EDGE_FAULTS, REJECTIONS
@@ -89,11 +90,33 @@ def test_any_refusal_reaches_one() -> None:
     assert saturation(evidence).utilisation > 1
 
 
-def latency(samples: list[tuple[float, float]], config: SaturationConfig = CONFIG) -> LatencyShare:
+def latency(
+    samples: list[tuple[float, float]], config: SaturationConfig = CONFIG, load: int = 1
+) -> LatencyShare:
+    """Samples (time, ratio), each taken while ``load`` requests ran."""
     share = LatencyShare(config)
     for at, ratio in samples:
-        share.add(at, ratio)
+        share.add(at, ratio, load)
     return share
+
+
+@pytest.mark.parametrize(
+    ("load", "band"),
+    [
+        pytest.param(0, 0, id="none"),
+        pytest.param(1, 0, id="alone"),
+        pytest.param(2, 1, id="two"),
+        pytest.param(3, 2, id="three"),
+        pytest.param(4, 2, id="four"),
+        pytest.param(5, 3, id="five"),
+        pytest.param(8, 3, id="eight"),
+        pytest.param(9, 4, id="nine"),
+        pytest.param(256, 8, id="a-full-batch"),
+    ],
+)
+def test_load_bands_double(load: int, band: int) -> None:
+    """A band a doubling of the requests running: 1, 2, 3-4, 5-8, 9-16, ..."""
+    assert load_band(load) == band
 
 
 def test_without_a_floor_the_term_is_the_quantile_itself() -> None:
@@ -104,37 +127,65 @@ def test_without_a_floor_the_term_is_the_quantile_itself() -> None:
 
 
 def test_the_term_climbs_from_the_unloaded_floor_to_the_objective() -> None:
-    """A light minute at 0.25 of the objective is the floor; then a P95 at 0.625 reads half
-    of capacity ((0.625 - 0.25) / 0.75), and one at the objective reads 1."""
+    """Streams run alone at 0.25 of the objective are the floor; then a P95 at 0.625 reads
+    half of capacity ((0.625 - 0.25) / 0.75), and one at the objective reads 1."""
     share = latency([(float(t), 0.25) for t in range(30)])
-    share.add(61.0, 0.625)
+    share.add(61.0, 0.625, 20)
     assert share.base(61.0) == pytest.approx(0.25)
     assert share.share(61.0) == pytest.approx(0.5)
-    share.add(62.0, 1.0)
+    share.add(62.0, 1.0, 30)
     assert share.share(62.0) == pytest.approx(1.0)
 
 
-def test_the_floor_is_a_bucket_low_tenth_not_one_lucky_stream() -> None:
-    """One stream at 0.01 among nineteen at 0.3: the bucket's P10 is 0.3, not 0.01."""
+def test_the_floor_is_a_band_low_tenth_not_one_lucky_stream() -> None:
+    """One stream at 0.01 among nineteen at 0.3: the band's P10 is 0.3, not 0.01."""
     share = latency([(0.0, 0.01)] + [(float(t), 0.3) for t in range(1, 20)])
     assert share.base(20.0) == pytest.approx(0.3)
 
 
+def test_the_floor_is_the_lightest_load_band_with_enough_samples() -> None:
+    """Nine streams alone (too few) beside twenty at 5-8 running and a hundred at 9-16: the
+    floor is the 5-8 band's; a tenth stream alone makes it the engine's own unloaded step."""
+    share = latency([(float(t), 0.1) for t in range(9)], load=1)
+    for t in range(20):
+        share.add(float(t), 0.3, 6)
+    for t in range(100):
+        share.add(t / 10, 0.5, 12)
+    assert share.base(20.0) == pytest.approx(0.3)
+    share.add(20.0, 0.12, 1)
+    assert share.base(20.0) == pytest.approx(0.1)
+
+
+def test_a_sparse_light_load_is_the_floor_beside_busy_minutes() -> None:
+    """Over ten minutes, one stream a minute ran alone (0.2) among fifty at 20-30 running
+    (0.6): the floor is 0.2, where a minute's low tenth (the old design) was 0.6 every
+    minute."""
+    share = LatencyShare(CONFIG)
+    for minute in range(10):
+        share.add(minute * 60.0, 0.2, 1)
+        for second in range(1, 51):
+            share.add(minute * 60.0 + second, 0.6, 25)
+    assert share.base(600.0) == pytest.approx(0.2)
+
+
 def test_the_floor_is_capped() -> None:
-    """A pod never seen lightly loaded (every sample at 0.8) counts its floor as 0.35 at most:
-    at the objective it still reads 1, and 0.8 reads 0.45 / 0.65, not 0."""
-    share = latency([(float(t), 0.8) for t in range(30)])
+    """A pod never seen lightly loaded (every sample at 0.8, 30 running) counts its floor as
+    0.35 at most: at the objective it still reads 1, and 0.8 reads 0.45 / 0.65, not 0."""
+    share = latency([(float(t), 0.8) for t in range(30)], load=30)
     assert share.base(30.0) == 0.35
     assert share.share(30.0) == pytest.approx(0.45 / 0.65)
 
 
 def test_the_floor_is_forgotten_after_its_window() -> None:
-    """A floor of 0.2 from the first minute counts for floor_window_s, then is gone."""
-    config = SaturationConfig(floor_window_s=600.0, floor_bucket_s=60.0)
+    """A floor of 0.2 from streams run alone counts for floor_window_s; then the lightest load
+    still remembered (0.3 at 20 running) stands for it; then none."""
+    config = SaturationConfig(floor_window_s=600.0)
     share = latency([(float(t), 0.2) for t in range(20)], config)
-    share.add(100.0, 0.9)  # closes the first bucket; one sample is no floor of its own
+    for t in range(100, 130):
+        share.add(float(t), 0.3, 20)
     assert share.base(500.0) == pytest.approx(0.2)
-    assert share.base(700.0) == 0.0
+    assert share.base(650.0) == pytest.approx(0.3)
+    assert share.base(800.0) == 0.0
 
 
 def test_the_window_forgets_its_samples() -> None:
@@ -145,14 +196,23 @@ def test_the_window_forgets_its_samples() -> None:
     assert share.share(51.0) == 0.0
 
 
+def test_running_streams_join_the_window_but_not_the_floor() -> None:
+    """Ten ended samples at 0.3 (the floor) and two streams still running at 1.0 and 1.3:
+    the P95 of the twelve is the slower one's; the floor is still the ended streams' 0.3."""
+    share = latency([(float(t), 0.3) for t in range(10)])
+    assert share.share(10.0, running=[1.0, 1.3]) == pytest.approx((1.3 - 0.3) / 0.7)
+    assert share.base(10.0) == pytest.approx(0.3)
+    assert share.share(50.0, running=[0.65]) == pytest.approx(0.5)
+
+
 def test_the_stores_are_bounded() -> None:
-    """Ten thousand samples in one bucket keep at most max_samples in the window and the
-    bucket (all at 0.3: the floor is 0.3 and the term 0)."""
+    """Ten thousand samples at one load keep at most max_samples in the window and the band
+    (all at 0.3: the floor is 0.3 and the term 0)."""
     config = SaturationConfig(max_samples=100)
     share = latency([(t / 1e6, 0.3) for t in range(10_000)], config)
     assert share.share(0.5) == 0.0
     assert len(share._window) == 100
-    assert len(share._open) == 100
+    assert len(share._bands[0]) == 100
 
 
 def test_kv_is_the_mean_over_its_window() -> None:

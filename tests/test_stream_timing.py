@@ -50,3 +50,26 @@ def test_waiting_for_the_first_token() -> None:
     assert timing.waiting_s(7.0) == pytest.approx(2.0)
     timing.saw(1, 7.5)
     assert timing.waiting_s(8.0) is None
+
+
+@pytest.mark.parametrize(
+    ("now", "expected"),
+    [
+        pytest.param(1.45, 0.05, id="on-pace"),
+        pytest.param(2.0, 0.1, id="stalled-a-second"),
+    ],
+)
+def test_tpot_so_far_counts_a_stall_since_the_last_token(now: float, expected: float) -> None:
+    """Ten events 50 ms apart from 1 s: its pace so far is 50 ms a token; stalled until 2 s,
+    its next token could at best make 100 ms a token."""
+    timing = StreamTiming(sent=0.0)
+    for i in range(10):
+        timing.saw(1, 1.0 + 0.05 * i)
+    assert timing.tpot_so_far_s(now) == pytest.approx(expected)
+
+
+def test_tpot_so_far_needs_two_token_events() -> None:
+    """One token event: no pace yet, however long it waits for the next."""
+    timing = StreamTiming(sent=0.0)
+    timing.saw(1, 1.0)
+    assert timing.tpot_so_far_s(5.0) is None

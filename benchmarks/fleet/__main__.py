@@ -80,7 +80,7 @@ def signal_settings(scale: float) -> dict[str, str]:
     config = SaturationConfig()
     return {
         f"utilisation_{name}": f"{getattr(config, name) / scale:g}"
-        for name in ("window_s", "floor_window_s", "floor_bucket_s")
+        for name in ("window_s", "floor_window_s")
     }
 
 

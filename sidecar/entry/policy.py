@@ -108,7 +108,11 @@ class SidecarPolicy:
 
     # --- what the proxy tells back ---------------------------------------------------------------
 
-    def track(self, timing: StreamTiming, claims: Claims) -> None:
+    def track(self, timing: StreamTiming, arrived: float, claims: Claims) -> None:
+        """A stream about to be relayed -> the scale-out signal and the mode's law, which
+        sample its first token as it comes."""
+        if self.signal is not None:
+            self.signal.track(timing, arrived)
         self.mode.track(timing, claims)
 
     def timed(self, timing: StreamTiming, arrived: float, outcome: str) -> None:

@@ -440,11 +440,8 @@ class Settings(BaseSettings):
     )
     utilisation_floor_window_s: Annotated[float, Field(gt=0)] = Field(
         _SIGNAL.floor_window_s,
-        description="how long the engine's unloaded latency (the latency term's 0) is remembered",
-    )
-    utilisation_floor_bucket_s: Annotated[float, Field(gt=0)] = Field(
-        _SIGNAL.floor_bucket_s,
-        description="the unloaded latency is the lowest P10 of any bucket this long",
+        description="how long the engine's unloaded latency (the latency term's 0) is remembered: "
+        "the samples of each load band (1, 2, 3-4, ... requests running) of this many seconds",
     )
     utilisation_floor_cap: Annotated[float, Field(ge=0, lt=1)] = Field(
         _SIGNAL.floor_cap,

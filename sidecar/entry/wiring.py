@@ -87,7 +87,6 @@ def signal_config_of_settings(settings: Settings) -> SaturationConfig:
         quantile=s.utilisation_quantile,
         kv_full=s.utilisation_kv_full,
         floor_window_s=s.utilisation_floor_window_s,
-        floor_bucket_s=s.utilisation_floor_bucket_s,
         floor_cap=s.utilisation_floor_cap,
     )
 

@@ -5,6 +5,7 @@ the pure ``sidecar.core.laws.saturation``."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prometheus_client import Counter
@@ -12,6 +13,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sidecar.core.laws.saturation import (
+    RUNNING_MIN_TOKENS,
     TERMS,
     LatencyShare,
     MeanWindow,
@@ -40,10 +42,28 @@ def outcome_counts(requests: Counter) -> dict[str, float]:
     }
 
 
+@dataclass(slots=True, kw_only=True)
+class _Running:
+    """A stream being relayed: when it arrived, the most requests that ran (``demand``: in
+    flight or waiting, until its first token; ``in_use``: in flight, all along) while it was
+    seen, and whether its TTFT is in the samples."""
+
+    arrived: float
+    demand: int
+    in_use: int
+    ttft_sampled: bool = False
+
+    def saw(self, snap: BulkheadSnapshot) -> None:
+        if not self.ttft_sampled:
+            self.demand = max(self.demand, snap.in_use + snap.queued)
+        self.in_use = max(self.in_use, snap.in_use)
+
+
 class SaturationSignal:
-    """``streamed`` hears each stream as it ends, ``observe`` each capacity tick; ``read``
-    gathers the rest (the bulkhead's queue, how long its oldest request has waited) and
-    computes."""
+    """``track`` hears each stream as it starts, ``streamed`` as it ends, ``observe`` each
+    capacity tick; ``read`` gathers the rest (the bulkhead's queue, how long its oldest request
+    has waited, the streams running now) and computes. A stream's first token is sampled on the
+    tick or read after it came."""
 
     def __init__(
         self,
@@ -62,38 +82,78 @@ class SaturationSignal:
         self._ttft, self._tpot = LatencyShare(c), LatencyShare(c)
         self._kv = MeanWindow(c.window_s, c.max_samples)
         self._window = OutcomeWindow(c.window_s)
+        # Streams being relayed (bounded by the admission limit; each leaves in ``streamed``).
+        self._running: dict[StreamTiming, _Running] = {}
+
+    def track(self, timing: StreamTiming, arrived: float) -> None:
+        """A stream is about to be relayed (it arrived at ``arrived``)."""
+        snap = self._snapshot()
+        self._running[timing] = _Running(
+            arrived=arrived, demand=snap.in_use + snap.queued, in_use=snap.in_use
+        )
 
     def streamed(self, timing: StreamTiming, arrived: float, completed: bool) -> None:
-        """A relayed stream ended: its TTFT from arrival once a token came, its TPOT if it
-        completed (as ``sidecar_slo_streams_total`` judges it)."""
-        now = self._clock()
-        if timing.first is not None:
-            self._ttft.add(now, max(0.0, timing.first - arrived) / self.objectives.ttft_s)
+        """A relayed stream ended: its TTFT from arrival once a token came, if not sampled
+        yet, and its TPOT if it completed (as ``sidecar_slo_streams_total`` judges it)."""
+        now, snap = self._clock(), self._snapshot()
+        running = self._running.pop(timing, None) or _Running(arrived=arrived, demand=0, in_use=0)
+        running.saw(snap)
+        self._sample_ttft(now, timing, running)
         tpot = timing.tpot_s() if completed else None
         if tpot is not None:
-            self._tpot.add(now, tpot / self.objectives.tpot_s)
+            self._tpot.add(now, tpot / self.objectives.tpot_s, running.in_use)
+
+    def _sample_ttft(self, now: float, timing: StreamTiming, running: _Running) -> None:
+        if timing.first is None or running.ttft_sampled:
+            return
+        running.ttft_sampled = True
+        ttft = max(0.0, timing.first - running.arrived)
+        self._ttft.add(now, ttft / self.objectives.ttft_s, running.demand)
+
+    def _harvest(self, now: float) -> None:
+        """Each running stream's first token, once it came, and the load it runs under."""
+        snap = self._snapshot()
+        for timing, running in self._running.items():
+            running.saw(snap)
+            self._sample_ttft(now, timing, running)
 
     def observe(self, readings: Readings) -> None:
-        """One capacity tick: the outcomes so far are sampled (so the refusals' window keeps
-        its length however rarely the signal is read), and the engine's KV use, if it said it,
-        joins the window's mean."""
+        """One capacity tick: the running streams' first tokens are sampled, the outcomes so
+        far too (so the refusals' window keeps its length however rarely the signal is read),
+        and the engine's KV use, if it said it, joins the window's mean."""
         now = self._clock()
+        self._harvest(now)
         self._window.recent(now, outcome_counts(self._requests))
         engine = readings.engine
         if engine is not None and engine.kv_usage_ratio is not None:
             self._kv.add(now, engine.kv_usage_ratio / self.config.kv_full)
 
     def evidence(self) -> SaturationEvidence:
-        now, snap = self._clock(), self._snapshot()
+        self._harvest(now := self._clock())
+        snap = self._snapshot()
         offered, refused = self._window.recent(now, outcome_counts(self._requests))
+        waited = max(self._oldest_wait_s(), self._oldest_start_s(now))
         return SaturationEvidence(
             ttft=self._ttft.share(now),
-            waited=self._oldest_wait_s() / self.objectives.ttft_s,
-            tpot=self._tpot.share(now),
+            waited=waited / self.objectives.ttft_s,
+            tpot=self._tpot.share(now, self._paces(now)),
             kv=self._kv.mean(now),
             loaded=snap.in_use > 0 or snap.queued > 0,
             recent_offered=offered,
             recent_refused=refused,
+        )
+
+    def _paces(self, now: float) -> list[float]:
+        """The TPOT so far of the running streams past their first ``RUNNING_MIN_TOKENS``,
+        over the objective."""
+        paces = (t.tpot_so_far_s(now) for t in self._running if t.tokens >= RUNNING_MIN_TOKENS)
+        return [pace / self.objectives.tpot_s for pace in paces if pace is not None]
+
+    def _oldest_start_s(self, now: float) -> float:
+        """How long the running stream longest without a first token has waited since it
+        arrived (0 if none)."""
+        return max(
+            (now - r.arrived for t, r in self._running.items() if t.first is None), default=0.0
         )
 
     def read(self) -> Saturation:

@@ -12,16 +12,27 @@ the sidecar measures on every stream against the same objectives its SLO attainm
 - ``ttft`` and ``tpot``: how far the streams' latency has climbed from the engine's unloaded
   latency towards its objective, ``(p - base) / (1 - base)``, where ``p`` is the ``quantile``
   (P95: a pod's capacity is the load whose requests meet the objectives 95 % of the time) of
-  the streams' latency over their objective (TTFT as the user saw it, from arrival at
-  the sidecar, so a wait for admission counts) and ``base`` the same ratio unloaded: the lowest
-  P10 of any ``floor_bucket_s`` the pod saw in the last ``floor_window_s``, counted at most as
-  ``floor_cap``. An engine's step time grows with what each step computes (every stream's
-  decode and the prompts that join it), so its latency climbs from ``base`` at no load to the
-  objective at capacity about in proportion to the load: the term is the share of capacity in
-  use, and past 1 the objective is missed. Before the pod has a floor, ``base`` is 0 (a fresh
-  pod reads high rather than low). A request still waiting for admission past its TTFT
-  objective sets ``ttft`` to at least its wait over the objective: a queue shows before anyone
-  leaves it.
+  the streams' latency over their objective and ``base`` the same ratio unloaded. A stream's
+  TTFT (as the user saw it, from arrival at the sidecar, so a wait for admission counts) is a
+  sample from the moment its first token is relayed; its TPOT is one while it runs, once it
+  relayed ``RUNNING_MIN_TOKENS`` (its pace so far, or, stalled since its last token, the pace
+  its next would give if it came now) and, once it completed, its final pace: each stream
+  counts once, and a step in load reaches the term at the next read, not when the long
+  streams end. A request still waiting past its TTFT
+  objective, for admission or for its first token, sets ``ttft`` to at least its wait over the
+  objective: a queue shows before anyone leaves it.
+
+  ``base`` is learned from light load: each sample is tagged with the most requests that ran
+  while it was measured (for TTFT, in flight or waiting), and the floor is the P10 of the
+  lightest band of that load (1, 2, 3-4, 5-8, ... requests) with ``FLOOR_MIN_SAMPLES``
+  samples in the last ``floor_window_s``, counted at most as ``floor_cap``: a stream run alone
+  gives the engine's own unloaded step, and where the pod never ran that light, the lightest
+  load it did run stands for it (reading low by that load's climb, never by more than the
+  cap). An engine's step time grows with what each step computes (every stream's decode and
+  the prompts that join it), so its latency climbs from ``base`` at no load to the objective
+  at capacity about in proportion to the load: the term is the share of capacity in use, and
+  past 1 the objective is missed. Before any band has enough samples, ``base`` is 0 (a fresh
+  pod reads high rather than low).
 - ``kv``: the engine's KV cache use over ``kv_full`` (1: the whole pool), the mean of the
   readings in the window: where memory, not compute, binds, the pool's share is the load's.
 - ``refusals``: 1 + the share of the requests that ended in the window that were refused for
@@ -39,9 +50,8 @@ serves within the objectives.
 
 from __future__ import annotations
 
-import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sidecar.core.laws.slo_limit import quantile
@@ -62,7 +72,12 @@ TERMS = ("ttft", "tpot", "kv", "refusals")
 # a pod; its scale-up policy adds the rest a period later if the load needs them).
 TERM_MAX = 2.0
 FLOOR_QUANTILE = 0.1  # a bucket's unloaded latency: its lowest tenth, not one lucky stream
-FLOOR_MIN_SAMPLES = 10  # fewer in a bucket say nothing of the engine's floor
+FLOOR_MIN_SAMPLES = 10  # fewer in a load band say nothing of the engine's floor
+FLOOR_BAND_SAMPLES = 1024  # a band's newest samples: its P10 is as good as over more
+# A running stream's pace counts once it relayed this many token events: over a few gaps, one
+# step that carried other prompts' prefill reads as its whole pace (make bench-capacity, counting
+# from the second token: 1.31 at half of capacity, where the first design read 0.36).
+RUNNING_MIN_TOKENS = 32
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,12 +88,11 @@ class SaturationConfig:
     quantile: float = 0.95
     kv_full: float = 1.0
     floor_window_s: float = 3600.0
-    floor_bucket_s: float = 60.0
     floor_cap: float = 0.35
     max_samples: int = 4096  # a window's samples at most, newest kept
 
     def __post_init__(self) -> None:
-        if min(self.window_s, self.floor_window_s, self.floor_bucket_s, self.kv_full) <= 0:
+        if min(self.window_s, self.floor_window_s, self.kv_full) <= 0:
             raise ValueError("windows and kv_full must be > 0")
         if not 0 < self.quantile <= 1 or not 0 <= self.floor_cap < 1:
             raise ValueError("quantile must be in (0, 1] and floor_cap in [0, 1)")
@@ -86,53 +100,56 @@ class SaturationConfig:
             raise ValueError("max_samples must be >= 1")
 
 
-class LatencyShare:
-    """One latency's samples (each over its objective): the window's quantile and the floor.
+def load_band(load: int) -> int:
+    """The floor's band of a sample taken while ``load`` requests ran: 0 for 1 (or none), then
+    1 for 2, 2 for 3-4, 3 for 5-8, ... (the engine's step grows with its batch: a band a
+    doubling of it)."""
+    return max(0, load - 1).bit_length()
 
-    Bounded: the window keeps its newest ``max_samples``; the floor one figure a bucket for
-    ``floor_window_s``; the open bucket at most ``max_samples``."""
+
+class LatencyShare:
+    """One latency's samples (each over its objective, tagged with the load it ran under): the
+    window's quantile and the floor.
+
+    Bounded: the window keeps its newest ``max_samples``; each load band its newest
+    ``FLOOR_BAND_SAMPLES`` (at most ``max_samples``) for ``floor_window_s``."""
 
     def __init__(self, config: SaturationConfig) -> None:
         self.config = config
         self._window: deque[tuple[float, float]] = deque(maxlen=config.max_samples)
-        buckets = math.ceil(config.floor_window_s / config.floor_bucket_s)
-        self._floors: deque[tuple[int, float]] = deque(maxlen=max(1, buckets))
-        self._bucket = -1
-        self._open: list[float] = []
+        self._bands: dict[int, deque[tuple[float, float]]] = {}
+        self._band_size = min(FLOOR_BAND_SAMPLES, config.max_samples)
 
-    def add(self, now: float, ratio: float) -> None:
-        """A stream's latency over its objective, seen at ``now``."""
-        bucket = math.floor(now / self.config.floor_bucket_s)
-        if bucket != self._bucket:
-            self._close_bucket()
-            self._bucket = bucket
-        if len(self._open) < self.config.max_samples:
-            self._open.append(ratio)
+    def add(self, now: float, ratio: float, load: int) -> None:
+        """A stream's latency over its objective, seen at ``now``, measured while at most
+        ``load`` requests ran."""
         self._window.append((now, ratio))
-
-    def _close_bucket(self) -> None:
-        if len(self._open) >= FLOOR_MIN_SAMPLES:
-            self._floors.append((self._bucket, quantile(self._open, FLOOR_QUANTILE)))
-        self._open = []
+        band = self._bands.setdefault(load_band(load), deque(maxlen=self._band_size))
+        band.append((now, ratio))
 
     def base(self, now: float) -> float:
-        """The unloaded ratio: the lowest bucket floor still remembered, at most ``floor_cap``;
-        0 before any bucket had enough samples."""
+        """The unloaded ratio: the P10 of the lightest load band with enough samples in the
+        last ``floor_window_s``, at most ``floor_cap``; 0 before any band has enough."""
         c = self.config
-        oldest = math.floor((now - c.floor_window_s) / c.floor_bucket_s)
-        floors = [f for b, f in self._floors if b > oldest]
-        if len(self._open) >= FLOOR_MIN_SAMPLES:
-            floors.append(quantile(self._open, FLOOR_QUANTILE))
-        return min(min(floors, default=0.0), c.floor_cap)
+        for band in sorted(self._bands):
+            samples = self._bands[band]
+            while samples and now - samples[0][0] > c.floor_window_s:
+                samples.popleft()
+            if len(samples) >= FLOOR_MIN_SAMPLES:
+                return min(quantile([r for _, r in samples], FLOOR_QUANTILE), c.floor_cap)
+        return 0.0
 
-    def share(self, now: float) -> float:
-        """``(p - base) / (1 - base)`` over the window's samples; 0 without any."""
+    def share(self, now: float, running: Sequence[float] = ()) -> float:
+        """``(p - base) / (1 - base)`` over the window's samples and ``running``, the ratios
+        of streams still running as they stand now (each stream counted once: running, or
+        ended in the window); 0 without any."""
         window = self._window
         while window and now - window[0][0] > self.config.window_s:
             window.popleft()
-        if not window:
+        samples = [r for _, r in window] + list(running)
+        if not samples:
             return 0.0
-        p = quantile([r for _, r in window], self.config.quantile)
+        p = quantile(samples, self.config.quantile)
         base = self.base(now)
         return max(0.0, (p - base) / (1.0 - base))
 

@@ -44,6 +44,15 @@ class StreamTiming:
             return None
         return max(0.0, self.last - self.first) / (self.tokens - 1)
 
+    def tpot_so_far_s(self, now: float) -> float | None:
+        """A running stream's TPOT were it to end now: its mean gap so far, or, where it has
+        stalled since its last token, at least the pace its next token would give if it came
+        at ``now``; None with fewer than two token events."""
+        tpot = self.tpot_s()
+        if tpot is None or self.first is None:
+            return None
+        return max(tpot, (now - self.first) / self.tokens)
+
     def waiting_s(self, now: float) -> float | None:
         """How long it has waited for its first token so far; None once that came."""
         return now - self.sent if self.first is None else None

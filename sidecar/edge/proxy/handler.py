@@ -224,7 +224,7 @@ async def _forward_admitted(
     policy = proxy.policy
     timing = StreamTiming(sent=proxy.clock(), on_first=permit.first_token) if job.stream else None
     if timing is not None:
-        policy.track(timing, claims)
+        policy.track(timing, started, claims)
     outcome = "error"
     try:
         with proxy.in_flight.track() as stop:

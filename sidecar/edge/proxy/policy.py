@@ -60,8 +60,9 @@ class ProxyPolicy(Protocol):
 
     # --- what the proxy tells back ---------------------------------------------------------------
 
-    def track(self, timing: StreamTiming, claims: Claims) -> None:
-        """A stream is about to be relayed: its timing, stamped as tokens come."""
+    def track(self, timing: StreamTiming, arrived: float, claims: Claims) -> None:
+        """A stream is about to be relayed: its timing, stamped as tokens come, and when it
+        arrived."""
         ...
 
     def timed(self, timing: StreamTiming, arrived: float, outcome: str) -> None:
