@@ -169,22 +169,3 @@ def test_a_bad_claims_from_names_the_entry(text: str) -> None:
     """A malformed SIDECAR_CLAIMS_FROM entry is refused, naming itself."""
     with pytest.raises(ValueError, match="is not a network"):
         parse_claim_trust(text)
-
-
-@pytest.mark.parametrize(
-    ("value", "retries"),
-    [
-        pytest.param("2", 2, id="second-retry"),
-        pytest.param("0", 0, id="first-try"),
-        pytest.param("-1", 0, id="negative"),
-        pytest.param("two", 0, id="not-a-number"),
-        pytest.param("9" * 12, 0, id="absurd"),
-    ],
-)
-def test_the_sdks_retry_count_is_read_from_anyone(value: str, retries: int) -> None:
-    """x-stainless-retry-count (the openai SDKs' count of earlier tries) asks for no more than
-    the wait anyone may have, so an untrusted peer's is read too; nothing else of its is."""
-    headers = {"X-Stainless-Retry-Count": value, "x-llm-d-inference-objective": "critical"}
-    untrusted = parse_claim_trust(None).claims(headers, "10.0.0.9", ClaimNames())
-    assert untrusted == Claims(retries=retries)
-    assert read_claims(headers).retries == retries

@@ -4,12 +4,11 @@ gathered."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import pytest
 
-from sidecar.core.laws.slo_law import SloLaw, Tick, max_wait_s, start_limit
+from sidecar.core.laws.slo_law import SloLaw, Tick, start_limit
 from sidecar.core.limits import Limits
 from sidecar.core.plan.capacity import Budget, Source, Term, engine_cost, make_plan
 
@@ -198,18 +197,3 @@ def test_the_held_limit_is_the_starts_and_none_before_a_start() -> None:
     law = started(10)
     law.step(replace(BUSY, ttft=LATE))
     assert law.held() == 5
-
-
-def test_a_retry_waits_what_anyone_may_and_no_longer_than_its_ttl() -> None:
-    """A request that came back after a busy answer waits as long as the bulkhead lets anyone
-    (it clamps the infinite wait to SIDECAR_MAX_WAIT_MS), not the TTFT objective's remainder
-    (here none: the engine's expected TTFT is past the aim); its TTL still bounds it."""
-
-    def wait(*, ttl_s: float | None, retried: bool = False) -> float:
-        return max_wait_s(
-            aim=0.8, ttft_objective_s=2.0, expected_ttft_s=1.9, ttl_s=ttl_s, retried=retried
-        )
-
-    assert wait(ttl_s=None) == 0.0
-    assert wait(ttl_s=None, retried=True) == math.inf
-    assert wait(ttl_s=1.5, retried=True) == 1.5

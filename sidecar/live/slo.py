@@ -154,14 +154,12 @@ class SloControl:
     def max_wait_s(self, claims: Claims) -> float:
         """How long a request may wait for a permit: ``aim`` x its TTFT objective less the
         engine's expected TTFT (past that it would likely miss, so it is told at once), and no
-        longer than its queue TTL where it claims one; a retry waits as long as the bulkhead
-        lets anyone (``slo_law.max_wait_s``)."""
+        longer than its queue TTL where it claims one."""
         return max_wait_s(
             aim=self.config.aim,
             ttft_objective_s=self.objectives_for(claims).ttft_s,
             expected_ttft_s=self.expected_ttft_s,
             ttl_s=claims.ttl_s,
-            retried=claims.retries > 0,
         )
 
     def asked(self, tokens: int) -> None:

@@ -98,22 +98,12 @@ def capped(steered: Limits, *caps: int | None) -> Limits:
 
 
 def max_wait_s(
-    *,
-    aim: float,
-    ttft_objective_s: float,
-    expected_ttft_s: float,
-    ttl_s: float | None,
-    retried: bool = False,
+    *, aim: float, ttft_objective_s: float, expected_ttft_s: float, ttl_s: float | None
 ) -> float:
     """How long a request may wait for a permit: ``aim`` x its TTFT objective less the engine's
     expected TTFT (past that it would likely miss, so it is told at once), and no longer than its
-    queue TTL where it claims one.
-
-    A request ``retried`` after a busy answer came back when it was told its place would free:
-    its user's first token is late already, and sent away again it would wait a whole quote more
-    (the GPU-shaped burst: 38 % of the returns refused again where a place freed a moment after
-    they came). It waits as long as the bulkhead lets anyone (``SIDECAR_MAX_WAIT_MS``)."""
-    wait = math.inf if retried else max(0.0, aim * ttft_objective_s - expected_ttft_s)
+    queue TTL where it claims one."""
+    wait = max(0.0, aim * ttft_objective_s - expected_ttft_s)
     return wait if ttl_s is None else min(wait, ttl_s)
 
 

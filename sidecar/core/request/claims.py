@@ -22,9 +22,6 @@ OBJECTIVE_HEADERS = ("x-llm-d-inference-objective", "x-gateway-inference-objecti
 TTFT_SLO_HEADERS = ("x-llm-d-slo-ttft-ms", "x-slo-ttft-ms")
 TPOT_SLO_HEADERS = ("x-llm-d-slo-tpot-ms", "x-slo-tpot-ms")
 TTL_HEADERS = ("x-llm-d-inference-ttl",)  # a Go duration (time.ParseDuration), e.g. 1500ms
-# The openai SDKs' count of the tries before this one (_base_client.py: 0 on the first); read
-# from anyone, as it asks for no more than the wait the bulkhead allows anyone.
-RETRY_COUNT_HEADER = "x-stainless-retry-count"
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 _MAX_NAME = 64
@@ -63,7 +60,6 @@ class Claims:
     ttft_slo_ms: int | None = None
     tpot_slo_ms: int | None = None
     ttl_s: float | None = None  # the longest it may wait in the queue
-    retries: int = 0  # tries before this one, by the client's own count (RETRY_COUNT_HEADER)
 
     @property
     def max_wait_s(self) -> float | None:
@@ -85,7 +81,6 @@ def read_claims(headers: Mapping[str, str], names: ClaimNames = ClaimNames()) ->
         ttft_slo_ms=_milliseconds(first(headers, TTFT_SLO_HEADERS)),
         tpot_slo_ms=_milliseconds(first(headers, TPOT_SLO_HEADERS)),
         ttl_s=parse_go_duration(first(headers, TTL_HEADERS)),
-        retries=retry_count(headers),
     )
 
 
@@ -118,10 +113,7 @@ class ClaimTrust:
 
     def claims(self, headers: Mapping[str, str], peer: str | None, names: ClaimNames) -> Claims:
         """What a request from ``peer`` claims, as far as it is trusted to."""
-        if self.trusts(peer):
-            return read_claims(headers, names)
-        retries = retry_count(headers)
-        return Claims(retries=retries) if retries else NO_CLAIMS
+        return read_claims(headers, names) if self.trusts(peer) else NO_CLAIMS
 
 
 def parse_claim_trust(text: str | None) -> ClaimTrust:
@@ -140,13 +132,6 @@ def parse_claim_trust(text: str | None) -> ClaimTrust:
             msg = f"{entry!r} is not a network (e.g. 10.0.0.0/8 or fd00::/8), 'any' or 'none'"
             raise ValueError(msg) from None
     return ClaimTrust(tuple(networks))
-
-
-def retry_count(headers: Mapping[str, str]) -> int:
-    """The tries before this one the client counts (``x-stainless-retry-count``); 0 where it
-    says none or nothing a count could be."""
-    value = _milliseconds(header(headers, RETRY_COUNT_HEADER))  # a whole number, bounded
-    return value or 0
 
 
 def first(headers: Mapping[str, str], names: tuple[str, ...]) -> str | None:
