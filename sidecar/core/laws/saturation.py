@@ -75,8 +75,8 @@ FLOOR_QUANTILE = 0.1  # a bucket's unloaded latency: its lowest tenth, not one l
 FLOOR_MIN_SAMPLES = 10  # fewer in a load band say nothing of the engine's floor
 FLOOR_BAND_SAMPLES = 1024  # a band's newest samples: its P10 is as good as over more
 # A running stream's pace counts once it relayed this many token events: over a few gaps, one
-# step that carried other prompts' prefill reads as its whole pace (make bench-capacity, counting
-# from the second token: 1.31 at half of capacity, where the first design read 0.36).
+# step that carried other prompts' prefill would read as its whole pace (an argument: the 1.31 at
+# half of capacity first blamed on it came from a bench window that held the step's arrival).
 RUNNING_MIN_TOKENS = 32
 
 
