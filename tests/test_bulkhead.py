@@ -629,6 +629,18 @@ async def test_retry_hint_after_an_idle_minute_is_the_rate_before_it() -> None:
     await asyncio.gather(*tasks)
 
 
+async def queued_behind_one(
+    bulkhead: Bulkhead, gate: asyncio.Event, log: list[str], waiting: int
+) -> tuple[asyncio.Task[Permit], list[asyncio.Task[Permit]]]:
+    """One task holding the only place until ``gate``, and ``waiting`` queued behind it."""
+    holder = asyncio.create_task(hold(bulkhead, gate, log, "holder"))
+    await settle()
+    waiters = [asyncio.create_task(hold(bulkhead, gate, log, f"w{i}")) for i in range(waiting)]
+    await settle()
+    assert bulkhead.snapshot().queued == waiting
+    return holder, waiters
+
+
 async def test_waiters_timing_out_together_are_told_places_one_release_apart() -> None:
     """Four waiters behind the one place (held 2 s a stream, as the engine says) time out
     together: each is told its place among the refused, 2 s apart, not the queue it leaves
@@ -637,11 +649,7 @@ async def test_waiters_timing_out_together_are_told_places_one_release_apart() -
     events: list[AdmissionEvent] = []
     bulkhead = make(fake, events, max_queue=4, max_wait_s=10.0)
     bulkhead.expect_hold(2.0)
-    holder = asyncio.create_task(hold(bulkhead, gate, log, "holder"))
-    await settle()
-    waiters = [asyncio.create_task(hold(bulkhead, gate, log, f"w{i}")) for i in range(4)]
-    await settle()
-    assert bulkhead.snapshot().queued == 4
+    holder, waiters = await queued_behind_one(bulkhead, gate, log, 4)
     fake.advance(10.0)
     await settle()
     refused = [e.retry_after_s for e in events if e.kind == "rejected"]
@@ -660,11 +668,7 @@ async def test_before_a_grant_to_a_waiter_a_burst_queues_whatever_the_pace() -> 
     fake, gate, log = FakeTime(), asyncio.Event(), new_log()
     bulkhead = make(fake, max_queue=4, max_wait_s=3.0)
     bulkhead.expect_hold(2.0)
-    holder = asyncio.create_task(hold(bulkhead, gate, log, "holder"))
-    await settle()
-    waiters = [asyncio.create_task(hold(bulkhead, gate, log, f"w{i}")) for i in range(3)]
-    await settle()
-    assert bulkhead.snapshot().queued == 3
+    holder, waiters = await queued_behind_one(bulkhead, gate, log, 3)
     bulkhead.resize(Limits(limit=4))  # slow start: the limit grows, the burst gets in
     await settle()
     gate.set()
