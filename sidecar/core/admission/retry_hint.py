@@ -124,6 +124,55 @@ class Returns:
             heapq.heappush(self._due, due_at)
 
 
+class PartTimeEvents:
+    """The last ``window`` times of an event, on a clock that runs only while something holds
+    (``run`` / ``stop``): time while it is stopped is not counted, so a spell when the event
+    could not come does not read as the event coming slowly."""
+
+    def __init__(self, window: int, *, running: bool = True) -> None:
+        self.times: deque[float] = deque(maxlen=window)  # on the part-time clock
+        self._stopped_since: float | None = None if running else 0.0
+        self._stopped_s = 0.0  # stopped time before that: the clock is the time less it
+
+    @property
+    def running(self) -> bool:
+        return self._stopped_since is None
+
+    def run(self, at: float) -> None:
+        """The clock runs from ``at`` on."""
+        if self._stopped_since is not None:
+            self._stopped_s += max(0.0, at - self._stopped_since)
+            self._stopped_since = None
+
+    def stop(self, at: float) -> None:
+        """The clock stops at ``at``, until ``run``."""
+        if self._stopped_since is None:
+            self._stopped_since = at
+
+    def clock(self, at: float) -> float:
+        """``at`` on the part-time clock: less the stopped time before it (frozen while
+        stopped)."""
+        stopped = self._stopped_s
+        if self._stopped_since is not None:
+            stopped += max(0.0, at - self._stopped_since)
+        return at - stopped
+
+    def add(self, at: float) -> None:
+        """The event came at ``at``."""
+        self.times.append(self.clock(at))
+
+    def rate_per_s(self, now: float | None = None, *, least: int = 2) -> float | None:
+        """Events a second over the window, up to ``now`` (so the rate falls when they stop
+        coming, instead of freezing); None before ``least`` of them (at least 2)."""
+        times = self.times
+        if len(times) < max(2, least):
+            return None
+        latest = max(times)
+        end = latest if now is None else max(latest, self.clock(now))
+        span = end - times[0]
+        return (len(times) - 1) / span if span > 0 else None
+
+
 class ReleaseRate:
     """Recent release times (the last ``window`` of them) and the retry hint they imply.
 
@@ -140,18 +189,14 @@ class ReleaseRate:
     ) -> None:
         if window < 2:
             raise ValueError("window must hold at least 2 releases")
-        self._times: deque[float] = deque(maxlen=window)  # on the busy clock
+        self._grants = PartTimeEvents(window)  # on the busy clock: while a request waits
         self._amounts: deque[int] = deque(maxlen=window)
         self._bounds = bounds or HintBounds()
         self._draw = draw or random.Random().random  # noqa: S311 - jitter, not a secret
         self._returns = returns or Returns()
-        self._idle_since: float | None = None  # nothing held since then
-        self._idle_s = 0.0  # idle time before that: the busy clock is the time less it
         self._holds: deque[float] = deque(maxlen=window)  # how long served requests held
         self._engine_hold_s: float | None = None  # the engine's mean, where it says one
-        self._frees: deque[float] = deque(maxlen=FREES_WINDOW)  # on the full clock
-        self._full_since: float | None = None  # the pod has been full since then
-        self._full_s = 0.0  # time full before that: the full clock
+        self._frees = PartTimeEvents(FREES_WINDOW, running=False)  # while the pod is full
 
     @property
     def bounds(self) -> HintBounds:
@@ -161,53 +206,32 @@ class ReleaseRate:
         """Record one grant to a waiting request of ``amount`` (tokens; 1 for a permit) at time
         ``at`` (seconds)."""
         # Once per grant: two appends; the latest time is found when a hint is asked for.
-        self._times.append(self._busy(at))
+        self._grants.add(at)
         self._amounts.append(amount)
 
     def idle(self, at: float) -> None:
         """Nobody waits from ``at`` on: the time until ``busy`` is not counted."""
-        if self._idle_since is None:
-            self._idle_since = at
+        self._grants.stop(at)
 
     def busy(self, at: float) -> None:
         """A request waits again from ``at`` on."""
-        if self._idle_since is not None:
-            self._idle_s += max(0.0, at - self._idle_since)
-            self._idle_since = None
-
-    def _busy(self, at: float) -> float:
-        """``at`` on the busy clock: less the idle time before it."""
-        idle = self._idle_s
-        if self._idle_since is not None:
-            idle += max(0.0, at - self._idle_since)
-        return at - idle
+        self._grants.run(at)
 
     def full(self, at: float, full: bool) -> None:
         """The pod runs every place it has (``full``) or not, from ``at`` on: the full clock
         runs only while it does."""
-        if full and self._full_since is None:
-            self._full_since = at
-        elif not full and self._full_since is not None:
-            self._full_s += max(0.0, at - self._full_since)
-            self._full_since = None
+        (self._frees.run if full else self._frees.stop)(at)
 
     def freed(self, at: float) -> None:
         """A place freed at ``at`` while the pod was full."""
-        if self._full_since is not None:
-            self._frees.append(self._full_s + max(0.0, at - self._full_since))
+        if self._frees.running:
+            self._frees.add(at)
 
     def frees_per_s(self, now: float) -> float | None:
         """Places freed a second while the pod was full, over the last :data:`FREES_WINDOW`
-        and up to ``now`` while it still is (so the rate falls when frees stop); None before
-        :data:`FREES_MIN` of them."""
-        frees = self._frees
-        if len(frees) < FREES_MIN:
-            return None
-        end = frees[-1]
-        if self._full_since is not None:
-            end = max(end, self._full_s + max(0.0, now - self._full_since))
-        span = end - frees[0]
-        return (len(frees) - 1) / span if span > 0 else None
+        and up to ``now`` (so the rate falls when frees stop); None before :data:`FREES_MIN`
+        of them."""
+        return self._frees.rate_per_s(now, least=FREES_MIN)
 
     def held(self, seconds: float) -> None:
         """A request that was served held its place for ``seconds`` (grant to release)."""
@@ -239,26 +263,19 @@ class ReleaseRate:
         return slots / hold
 
     def rate_per_s(self, now: float | None = None) -> float | None:
-        """Releases per second over the window, up to ``now``, busy time only; None before two
-        releases."""
-        if len(self._times) < 2:
-            return None
-        latest = max(self._times)
-        end = latest if now is None else max(latest, self._busy(now))
-        # Measuring up to ``now`` lets the rate fall when releases stop, instead of freezing.
-        span = end - self._times[0]
-        if span <= 0:
-            return None
-        return (len(self._times) - 1) / span
+        """Grants to waiters per second over the window, up to ``now``, busy time only; None
+        before two."""
+        return self._grants.rate_per_s(now)
 
     def drain_per_s(self, now: float | None = None) -> float | None:
         """Tokens (amounts) released per second over the window; None before two releases."""
         rate = self.rate_per_s(now)
-        if rate is None or len(self._times) < 2:
+        count = len(self._grants.times)
+        if rate is None or count < 2:
             return None
         # The first release only opens the span; the amounts after it are what drained in it.
         drained = sum(self._amounts) - self._amounts[0]
-        return rate * drained / (len(self._times) - 1)
+        return rate * drained / (count - 1)
 
     def wait_s(
         self, queue_ahead: int, now: float | None = None, *, tokens: int | None = None
