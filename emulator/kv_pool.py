@@ -49,11 +49,21 @@ class Snapshot:
     # Engine seconds the finished requests ran, first step to last (vLLM's
     # request_inference_time_seconds: its sum; the runner keeps the time, the pool has no clock).
     finished_inference_s: float = 0.0
+    # How many of them ran at most each of INFERENCE_BUCKETS_S's bounds (cumulative, as
+    # Prometheus buckets are; the +Inf bucket is their count).
+    finished_inference_buckets: tuple[int, ...] = ()
 
     @property
     def kv_usage(self) -> float:
         """Fraction of the pool's blocks in use, 0..1 like vllm:kv_cache_usage_perc."""
         return self.used_blocks / self.total_blocks
+
+
+# vLLM's bucket bounds for request_inference_time_seconds (the fixtures' histogram).
+INFERENCE_BUCKETS_S = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

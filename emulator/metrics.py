@@ -15,7 +15,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from emulator.config import EmulatorConfig
-from emulator.kv_pool import Snapshot
+from emulator.kv_pool import INFERENCE_BUCKETS_S, Snapshot
 
 ENGINE = "0"
 
@@ -88,7 +88,8 @@ class EngineCollector(Collector):
 
     def _lengths(self, snap: Snapshot) -> Iterator[HistogramMetricFamily]:
         """vLLM's per-request length and running-time histograms, with their sums and counts
-        (one +Inf bucket: what a reader of the mean needs)."""
+        (the lengths' one +Inf bucket is what a reader of their mean needs; the running time has
+        vLLM's own buckets, from which the sidecar reads how long requests hold their place)."""
         count = sum(snap.finished.values())
         for name, documentation, total in (
             (
@@ -110,8 +111,16 @@ class EngineCollector(Collector):
             "Histogram of time spent in RUNNING phase for request.",
             labels=["engine", "model_name"],
         )
+        buckets = [
+            (repr(bound), float(within))
+            for bound, within in zip(
+                INFERENCE_BUCKETS_S, snap.finished_inference_buckets, strict=False
+            )
+        ]
         family.add_metric(
-            [ENGINE, self._config.model_name], [("+Inf", count)], snap.finished_inference_s
+            [ENGINE, self._config.model_name],
+            [*buckets, ("+Inf", count)],
+            snap.finished_inference_s,
         )
         yield family
 

@@ -8,11 +8,12 @@ preempted request prefilled again, slows every running stream in that step.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
-from emulator.kv_pool import KVPool, Snapshot, Step
+from emulator.kv_pool import INFERENCE_BUCKETS_S, KVPool, Snapshot, Step
 
 Sleep = Callable[[float], Awaitable[None]]
 Alive = Callable[[], bool]
@@ -78,10 +79,19 @@ class EngineRunner:
         self.engine_s = 0.0  # engine time spent in steps so far
         self._began: dict[str, float] = {}  # request -> engine time its first token's step began
         self._inference_s = 0.0  # engine time the finished requests ran, first step to last
+        self._inference_counts = [0] * len(INFERENCE_BUCKETS_S)  # per bucket, not cumulative
 
     def snapshot(self) -> Snapshot:
         """The pool's snapshot, with the time its finished requests ran."""
-        return replace(self.pool.snapshot(), finished_inference_s=self._inference_s)
+        cumulative, total = [], 0
+        for count in self._inference_counts:
+            total += count
+            cumulative.append(total)
+        return replace(
+            self.pool.snapshot(),
+            finished_inference_s=self._inference_s,
+            finished_inference_buckets=tuple(cumulative),
+        )
 
     async def generate(
         self, request_id: str, prompt_tokens: int, max_tokens: int, pacing: Pacing, alive: Alive
@@ -153,7 +163,11 @@ class EngineRunner:
         for request_id in step.preempted:
             self._began.pop(request_id, None)  # prefilled again: it runs from then
         for request_id in step.finished:
-            self._inference_s += self.engine_s - self._began.pop(request_id, began)
+            ran = self.engine_s - self._began.pop(request_id, began)
+            self._inference_s += ran
+            bucket = bisect.bisect_left(INFERENCE_BUCKETS_S, ran)
+            if bucket < len(self._inference_counts):
+                self._inference_counts[bucket] += 1
 
     def _deliver(self, step: Step) -> None:
         for request_id in step.tokens:

@@ -7,9 +7,13 @@ import contextlib
 import itertools
 
 import pytest
+from prometheus_client import generate_latest
 
+from emulator.config import EmulatorConfig
 from emulator.kv_pool import KVPool
+from emulator.metrics import build_registry
 from emulator.runner import ClientGoneError, EngineRunner, KVCacheExhaustedError, Pacing, StepCost
+from sidecar.live.probes.engine import parse_metrics
 
 
 class EngineClock:
@@ -195,4 +199,20 @@ async def test_oom_mode_fails_streams_when_kv_runs_out() -> None:
         async for _ in first:
             pass
     assert runner.pool.snapshot().used_blocks == 0
+    await runner.close()
+
+
+async def test_the_time_requests_ran_has_vllms_buckets() -> None:
+    """The emulator counts each finished request's running time into vLLM's own buckets, so
+    the probe reads how those times are spread, as from vLLM: two requests of 0.074 s each lie
+    in the first bucket (0-0.3 s)."""
+    runner, clock = make_runner(num_blocks=16, cost=StepCost(step_s=0.02, token_s=0.001))
+    await asyncio.gather(
+        token_times(runner, clock, "a", 5, 3), token_times(runner, clock, "b", 5, 3)
+    )
+    config = EmulatorConfig(max_model_len=64, kv_tokens=256, block_size=16)
+    text = generate_latest(build_registry(config, runner.snapshot)).decode()
+    spread = parse_metrics(text, 0.0).inference_quantiles_s
+    assert len(spread) == 16
+    assert all(0.0 < q <= 0.3 for q in spread)
     await runner.close()

@@ -111,6 +111,9 @@ class EngineReading:
     # Mean time a finished request ran, prefill and decode, its wait in the engine's queue aside
     # (vLLM's request_inference_time_seconds histogram), where it has served any.
     typical_inference_s: float | None = None
+    # The same histogram's quantiles, evenly spaced ((i + 0.5) / n of them), ascending: how the
+    # time requests hold their place is spread (empty where the engine has no buckets of it).
+    inference_quantiles_s: tuple[float, ...] = ()
 
     @property
     def pool_tokens(self) -> int | None:

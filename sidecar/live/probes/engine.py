@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections.abc import Iterable
 
@@ -31,6 +32,10 @@ _MEANS = {
     "vllm:request_generation_tokens": "typical_generation_tokens",
     "vllm:request_inference_time_seconds": "typical_inference_s",
 }
+# The histogram whose buckets say how long requests hold their place, not only its mean: the
+# Retry-After hint's forecast of when places free (sidecar.core.admission.frees_forecast).
+_HOLDS = "vllm:request_inference_time_seconds"
+HOLD_QUANTILES = 16
 _CACHE_INFO = "vllm:cache_config_info"
 # Family and sample names the probe reads; a counter's family may be named without its _total.
 _WANTED = frozenset(
@@ -39,6 +44,7 @@ _WANTED = frozenset(
         _CACHE_INFO,
         "vllm:num_preemptions",
         *(name + part for name in _MEANS for part in ("", "_sum", "_count")),
+        _HOLDS + "_bucket",
     }
 )
 _NAME_CHARS = "a-zA-Z0-9_:"
@@ -125,7 +131,41 @@ def _reading(
         typical_prompt_tokens=means.get("typical_prompt_tokens"),
         typical_generation_tokens=means.get("typical_generation_tokens"),
         typical_inference_s=means.get("typical_inference_s"),
+        inference_quantiles_s=histogram_quantiles(samples, _HOLDS, HOLD_QUANTILES),
     )
+
+
+def histogram_quantiles(samples: Iterable[Sample], family: str, count: int) -> tuple[float, ...]:
+    """``count`` evenly spaced quantiles ((i + 0.5) / count) of ``family``'s histogram, its
+    buckets summed over engines, each interpolated linearly within its bucket as Prometheus's
+    ``histogram_quantile`` does (a quantile in the +Inf bucket is the highest finite bound);
+    empty where the histogram has counted nothing or has no finite bucket."""
+    within: dict[float, float] = {}
+    name = family + "_bucket"
+    for sample in samples:
+        label = sample.labels.get("le")
+        if sample.name == name and label is not None:
+            le = float(label)
+            within[le] = within.get(le, 0.0) + sample.value
+    bounds = sorted(within)
+    total = within.get(math.inf, 0.0)
+    finite = [b for b in bounds if math.isfinite(b)]
+    if total <= 0 or not finite:
+        return ()
+    quantiles: list[float] = []
+    for i in range(count):
+        rank = (i + 0.5) / count * total
+        lower, below = 0.0, 0.0
+        for bound in finite:
+            cumulative = within[bound]
+            if cumulative >= rank:
+                share = (rank - below) / (cumulative - below) if cumulative > below else 1.0
+                quantiles.append(lower + (bound - lower) * share)
+                break
+            lower, below = bound, cumulative
+        else:
+            quantiles.append(finite[-1])
+    return tuple(quantiles)
 
 
 def histogram_means(samples: Iterable[Sample], families: dict[str, str]) -> dict[str, float]:
