@@ -64,9 +64,12 @@ soak: $(STAMP)
 	$(BIN)/python -m benchmarks.soak
 
 # SLO goodput under overload: the sidecar against vLLM alone and its queue cap, on a real vLLM
-# (CPU) and a GPU-shaped emulated engine, 3 repetitions interleaved: about 40 min on 2 cores
-# (docs/lab/overload.md). OVERLOAD_LOADS, OVERLOAD_CONFIGS, OVERLOAD_MEASURE_S, OVERLOAD_REPETITIONS
-# narrow it. Writes .bench/overload.json (every request), .md and .png.
+# (CPU) and a GPU-shaped emulated engine, 3 repetitions interleaved
+# (docs/lab/overload.md), and the engine alone at 24, 36 and 48 clients for its best operating
+# point: about 70 min on 2 cores. OVERLOAD_LOADS, OVERLOAD_CONFIGS, OVERLOAD_MEASURE_S,
+# OVERLOAD_REPETITIONS, OVERLOAD_SWEEP (client counts, or none) narrow it; OVERLOAD_SIDECAR_QUOTA=1
+# OVERLOAD_NEIGHBOUR=1 run each sidecar in a cgroup under one core's quota beside a busy neighbour
+# (root). Writes .bench/overload.json (every request), .md and .png.
 bench-overload: $(STAMP)
 	bash scripts/vllm_env.sh
 	$(E2E_VLLM_PYTHON) scripts/build_tiny_model.py $(E2E_TINY_MODEL)

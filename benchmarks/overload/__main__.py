@@ -2,10 +2,11 @@
 
 One run, side by side and interleaved: vLLM alone, vLLM `--max-num-queued-reqs 32` and `sidecar
 serve` at its defaults in front of the plain engine, on three loads of a real vLLM (CPU, its
-compute pinned to core 0) and one GPU-shaped load of the emulated engine; every load and
+compute pinned to core 0) and one GPU-shaped load of the emulated engine, and on each closed
+load the engine alone at fewer clients for its best operating point; every load and
 configuration once per repetition, the median of the repetitions reported. Printed: a table per
-load and the targets, yes or NO; written: .bench/overload.json (every request's record),
-.bench/overload.md and .bench/overload.png.
+load and the targets, yes or NO; written: .bench/overload.json (every request's record and a
+summary), .bench/overload.md and .bench/overload.png.
 
     OVERLOAD_MEASURE_S      seconds measured per run (default 40, after OVERLOAD_WARMUP_S=10,
                             or the load's own longer warm-up: gpu-long's 40 s)
@@ -23,6 +24,16 @@ load and the targets, yes or NO; written: .bench/overload.json (every request's 
                             completions per second under closed-long, first repetition)
     OVERLOAD_SLO_TTFT_MS, OVERLOAD_SLO_TPOT_MS   the objectives, passed to the sidecar too
                             (default: the sidecar's, 2000 and 100)
+    OVERLOAD_SWEEP          the engine's best operating point: client counts at which each
+                            repetition also runs the engine alone on each closed load (default
+                            24,36,48; none: no sweep). The best SLO goodput of these and of
+                            `alone` (96) is the point the sidecar is judged against (>= 0.9x);
+                            an open loop has no client count, and no sweep
+    OVERLOAD_SIDECAR_QUOTA  each sidecar in a cgroup (v1 cpu controller) of its own, under a CPU
+                            quota of this many cores (e.g. 1; default: none)
+    OVERLOAD_NEIGHBOUR      1: a busy neighbour process spinning in the sidecar's cgroup for the
+                            run (default 0). Both need a writable /sys/fs/cgroup/cpu (root):
+                            without one the run stops at the start, exit 2
 """
 
 from __future__ import annotations
@@ -34,11 +45,20 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from benchmarks.overload import servers
+from benchmarks.overload.cpu_quota import (
+    CPU_ROOT,
+    CpuGroup,
+    SidecarCpu,
+    check_writable,
+    cpu_group,
+    sidecar_cpu,
+)
 from benchmarks.overload.engine_watch import Timeline, watch
 from benchmarks.overload.load import Load, Tally, Window, closed_loop, open_loop
 from benchmarks.overload.plan import (
@@ -51,10 +71,14 @@ from benchmarks.overload.plan import (
     SIDECAR_SETTINGS,
     Config,
     LoadSpec,
+    SettingError,
     chosen,
     schedule,
+    sweep,
 )
-from benchmarks.overload.report import Report, markdown, print_report, run_figures, write_plot
+from benchmarks.overload.plot import write_plot
+from benchmarks.overload.report import markdown, print_report, summary
+from benchmarks.overload.targets import Report, run_figures
 from demo.slo import Objectives, Record
 from sidecar.entry.settings import Settings
 
@@ -144,18 +168,14 @@ class Engines:
 
 
 async def measure(
-    engines: Engines, spec: LoadSpec, config: Config, rate: float, rep: int
+    engines: Engines, spec: LoadSpec, config: Config, rate: float, rep: int, *, cpu: SidecarCpu
 ) -> dict[str, Any]:
     engine_url = engines.url(spec.engine, config.engine_flags(spec.engine))
     await settle(engine_url)
-    load = spec.load(rate)
+    load = spec.load(rate, config.clients)
     warmup_s = max(WARMUP_S, spec.warmup_s)
     if config.behind_sidecar:
-        log = OUT / f"overload-sidecar-{spec.engine}.log"
-        settings = SIDECAR_SETTINGS[spec.engine] | SLO_SETTINGS | dict(config.settings)
-        log = log.with_name(f"overload-{config.name}-{spec.engine}.log")
-        with servers.sidecar(engine_url, None, log, config.program, **settings) as url:
-            run = await run_load(url, engine_url, load, spec.model, warmup_s)
+        run = await behind_sidecar(engine_url, spec, config, load, warmup_s=warmup_s, cpu=cpu)
     else:
         run = await run_load(engine_url, engine_url, load, spec.model, warmup_s)
     run |= {
@@ -164,8 +184,37 @@ async def measure(
         "config": config.name,
         "engine": spec.engine,
         "label": config.label(spec.engine),
+        "clients": load.clients or None,
+        "sweep": config.clients is not None,
     }
     print(progress_line(run), flush=True)
+    return run
+
+
+async def behind_sidecar(
+    engine_url: str,
+    spec: LoadSpec,
+    config: Config,
+    load: Load,
+    *,
+    warmup_s: float,
+    cpu: SidecarCpu,
+) -> dict[str, Any]:
+    """The load through a sidecar in front of the engine, in a cgroup of its own where ``cpu``
+    asks for one (its usage kept in the run as ``cpu_group``)."""
+    log = OUT / f"overload-{config.name}-{spec.engine}.log"
+    settings = SIDECAR_SETTINGS[spec.engine] | SLO_SETTINGS | dict(config.settings)
+    with contextlib.ExitStack() as stack:
+        group: CpuGroup | None = None
+        if cpu.held:
+            group = stack.enter_context(cpu_group(cpu, config.name))
+        prefix = group.prefix() if group else ()
+        sidecar = servers.sidecar(engine_url, None, log, config.program, prefix=prefix, **settings)
+        url = stack.enter_context(sidecar)
+        before = group.usage() if group else {}
+        run = await run_load(url, engine_url, load, spec.model, warmup_s)
+        if group:
+            run["cpu_group"] = {key: value - before[key] for key, value in group.usage().items()}
     return run
 
 
@@ -175,7 +224,15 @@ def progress_line(run: dict[str, Any]) -> str:
         f"rep {run['rep'] + 1} {run['load']:<12}  {run['label']:<34} offered {f.offered_per_s:5.1f}"
         f" req/s  SLO {f.slo_goodput:7,.0f}  raw {f.raw:7,.0f} tok/s  met {f.met:.0f}/"
         f"{f.completed:.0f}  TTFT p99 {f.ttft_p99_s:5.2f} s  busy {f.busy:.0f}"
+        + _throttled(run.get("cpu_group"))
     )
+
+
+def _throttled(usage: dict[str, float] | None) -> str:
+    """The sidecar's cgroup over the run, for the progress line."""
+    if usage is None:
+        return ""
+    return f"  throttled {usage['nr_throttled']:.0f}/{usage['nr_periods']:.0f} periods"
 
 
 def completions_per_s(run: dict[str, Any]) -> float:
@@ -195,11 +252,13 @@ def open_rate(runs: list[dict[str, Any]]) -> float:
     return OPEN_FACTOR * completions_per_s(alone)
 
 
-async def main_async() -> dict[str, Any]:
+async def main_async(points: tuple[Config, ...], cpu: SidecarCpu) -> dict[str, Any]:
+    """Every run of the plan, the sweep's ``points`` among the configurations, each sidecar
+    where ``cpu`` says."""
     names = tuple(s.name for s in LOADS)
     loads = tuple(s for s in LOADS if s.name in chosen("OVERLOAD_LOADS", names, names))
     configs_chosen = chosen("OVERLOAD_CONFIGS", tuple(c.name for c in CONFIGS), DEFAULT_CONFIGS)
-    configs = tuple(c for c in CONFIGS if c.name in configs_chosen)
+    configs = tuple(c for c in CONFIGS if c.name in configs_chosen) + points
     runs: list[dict[str, Any]] = []
     document = {
         "objectives": asdict(OBJECTIVES),
@@ -208,6 +267,8 @@ async def main_async() -> dict[str, Any]:
         "repetitions": REPETITIONS,
         "commit": _commit(),
         "loads": {s.name: s.describe() for s in loads},
+        "sweep": [c.clients for c in points],
+        "sidecar_cpu": cpu.record() if cpu.held else None,
         "runs": runs,
     }
     with contextlib.ExitStack() as stack:
@@ -221,10 +282,10 @@ async def main_async() -> dict[str, Any]:
             # The open load's rate comes from vLLM alone under closed-long: measure it first
             # (kept in the JSON as repetition -1, left out of the tables).
             closed_long = next(s for s in LOADS if s.name == "closed-long")
-            runs.append(await measure(engines, closed_long, CONFIGS[0], 0.0, -1))
+            runs.append(await measure(engines, closed_long, CONFIGS[0], 0.0, -1, cpu=cpu))
         for rep, spec, config in plan:
             rate = 0.0 if spec.closed else open_rate(runs)
-            runs.append(await measure(engines, spec, config, rate, rep))
+            runs.append(await measure(engines, spec, config, rate, rep, cpu=cpu))
             # Written after every run: a run that stops half-way keeps what it measured
             # (`python -m benchmarks.overload.report .bench/overload.json` reads it).
             RECORDS.write_text(json.dumps(document))
@@ -240,13 +301,23 @@ def _commit() -> str:
     return "unknown"
 
 
-def main() -> int:
+def main(env: Mapping[str, str] = os.environ, cpu_root: Path = CPU_ROOT) -> int:
+    """The run; 2, with one line naming the setting, where an OVERLOAD_* setting cannot be
+    used (before anything starts)."""
+    try:
+        points, cpu = sweep(env), sidecar_cpu(env)
+        if cpu.held:
+            check_writable(cpu, cpu_root)
+    except SettingError as exc:
+        print(f"bench-overload: {exc}", file=sys.stderr)
+        return 2
     OUT.mkdir(exist_ok=True)
     servers.pin_clients()
     started = time.monotonic()
-    document = asyncio.run(main_async())
+    document = asyncio.run(main_async(points, cpu))
     report = Report(document)
     passed = print_report(report)
+    RECORDS.write_text(json.dumps(document | {"summary": summary(report)}))
     (OUT / "overload.md").write_text(markdown(report))
     write_plot(report, OUT / "overload.png")
     minutes = (time.monotonic() - started) / 60

@@ -5,6 +5,7 @@ engines' flags, and the order of the runs.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from benchmarks.overload.load import LONG_WORDS, SHORT_WORDS, Load
@@ -13,6 +14,10 @@ CLIENTS = 96
 QUEUED_REQS = 32  # vLLM --max-num-queued-reqs: in flight, waiting and running together
 QUEUED_TOKENS = 2048  # vLLM --max-num-queued-tokens: prompt tokens still in prefill
 OPEN_FACTOR = 1.5  # open-long offers this many times vLLM alone's closed-long completions/s
+# The engine alone at fewer clients, for its best operating point: around the 36 clients where
+# vLLM alone served the most within the objectives on closed-short, and the 23 requests that
+# fill the GPU-shaped engine's cache; ALONE's 96 clients is a point of the sweep too.
+DEFAULT_SWEEP = (24, 36, 48)
 
 # The GPU-shaped engine: Llama 2 13B (40 layers x 40 KV heads x 128 x 2 bytes x K and V:
 # 800 KiB of KV a token, no grouped-query attention) in BF16 on one H100 SXM 80 GB. Its KV
@@ -58,6 +63,7 @@ class Config:
     behind_sidecar: bool = False
     settings: tuple[tuple[str, str], ...] = ()  # SIDECAR_* settings of its own (lower case)
     program: str | None = None  # another build's `sidecar` (None: this checkout's)
+    clients: int | None = None  # a sweep point: the engine alone at this many closed-loop clients
 
     def engine_flags(self, engine: str) -> tuple[str, ...]:
         if self.cap_flag is None:
@@ -65,15 +71,20 @@ class Config:
         value = QUEUED_REQS if self.cap_flag == "--max-num-queued-reqs" else QUEUED_TOKENS
         return (self.cap_flag, str(value))
 
-    def runs_on(self, engine: str) -> bool:
-        """The emulator has vLLM's request cap, not its token cap."""
-        return engine == "vllm" or self.cap_flag != "--max-num-queued-tokens"
+    def runs_on(self, spec: LoadSpec) -> bool:
+        """The emulator has vLLM's request cap, not its token cap; a sweep point needs a client
+        count to change, which an open loop has not."""
+        if self.clients is not None and not spec.closed:
+            return False
+        return spec.engine == "vllm" or self.cap_flag != "--max-num-queued-tokens"
 
     def label(self, engine: str) -> str:
         if self.behind_sidecar:
             own = ", ".join(f"{key}={value}" for key, value in self.settings)
             build = f" ({self.program})" if self.program else ""
             return f"sidecar{build}, {own or 'defaults'}"
+        if self.clients is not None:
+            return f"{engine} alone, {self.clients} clients"
         return " ".join(
             (engine + (" alone" if self.cap_flag is None else ""), *self.engine_flags(engine))
         )
@@ -109,6 +120,25 @@ CONFIGS = (
     ),
 )
 DEFAULT_CONFIGS = (ALONE, CAP, OURS)
+
+
+class SettingError(Exception):
+    """An OVERLOAD_* setting the run cannot use; its message is one line naming the setting."""
+
+
+def sweep(env: Mapping[str, str]) -> tuple[Config, ...]:
+    """``OVERLOAD_SWEEP``'s sweep points: the engine alone at each client count (comma-separated,
+    default DEFAULT_SWEEP; ``none`` for no sweep), fewest clients first."""
+    text = env.get("OVERLOAD_SWEEP", "").strip()
+    if text.lower() == "none":
+        return ()
+    items = [item.strip() for item in text.split(",")] if text else None
+    if items is not None and not all(item.isdecimal() and int(item) > 0 for item in items):
+        raise SettingError(
+            f"OVERLOAD_SWEEP: need client counts of 1 or more like 24,36,48, or none; got {text!r}"
+        )
+    counts = DEFAULT_SWEEP if items is None else sorted({int(item) for item in items})
+    return tuple(Config(f"{ALONE}-{n}", clients=n) for n in counts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,9 +182,13 @@ class LoadSpec:
         )
         return f"{engine}; {shape}; {tokens}-token prompts{warm}"
 
-    def load(self, rate: float = 0.0) -> Load:
+    def load(self, rate: float = 0.0, clients: int | None = None) -> Load:
+        """The load at ``rate`` (an open loop's) or ``clients`` (a closed loop's, default
+        CLIENTS)."""
         if self.closed:
-            return Load(self.name, self.prompt_words, clients=CLIENTS, max_tokens=self.max_tokens)
+            return Load(
+                self.name, self.prompt_words, clients=clients or CLIENTS, max_tokens=self.max_tokens
+            )
         return Load(self.name, self.prompt_words, rate=rate, max_tokens=self.max_tokens)
 
 
@@ -194,7 +228,7 @@ def schedule(
     runs = []
     for rep in range(repetitions):
         for spec in loads:
-            here = [c for c in configs if c.runs_on(spec.engine)]
+            here = [c for c in configs if c.runs_on(spec)]
             turn = rep % len(here) if here else 0
             runs += [(rep, spec, c) for c in here[turn:] + here[:turn]]
     return runs

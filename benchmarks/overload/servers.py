@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 VLLM_VENV = Path(os.environ.get("E2E_VLLM_VENV", "~/.cache/gpu-sidecar/vllm-venv")).expanduser()
@@ -131,27 +131,47 @@ def emulator(flags: tuple[str, ...], log: Path) -> Iterator[str]:
 
 @contextlib.contextmanager
 def sidecar(
-    upstream: str, mode: str | None, log: Path, program: str | None = None, **extra: str
+    upstream: str,
+    mode: str | None,
+    log: Path,
+    program: str | None = None,
+    *,
+    prefix: Sequence[str] = (),
+    **extra: str,
 ) -> Iterator[str]:
     """`sidecar serve` in front of ``upstream`` with default settings, but for the admission
     mode (None: the default) and ``extra`` SIDECAR_* settings; yields its base URL. ``program``:
-    another build's ``sidecar`` (None: this checkout's)."""
-    with sidecar_ports(upstream, mode, log, program, **extra) as (url, _admin):
+    another build's ``sidecar`` (None: this checkout's); ``prefix``: a command it is started
+    behind (one that ends by exec'ing it, so that its PID is the one stopped)."""
+    with sidecar_ports(upstream, mode, log, program, prefix=prefix, **extra) as (url, _admin):
         yield url
 
 
 @contextlib.contextmanager
 def sidecar_ports(
-    upstream: str, mode: str | None, log: Path, program: str | None = None, **extra: str
+    upstream: str,
+    mode: str | None,
+    log: Path,
+    program: str | None = None,
+    *,
+    prefix: Sequence[str] = (),
+    **extra: str,
 ) -> Iterator[tuple[str, str]]:
     """:func:`sidecar`, yielding its proxy URL and its admin URL (``/metrics``)."""
-    with sidecar_process(upstream, mode, log, program, **extra) as (_process, url, admin):
+    started = sidecar_process(upstream, mode, log, program, prefix=prefix, **extra)
+    with started as (_process, url, admin):
         yield url, admin
 
 
 @contextlib.contextmanager
 def sidecar_process(
-    upstream: str, mode: str | None, log: Path, program: str | None = None, **extra: str
+    upstream: str,
+    mode: str | None,
+    log: Path,
+    program: str | None = None,
+    *,
+    prefix: Sequence[str] = (),
+    **extra: str,
 ) -> Iterator[tuple[subprocess.Popen[bytes], str, str]]:
     """:func:`sidecar_ports`, yielding the process too (its PID, to sample its memory)."""
     port, admin = free_port(), free_port()
@@ -170,7 +190,7 @@ def sidecar_process(
         env["SIDECAR_ADMISSION"] = mode
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [program or SIDECAR, "serve"],
+            [*prefix, program or SIDECAR, "serve"],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
