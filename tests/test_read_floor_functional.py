@@ -139,7 +139,7 @@ async def test_a_completion_is_answered_while_bodies_trickle(
 ) -> None:
     """Four clients each send 64 KiB of body a byte per segment as fast as they can; a
     completion from another address meanwhile is answered, and so is each of theirs."""
-    server = await start()
+    server = await start(SIDECAR_KV_POOL=str(8 * 131_072))  # room for all five at once
     tricklers = [
         asyncio.create_task(
             asyncio.to_thread(trickle, server.proxy_port, content_length(padded(64 * 1024)))
