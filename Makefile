@@ -105,9 +105,10 @@ bench-cold-start: $(STAMP)
 	$(BIN)/python -m benchmarks.cold_start
 
 # Clients that never finish (slowhttptest's slow headers, slow body and slow read, and bodies in
-# 1-byte TCP segments) against the sidecar and against nginx, each in front of the emulated engine:
-# a legitimate client served or not, and each proxy's peak RSS. About 4 min (docs/lab/reliability.md).
-# Needs slowhttptest and nginx (nginx-light). SLOW_CONNECTIONS, SLOW_SECONDS, SLOW_ATTACKS narrow it.
+# 1-byte TCP segments) against the sidecar, nginx and HAProxy, each in front of the emulated engine:
+# a legitimate client served or not, and each proxy's peak RSS. About 6 min (docs/lab/reliability.md).
+# Needs slowhttptest and nginx (nginx-light); HAProxy is skipped where not installed.
+# SLOW_CONNECTIONS, SLOW_SECONDS, SLOW_ATTACKS, SLOW_PROXIES narrow it.
 bench-slow-clients: $(STAMP)
 	$(BIN)/python -m benchmarks.slow_clients
 

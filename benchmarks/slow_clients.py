@@ -1,20 +1,24 @@
-"""`make bench-slow-clients`: clients that never finish, against the sidecar and against nginx.
+"""`make bench-slow-clients`: clients that never finish, against the sidecar, nginx and HAProxy.
 
 Each proxy, fresh for each attack and at its defaults (the sidecar's `sidecar serve`, nginx as
-:mod:`benchmarks.nginx_proxy` runs it: one worker, its stock timeouts), stands in front of the same
-emulated engine while Debian's ``slowhttptest`` holds ``SLOW_CONNECTIONS`` connections from
-127.0.0.1 with slow headers (slowloris), a slow body (R-U-Dead-Yet) or a slow read, or
+:mod:`benchmarks.nginx_proxy` runs it: one worker, its stock timeouts; HAProxy as
+:mod:`benchmarks.haproxy_proxy` runs it: one thread, Debian's default timeouts), stands in front of
+the same emulated engine while Debian's ``slowhttptest`` holds ``SLOW_CONNECTIONS`` connections
+from 127.0.0.1 with slow headers (slowloris), a slow body (R-U-Dead-Yet) or a slow read, or
 :mod:`benchmarks.segment_flood` sends bodies in 1-byte TCP segments. Meanwhile a legitimate client
 on 127.0.0.2 sends a completion every 0.25 s on a new connection (5 s to answer). Printed: the
 attack's connections at most, the legitimate completions served and their latency, the proxy's
-resident memory (/proc/<pid>/status VmRSS, every process of it, sampled every 0.1 s) before and
-at peak, and its CPU seconds. The engine and the attackers run on the first core, the proxy and
-the legitimate client on the others. About 4 minutes at the defaults.
+resident memory (/proc/<pid>/status VmRSS, every process of it, sampled every 0.1 s) before and at
+peak, and its CPU seconds. The engine and the attackers run on the first core, the proxy and the
+legitimate client on the others. About 6 minutes at the defaults.
 
     SLOW_CONNECTIONS  default 3000 (over the sidecar's per-address cap, 2,048)
     SLOW_SECONDS      default 20, each attack
     SLOW_ATTACKS      default none,headers,body,read,segments
-    SLOW_PROXIES      default sidecar,nginx
+    SLOW_PROXIES      default sidecar,nginx,haproxy (one not installed is skipped, with a line);
+                      sidecar-b: another build's, SLOW_SIDECAR_B_PROGRAM
+    SLOW_SIDECAR_B_PROGRAM  sidecar-b's program: another build's `sidecar` (e.g. main's), to
+                      compare two builds in the same run
 """
 
 from __future__ import annotations
@@ -36,13 +40,16 @@ from pathlib import Path
 
 import aiohttp
 
-from benchmarks.nginx_proxy import INSTALL_HINT, nginx_binary, start_nginx, worker_pids
+from benchmarks import haproxy_proxy, nginx_proxy
+from benchmarks.haproxy_proxy import haproxy_binary, start_haproxy
+from benchmarks.nginx_proxy import nginx_binary, start_nginx, worker_pids
 from benchmarks.overload import servers
 
 CONNECTIONS = int(os.environ.get("SLOW_CONNECTIONS", "3000"))
 SECONDS = float(os.environ.get("SLOW_SECONDS", "20"))
 ATTACKS = os.environ.get("SLOW_ATTACKS", "none,headers,body,read,segments").split(",")
-PROXIES = os.environ.get("SLOW_PROXIES", "sidecar,nginx").split(",")
+PROXIES = os.environ.get("SLOW_PROXIES", "sidecar,nginx,haproxy").split(",")
+SIDECAR_B_PROGRAM = os.environ.get("SLOW_SIDECAR_B_PROGRAM") or None
 ENGINE_FLAGS = ("--tokens-per-s", "0")
 LEGIT_ADDRESS = "127.0.0.2"
 LEGIT_EVERY_S = 0.25
@@ -201,39 +208,68 @@ async def attack_one(run: Run, url: str, pids: list[int]) -> None:
 @contextlib.contextmanager
 def proxy(name: str, engine_url: str, binary: str | None) -> Iterator[tuple[str, list[int]]]:
     """The proxy, started fresh: its URL and its processes' PIDs; stopped by PID."""
-    if name == "sidecar":
-        log = OUT / "slow-sidecar.log"
-        with servers.sidecar_process(engine_url, None, log) as (process, url, _admin):
+    if name in ("sidecar", "sidecar-b"):
+        log = OUT / f"slow-{name}.log"
+        program = SIDECAR_B_PROGRAM if name == "sidecar-b" else None
+        with servers.sidecar_process(engine_url, None, log, program) as (process, url, _admin):
             yield url, [process.pid]
         return
-    assert binary is not None, INSTALL_HINT
+    assert binary is not None
     engine_port = int(engine_url.rsplit(":", 1)[1])
     port = servers.free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        nginx = start_nginx(binary, Path(tmp), port, engine_port)
+        start = start_nginx if name == "nginx" else start_haproxy
+        process = start(binary, Path(tmp), port, engine_port)
         try:
             url = f"http://127.0.0.1:{port}"
-            servers.wait_ready(url + "/health", nginx, 30)
-            yield url, [nginx.pid, *worker_pids(nginx.pid)]
+            servers.wait_ready(url + "/health", process, 30)
+            workers = worker_pids(process.pid) if name == "nginx" else []
+            yield url, [process.pid, *workers]
         finally:
-            nginx.terminate()
-            nginx.wait(10)
+            process.terminate()
+            process.wait(10)
+
+
+def binaries() -> dict[str, str | None] | None:
+    """Each proxy's executable (None: the sidecar's own), those not installed left out with a
+    line; None where nginx, the reference, or sidecar-b's program is missing."""
+    found: dict[str, str | None] = {}
+    for name in PROXIES:
+        if name in ("sidecar", "sidecar-b"):
+            if name == "sidecar-b" and SIDECAR_B_PROGRAM is None:
+                print("sidecar-b needs SLOW_SIDECAR_B_PROGRAM: another build's `sidecar`")
+                return None
+            found[name] = None
+        elif name == "nginx":
+            found[name] = nginx_binary()
+            if found[name] is None:
+                print(nginx_proxy.INSTALL_HINT)
+                return None
+        elif name == "haproxy":
+            binary = haproxy_binary()
+            if binary is None:
+                print(f"skipping haproxy: {haproxy_proxy.INSTALL_HINT}")
+            else:
+                found[name] = binary
+        else:
+            print(f"unknown proxy {name!r}: sidecar, sidecar-b, nginx or haproxy")
+            return None
+    return found
 
 
 def main() -> int:
     if shutil.which("slowhttptest") is None:
         print("slowhttptest not found; install it with: apt-get install -y slowhttptest")
         return 1
-    binary = nginx_binary()
-    if "nginx" in PROXIES and binary is None:
-        print(INSTALL_HINT)
+    found = binaries()
+    if found is None:
         return 1
     OUT.mkdir(exist_ok=True)
     servers.pin_clients()
     runs = []
     with servers.emulator(ENGINE_FLAGS, OUT / "slow-emulator.log") as engine_url:
         for attack in ATTACKS:
-            for name in PROXIES:
+            for name, binary in found.items():
                 with proxy(name, engine_url, binary) as (url, pids):
                     run = Run(name, attack)
                     asyncio.run(attack_one(run, url, pids))

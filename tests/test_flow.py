@@ -152,3 +152,31 @@ async def test_unacknowledged_counts_what_the_peer_has_not_taken() -> None:
     finally:
         made.close()
         peer.close()
+
+
+async def test_a_rest_stops_reading_whatever_resumes_it(transport: asyncio.Transport) -> None:
+    """A rest stops reading for its time: a resume meanwhile (an answer left) waits for its end,
+    and a pause meanwhile (a pipelined request waits) outlasts it."""
+    flow = FlowControl(transport)
+    flow.rest(0.05)
+    assert not transport.is_reading()
+    assert flow.rested_s() >= 0
+    flow.pause_reading()
+    flow.resume_reading()
+    assert not transport.is_reading()
+    assert await until_reading(transport)
+    flow.rest(0.05)
+    flow.pause_reading()
+    await asyncio.sleep(0.1)
+    assert not transport.is_reading()
+    assert flow.rested_s() == 0
+    flow.resume_reading()
+    assert transport.is_reading()
+
+
+async def until_reading(transport: asyncio.Transport) -> bool:
+    for _ in range(100):
+        if transport.is_reading():
+            return True
+        await asyncio.sleep(0.01)
+    return False

@@ -29,6 +29,9 @@ class Receiver:
 
     async def drain(self) -> None: ...
 
+    def rested_s(self) -> float:
+        return 0.0
+
     def keeps(self, request: Request) -> bool:
         return True
 

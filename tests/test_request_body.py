@@ -97,12 +97,17 @@ def test_a_silent_body_gives_its_room_to_an_arriving_one(
     assert budget.held == (300 if fault_of_new is None else 900)
 
 
-def _cut_at(limits: BodyLimits, received_by: Callable[[float], int]) -> float | None:
-    """When a body whose bytes arrive as ``received_by(t)`` is cut off (None: never, by 60 s)."""
+def _cut_at(
+    limits: BodyLimits,
+    received_by: Callable[[float], int],
+    rested_by: Callable[[float], float] = lambda t: 0.0,
+) -> float | None:
+    """When a body whose bytes arrive as ``received_by(t)``, on a connection that has rested
+    ``rested_by(t)``, is cut off (None: never, by 60 s)."""
     pace: BodyPace | None = limits.first_check(0.0)
     while pace is not None and pace.check_at < 60:
         now = pace.check_at
-        pace = limits.check(pace, 0.0, now, received_by(now))
+        pace = limits.check(pace, 0.0, now, received_by(now), rested_s=rested_by(now))
         if pace is None:
             return now
     return None
@@ -125,3 +130,29 @@ def test_the_pace_floor_is_the_recent_pace(
     timeout; a steady body above the floor runs to the timeout; one below it is cut at once."""
     limits = BodyLimits(timeout_s=30.0, min_rate=500, grace_s=5.0)
     assert _cut_at(limits, received_by) == cut_at
+
+
+def _rests(t: float) -> float:
+    """A connection read only when a 0.5 s rest ends: how long the rest under way has lasted."""
+    return t % 0.5
+
+
+@pytest.mark.parametrize(
+    ("bytes_per_s", "rested_by", "cut_at"),
+    [
+        pytest.param(1000, _rests, 30.0, id="over-the-floor-resting"),
+        # Without the rest's start, a window inside a rest sees nothing arrive: cut at once.
+        pytest.param(1000, lambda t: 0.0, 0.3, id="over-the-floor-rest-unseen"),
+        # Its first read, at 0.5 s, shows 25 bytes: under 100 B/s since it began.
+        pytest.param(50, _rests, 0.6, id="under-the-floor-resting"),
+    ],
+)
+def test_the_pace_window_ends_where_a_rest_began(
+    bytes_per_s: int, rested_by: Callable[[float], float], cut_at: float
+) -> None:
+    """A client sending steadily on a connection the read floor rests for 0.5 s at a time, read
+    only as each rest ends, against 100 B/s over a 0.3 s window (shorter than a rest): over the
+    floor it runs to the timeout, under it it is cut at the first check after a read shows it."""
+    limits = BodyLimits(timeout_s=30.0, min_rate=100, grace_s=0.3)
+    received_by = lambda t: int(bytes_per_s * (t - t % 0.5))  # noqa: E731
+    assert _cut_at(limits, received_by, rested_by) == pytest.approx(cut_at)

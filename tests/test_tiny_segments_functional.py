@@ -1,8 +1,8 @@
 """A Content-Length body in 1-byte TCP segments (Nagle off), the counterpart of row 5's tiny
-chunks: llhttp hands over a body once per read, not once per byte, so each segment costs one read
-and one callback, as it costs its sender one ``send()``; what bounds such a body is the time it
-takes: the floor on its pace, else the body deadline. Over real sockets, through the whole
-sidecar."""
+chunks: llhttp hands over a body once per read, not once per byte, and the read floor rests a
+connection whose reads are that small (tests/test_read_floor_functional.py), so its cost to the
+loop is bounded; what ends such a body is the time it takes: the floor on its pace, else the body
+deadline. Over real sockets, through the whole sidecar."""
 
 from __future__ import annotations
 

@@ -1,9 +1,11 @@
 """Flow control of one client connection, both ways: reading paused while a pipelined request
 waits its turn, writers held while the client's socket buffer is full (asyncio's
 ``pause_writing``/``resume_writing``) until it drains, and the next pipelined request held until
-the answer before it has left the buffer entirely. An engine connection uses its reading side:
-paused while body bytes wait for a slow reader. What of the answers written the client's TCP has
-not yet acknowledged is :meth:`FlowControl.unacknowledged`'s to say."""
+the answer before it has left the buffer entirely, and reading stopped for a rest (the read floor:
+:mod:`sidecar.edge.http.read_floor`) whatever else pauses or resumes it meanwhile. An engine
+connection uses its reading side: paused while body bytes wait for a slow reader. What of the
+answers written the client's TCP has not yet acknowledged is :meth:`FlowControl.unacknowledged`'s
+to say."""
 
 from __future__ import annotations
 
@@ -25,15 +27,41 @@ class FlowControl:
         self._writable.set()
         self._when_writable: Callable[[], None] | None = None
         self._limits: tuple[int, int] | None = None  # (low, high) to restore, once flushed
+        self._rest: asyncio.TimerHandle | None = None  # ends the rest under way
+        self._rest_began = 0.0  # the loop's time
 
     def pause_reading(self) -> None:
         if not self.reading_paused:
             self.reading_paused = True
-            self._transport.pause_reading()
+            if self._rest is None:
+                self._transport.pause_reading()
 
     def resume_reading(self) -> None:
         if self.reading_paused:
             self.reading_paused = False
+            if self._rest is None:
+                self._transport.resume_reading()
+
+    def rest(self, seconds: float) -> None:
+        """Stop reading for ``seconds``, whatever resumes it meanwhile: what the peer sends waits
+        in the kernel, and is read at once (as one read, as far as the buffer holds) after."""
+        if self._rest is not None or self._transport.is_closing():
+            return
+        if not self.reading_paused:
+            self._transport.pause_reading()
+        loop = asyncio.get_running_loop()
+        self._rest_began = loop.time()
+        self._rest = loop.call_later(seconds, self._rested)
+
+    def rested_s(self) -> float:
+        """How long the rest under way has lasted (on the loop's clock); 0 where none is."""
+        if self._rest is None:
+            return 0.0
+        return asyncio.get_running_loop().time() - self._rest_began
+
+    def _rested(self) -> None:
+        self._rest = None
+        if not self.reading_paused and not self._transport.is_closing():
             self._transport.resume_reading()
 
     def pause_writing(self) -> None:
@@ -83,6 +111,9 @@ class FlowControl:
         return held + int(struct.unpack("i", queued)[0])
 
     def release(self) -> None:
-        """The connection is gone: nothing waits for room any more."""
+        """The connection is gone: nothing waits for room any more, nor rests."""
+        if self._rest is not None:
+            self._rest.cancel()
+            self._rest = None
         self._when_writable = None
         self._writable.set()

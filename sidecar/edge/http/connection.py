@@ -20,6 +20,7 @@ from sidecar.edge.conformance import HeadRefusedError
 from sidecar.edge.flow import FlowControl
 from sidecar.edge.http.life import Life
 from sidecar.edge.http.port import MAX_AHEAD, Port, client_address, tune_socket
+from sidecar.edge.http.read_floor import REST_S
 from sidecar.edge.http.reader import ChunksTooSmallError, RequestReader
 from sidecar.edge.http.request import Request
 from sidecar.edge.http.response import Answer, rest_of_answer
@@ -69,6 +70,9 @@ class Connection(asyncio.Protocol):
         if self.state not in READING:
             return  # read off and dropped
         self._parse(data)
+        if self._reader.short_read(len(data)) and self.state in READING:
+            self._port.connections.count.rests += 1
+            self._flow.rest(REST_S)
 
     def _parse(self, data: bytes | None) -> None:
         """Parse ``data`` (None: the backlog) up to the request after the one running; reading
@@ -154,6 +158,9 @@ class Connection(asyncio.Protocol):
         await self._flow.drain()
         if self.lost:
             raise ConnectionResetError("the client's connection is closed")
+
+    def rested_s(self) -> float:
+        return self._flow.rested_s()
 
     def keeps(self, request: Request) -> bool:
         """Whether the connection is kept after ``request``'s answer, as its state says; a request

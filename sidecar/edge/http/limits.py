@@ -127,3 +127,4 @@ class ConnectionCount:
     evicted: int = 0  # connections closed to make room for a new one
     evicted_busy: int = 0  # of them, busy ones that moved too little
     head_timeouts: int = 0
+    rests: int = 0  # reads under the read floor, each followed by a rest of its connection

@@ -23,6 +23,7 @@ import httptools
 from sidecar.edge.conformance import HeadRefusedError
 from sidecar.edge.http.head import Head
 from sidecar.edge.http.port import Port
+from sidecar.edge.http.read_floor import ReadFloor
 from sidecar.edge.http.request import Request, Wire
 
 # Chunks of any size a body may have before their average counts: small chunked bodies pass as
@@ -64,6 +65,7 @@ class RequestReader:
         "_body_left",
         "_chunks",
         "_connection",
+        "_floor",
         "_parser",
         "_port",
         "backlog",
@@ -79,17 +81,31 @@ class RequestReader:
         self._body_left: int | None = None  # of body_of's, where its Content-Length says
         self._chunks = 0  # of body_of's, where it is chunked
         self.backlog = bytearray()  # read, not parsed: behind a request that waits
+        self._floor = ReadFloor()  # the reads of the request being received
+
+    def short_read(self, size: int) -> bool:
+        """Count a read of ``size`` bytes: whether the request being received (a head, or a body:
+        none in between) has come in reads under the read floor so far."""
+        short = self._floor.short(size)
+        return short and (self.head is not None or self.body_of is not None)
 
     def take(self, data: bytes) -> None:
         """Parse ``data`` up to the request after the one running, keeping the rest in
         ``backlog``; raises what llhttp raises (httptools' errors), or HeadRefusedError."""
         if self.backlog or not self._connection.takes_more():
             self.backlog += data
+        elif self._within_body(data):
+            self._parser.feed_data(data)  # body bytes, none past its length: no head in them
         elif not self._connection.running() and data.count(b"\r\n\r\n") < 2:
             self._feed(data)  # at most one head ends in it: the common case, fed at once
         else:
             self.backlog += data
             self.resume()
+
+    def _within_body(self, data: bytes) -> bool:
+        """``data`` is all bytes of the body being received, by its Content-Length."""
+        left = self._body_left
+        return self.body_of is not None and left is not None and len(data) <= left
 
     def resume(self) -> None:
         """Parse the backlog in slices, as far as the connection takes more."""
@@ -133,6 +149,7 @@ class RequestReader:
     # llhttp's callbacks.
 
     def on_message_begin(self) -> None:
+        self._floor.begin()
         self.head = Head(limits=self._port.limits)
         self._connection.head_begun()
 

@@ -37,6 +37,12 @@ class Wire(Protocol):
 
     async def drain(self) -> None: ...
 
+    def rested_s(self) -> float:
+        """How long the connection has been resting (the read floor:
+        :mod:`sidecar.edge.http.read_floor`): not read, what its client sends waiting in the
+        kernel; 0 while it is read."""
+        ...
+
     def keeps(self, request: Request) -> bool:
         """Whether the connection may carry another request after this one's answer."""
         ...

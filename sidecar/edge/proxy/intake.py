@@ -48,8 +48,9 @@ class Job:
 
 async def read_body(request: Request, limits: BodyLimits) -> bytes:
     """The whole body, within the size limit, ``limits.timeout_s`` and the floor on its recent
-    pace (a sliding window); RequestError, or EdgeRefusedError ``body_timeout`` (408) when it is
-    too late or too slow."""
+    pace (a sliding window, up to where its connection's rest began, if it rests: what its
+    client sent since waits for us, not for it); RequestError, or EdgeRefusedError
+    ``body_timeout`` (408) when it is too late or too slow."""
     expect = request.headers.get("Expect")
     if expect is not None:
         _check_expectation(expect)
@@ -67,7 +68,8 @@ async def read_body(request: Request, limits: BodyLimits) -> bytes:
             async with asyncio.timeout_at(pace.check_at):
                 return await request.read()
         except TimeoutError:
-            pace = limits.check(pace, started, loop.time(), request.received)
+            rested_s = request.wire.rested_s()
+            pace = limits.check(pace, started, loop.time(), request.received, rested_s=rested_s)
     raise EdgeRefusedError("body_timeout")
 
 
@@ -153,18 +155,23 @@ class BodyLimits:
         grace (a whole window), then every half window."""
         return BodyPace(((started, 0),), self._next(started, started + self.grace_s))
 
-    def check(self, pace: BodyPace, started: float, now: float, received: int) -> BodyPace | None:
+    def check(
+        self, pace: BodyPace, started: float, now: float, received: int, *, rested_s: float = 0.0
+    ) -> BodyPace | None:
         """At ``pace.check_at``: the pace to keep next, or None where the body is too late or
-        received less than the floor over the window that ends now."""
+        received less than the floor over the window that ends now, or where its connection's
+        rest began, ``rested_s`` ago: the sidecar stopped reading then, not the client sending
+        (the read floor's rest: ``received`` has not moved since)."""
         if now >= started + self.timeout_s:
             return None
-        window_start = now - self.grace_s
+        seen = now - rested_s
+        window_start = seen - self.grace_s
         # The window's base: the last mark at or before its start (the body's start at first).
         base = next((m for m in reversed(pace.marks) if m[0] <= window_start), pace.marks[0])
         since, then = base
-        if self.min_rate > 0 and received - then < self.min_rate * (now - since):
+        if self.min_rate > 0 and received - then < self.min_rate * (seen - since):
             return None
-        marks = (*(m for m in pace.marks if m[0] >= since), (now, received))
+        marks = (*(m for m in pace.marks if m[0] >= since), (seen, received))
         return BodyPace(marks, self._next(started, now + self.grace_s / 2))
 
     def _next(self, started: float, at: float) -> float:
