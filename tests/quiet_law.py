@@ -18,6 +18,9 @@ class QuietLaw:
     def grows_fast(self, in_force: int) -> bool:
         return False
 
+    def in_flight_reach(self) -> int | None:
+        return None
+
     def asked(self, tokens: int) -> None:
         return None
 

@@ -8,7 +8,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from sidecar.core.admission.compartments import parse_compartments
-from sidecar.core.admission.modes import TokenMode
+from sidecar.core.admission.modes import CountMode, TokenMode
 from sidecar.core.admission.retry_hint import ReleaseRate
 from sidecar.core.errors import AdmissionRejectedError
 from sidecar.core.limits import Limits
@@ -699,3 +699,138 @@ async def test_places_freed_while_every_place_is_held_price_the_hint() -> None:
     for gate in gates:
         gate.set()
     await asyncio.gather(*tasks)
+
+
+async def full_of_holders(
+    fake: FakeTime, gates: list[asyncio.Event], log: list[str], *, hold_s: float
+) -> tuple[Bulkhead, list[asyncio.Task[Permit]]]:
+    """Two places in flight, both taken at time 0 by streams the engine says run ``hold_s``;
+    a request may wait 3 s."""
+    bulkhead = make(fake, limit=8, max_queue=4, max_wait_s=3.0)
+    bulkhead.resize(Limits(limit=8, in_flight=2))
+    bulkhead.expect_hold(hold_s, (hold_s,))
+    tasks = [asyncio.create_task(hold(bulkhead, gates[i], log, f"s{i}")) for i in range(2)]
+    await settle()
+    return bulkhead, tasks
+
+
+async def test_a_full_pods_waiter_no_place_frees_for_in_time_is_refused_at_once() -> None:
+    """Every place held by streams 1 s into their 20 s: no place frees within the 3 s a request
+    may wait, so it is told at once, to come back when the first is forecast to end (19 s),
+    instead of waiting out its 3 s to be refused."""
+    fake, log = FakeTime(), new_log()
+    gates = [asyncio.Event() for _ in range(2)]
+    bulkhead, tasks = await full_of_holders(fake, gates, log, hold_s=20.0)
+    fake.advance(1.0)
+    with pytest.raises(AdmissionRejectedError) as caught:
+        await hold(bulkhead, asyncio.Event(), log, "late")
+    assert caught.value.reason == "queue_full"
+    assert caught.value.waited_s == 0.0
+    assert caught.value.retry_after_s == pytest.approx(19.0)
+    for gate in gates:
+        gate.set()
+    await asyncio.gather(*tasks)
+
+
+async def test_a_full_pods_waiter_waits_for_a_place_forecast_to_free_in_time() -> None:
+    """The same streams 18 s in: the first is forecast to end within 2 s, so the request
+    queues, and gets the place when it frees."""
+    fake, log = FakeTime(), new_log()
+    gates = [asyncio.Event() for _ in range(3)]
+    bulkhead, tasks = await full_of_holders(fake, gates, log, hold_s=20.0)
+    fake.advance(18.0)
+    late = asyncio.create_task(hold(bulkhead, gates[2], log, "late"))
+    await settle()
+    assert bulkhead.snapshot().queued == 1
+    fake.advance(2.0)
+    gates[0].set()
+    await settle()
+    assert bulkhead.snapshot().queued == 0
+    for gate in gates:
+        gate.set()
+    await asyncio.gather(late, *tasks)
+    assert log[-1] == "late"
+
+
+async def test_where_the_cap_fell_under_those_running_more_must_end_before_a_place_frees() -> None:
+    """Two streams hold places, one due to end at 10 s and one at 20 s. At 8 s a newcomer
+    would queue for the first end (2 s away, within the 3 s it may wait); with the cap in flight
+    fallen to one (the cache filled), the first end frees no place, so it is refused at once."""
+    for cap, queued in ((2, True), (1, False)):
+        fake, log = FakeTime(), new_log()
+        gates = [asyncio.Event() for _ in range(3)]
+        bulkhead, tasks = await full_of_holders(fake, gates, log, hold_s=15.0)
+        bulkhead.expect_hold(15.0, (10.0, 20.0))
+        bulkhead.resize(Limits(limit=8, in_flight=cap))
+        fake.advance(8.0)
+        late = asyncio.create_task(hold(bulkhead, gates[2], log, "late"))
+        await settle()
+        assert (bulkhead.snapshot().queued == 1) is queued
+        for gate in gates:
+            gate.set()
+        await asyncio.gather(*tasks, late, return_exceptions=not queued)
+
+
+async def test_waiters_queued_before_the_forecast_could_tell_are_judged_when_limits_come() -> None:
+    """A newcomer queues behind two streams while nothing says how long they run; the next
+    limits pushed find the engine saying 20 s: its place cannot free within the 3 s it may
+    wait, so it is refused then (queue_full, told when), not left to time out."""
+    fake, log = FakeTime(), new_log()
+    events: list[AdmissionEvent] = []
+    bulkhead = make(fake, events, limit=8, max_queue=4, max_wait_s=3.0)
+    bulkhead.resize(Limits(limit=8, in_flight=2))
+    gates = [asyncio.Event() for _ in range(2)]
+    tasks = [asyncio.create_task(hold(bulkhead, gates[i], log, f"s{i}")) for i in range(2)]
+    await settle()
+    late = asyncio.create_task(hold(bulkhead, asyncio.Event(), log, "late"))
+    await settle()
+    assert bulkhead.snapshot().queued == 1
+    fake.advance(0.5)
+    bulkhead.expect_hold(20.0, (20.0,))
+    bulkhead.resize(Limits(limit=8, in_flight=2))
+    await settle()
+    with pytest.raises(AdmissionRejectedError) as caught:
+        await late
+    assert caught.value.reason == "queue_full"
+    assert caught.value.waited_s == pytest.approx(0.5)
+    assert caught.value.retry_after_s >= 19.0
+    for gate in gates:
+        gate.set()
+    await asyncio.gather(*tasks)
+
+
+class SlowStartToThree(CountMode):
+    """A law in slow start whose reach (the cache's drain ceiling) is three in flight."""
+
+    def grows_fast(self, in_force: int) -> bool:
+        return True
+
+    def in_flight_reach(self) -> int | None:
+        return 3
+
+
+async def test_while_slow_start_grows_the_places_only_those_past_its_reach_are_hopeless() -> None:
+    """Two places held by streams 1 s into their 20 s, slow start about to grow the places to
+    three: the first newcomer waits for the growth; the second is past what growth brings and
+    no place frees for it within 3 s, so it is told at once."""
+    fake, log = FakeTime(), new_log()
+    bulkhead = make(fake, limit=8, max_queue=4, max_wait_s=3.0, mode=SlowStartToThree())
+    bulkhead.resize(Limits(limit=8, in_flight=2))
+    bulkhead.expect_hold(20.0, (20.0,))
+    gates = [asyncio.Event() for _ in range(3)]
+    tasks = [asyncio.create_task(hold(bulkhead, gates[i], log, f"s{i}")) for i in range(2)]
+    await settle()
+    fake.advance(1.0)
+    grown = asyncio.create_task(hold(bulkhead, gates[2], log, "grown"))
+    await settle()
+    assert bulkhead.snapshot().queued == 1
+    with pytest.raises(AdmissionRejectedError) as caught:
+        await hold(bulkhead, asyncio.Event(), log, "past")
+    assert caught.value.reason == "queue_full"
+    assert caught.value.waited_s == 0.0
+    bulkhead.resize(Limits(limit=8, in_flight=3))  # the growth comes
+    await settle()
+    assert log[-1] == "grown"
+    for gate in gates:
+        gate.set()
+    await asyncio.gather(grown, *tasks)

@@ -102,6 +102,23 @@ async def test_first_refresh_plans_the_worked_example() -> None:
     assert resized == [Limits(limit=5)]
 
 
+async def test_a_tick_that_changes_nothing_is_still_heard() -> None:
+    """The limits are pushed only when they change; every other tick is told as such, so the
+    bulkhead can judge its waiters against what the law learnt (``Sinks.ticked``)."""
+    resized: list[Limits] = []
+    ticks: list[int] = []
+    loop = CapacityController(
+        sources=Sources(requested="nvml", declared=TEXTBOOK, gpu_probe=ScriptedGpu()),
+        planning=qwen(CountMode()),
+        sinks=Sinks(resize=resized.append, ticked=lambda: ticks.append(len(resized))),
+        cadence=Cadence(stale_after_s=10.0, clock=Clock()),
+    )
+    for _ in range(3):
+        await loop.refresh()
+    assert resized == [Limits(limit=5)]
+    assert ticks == [1, 1]
+
+
 async def test_a_neighbour_takes_headroom_not_permits() -> None:
     """A neighbour taking 0.5 GiB of a card the engine holds whole leaves the pool alone: one
     engine_headroom warning while it stays, cleared when it leaves, never a resize."""

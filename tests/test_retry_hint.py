@@ -360,3 +360,61 @@ def test_the_slower_of_the_pace_and_the_places_freed_prices_a_place() -> None:
         rate.freed(at)
     assert rate.quote(0, 14.0, running=31, slots=31) == pytest.approx(1.0)
     assert rate.quote(0, 14.0, running=31, slots=31) == pytest.approx(2.0)
+
+
+def burst_of(rate: ReleaseRate, holders: int, at: float = 0.0) -> None:
+    """``holders`` streams take their places at ``at`` (tickets 0..holders-1)."""
+    for ticket in range(holders):
+        rate.holding(ticket, at)
+
+
+def test_a_full_pods_refused_callers_are_told_when_the_holders_are_forecast_to_end() -> None:
+    """31 streams of 13-50 s started together (the engine's quantiles say so), 31 callers
+    refused: each is told a later place, the first when the shortest stream can end (not
+    Little's 1 s apart from the first second on), the last within the longest."""
+    rate = ReleaseRate(draw=lambda: 0.0)
+    rate.expect_hold(31.5, tuple(13 + 37 * (i + 0.5) / 16 for i in range(16)))
+    burst_of(rate, 31)
+    quotes = [rate.quote(0, 0.5, running=31, slots=31, full=True) for _ in range(31)]
+    assert quotes == sorted(quotes)
+    assert quotes[0] >= 13.0
+    assert quotes[-1] <= 50.0
+    assert len(set(quotes)) >= 16  # spread over the streams' ends, not all told one time
+
+
+def test_places_past_the_longest_hint_start_a_new_lap() -> None:
+    """A place held 40 s: within the 60 s cap one place frees (at 40 s); the next callers start
+    the lap again rather than being told 60 s together."""
+    rate = ReleaseRate(draw=lambda: 0.0)
+    rate.expect_hold(40.0, (40.0,))
+    burst_of(rate, 1)
+    assert [rate.quote(0, 0.0, full=True) for _ in range(3)] == pytest.approx([40.0] * 3)
+
+
+def test_the_forecast_follows_the_holders_and_the_holds_served() -> None:
+    """A waiter's place frees when a holder is forecast to end: at once for a pod whose
+    streams are near their end, never while nothing is held or nothing says how long."""
+    rate = ReleaseRate()
+    burst_of(rate, 2)
+    assert rate.forecast_wait_s(0, 1.0) is None  # nothing says how long places are held
+    rate.expect_hold(20.0, (20.0,))
+    assert rate.forecast_wait_s(0, 1.0) == pytest.approx(19.0)
+    assert rate.forecast_wait_s(0, 19.5) == pytest.approx(0.5)
+    for ticket in range(2):
+        rate.ended(ticket, 20.0, served=True)
+    assert rate.forecast_wait_s(0, 21.0) is None  # nothing held
+    rate.holding(7, 21.0)
+    for _ in range(16):
+        rate.held(4.0)  # 16 served here outweigh the engine's 20 s
+    assert rate.forecast_wait_s(0, 22.0) == pytest.approx(3.0)
+
+
+def test_a_request_cut_short_is_not_a_hold() -> None:
+    """Only requests that ran to their end say how long a place is held."""
+    rate = ReleaseRate()
+    rate.holding(1, 0.0)
+    rate.ended(1, 0.1, served=False)
+    assert rate.hold_s() is None
+    rate.holding(2, 0.0)
+    rate.ended(2, 3.0, served=True)
+    assert rate.hold_s() == pytest.approx(3.0)

@@ -137,6 +137,17 @@ def test_where_the_drain_ceiling_binds_the_law_does_not_grow() -> None:
     assert step.reason.startswith("held: the engine's KV cache")
 
 
+def test_where_the_drain_ceiling_binds_nothing_grows_fast() -> None:
+    """Still in slow start, but the cache holds 21 of the law's 40 and the 21 run: no step
+    would let more in, so the bulkhead hears that only a stream ending makes room."""
+    law = started(40)
+    assert law.grows_fast(40)
+    law.step(replace(BUSY, kv_usage=0.95, running=20.0))
+    assert law.in_flight is not None
+    assert law.in_flight.slow_start
+    assert not law.grows_fast(21)
+
+
 def test_an_engine_that_cannot_preempt_is_held_to_its_worst_case_permits() -> None:
     """However far the law grew, the cap in flight is the plan's worst-case permits."""
     law = started(10)

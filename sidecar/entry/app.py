@@ -101,6 +101,7 @@ class SidecarServer:
             observe=self._observe,
             slo=self.slo,
             hurry_while=self._growing_on_a_queue,
+            ticked=self.bulkhead.judge_waiters,
         )
         self.upstream = EnginePool(
             settings.upstream_url,
@@ -127,11 +128,14 @@ class SidecarServer:
             self.registry.register(SloCollector(self.slo))
 
     def _observe(self, readings: Readings) -> None:
-        """Each tick's readings: the scale-out signal, and the engine's mean time a request
-        runs for the Retry-After hint's pace."""
+        """Each tick's readings: the scale-out signal, and how long the engine's requests run
+        (the mean and its quantiles) for the Retry-After hint's pace and forecast."""
         self.signal.observe(readings)
         engine = readings.engine
-        self.bulkhead.expect_hold(None if engine is None else engine.typical_inference_s)
+        if engine is None:
+            self.bulkhead.expect_hold(None)
+        else:
+            self.bulkhead.expect_hold(engine.typical_inference_s, engine.inference_quantiles_s)
 
     def _pressed(self) -> bool:
         """Whether the limit bound since the law last asked (the bulkhead's ``pressed``)."""

@@ -189,12 +189,14 @@ def build_controller(
     observe: Callable[[Readings], None] | None = None,
     slo: SloControl | None = None,
     hurry_while: Callable[[], bool] = lambda: False,
+    ticked: Callable[[], None] | None = None,
 ) -> CapacityController:
     """The controller ``settings`` describe; ``nvml`` replaces the NVML probe (tests, demo).
 
     ``available`` hears when a plan of 0 permits starts or stops (the bulkhead refuses at once);
     ``observe`` hears each tick's readings (the scale-out signal); ``hurry_while``: whether the
-    next tick should come at once (``CapacityController.hurry``).
+    next tick should come at once (``CapacityController.hurry``); ``ticked`` hears each tick
+    that left the limits as they were (``Sinks.ticked``).
     """
     cost = model_cost(settings)
     budget_rule = partial(
@@ -215,7 +217,12 @@ def build_controller(
             floor=floor,
             budget_rule=budget_rule,
         ),
-        sinks=Sinks(resize=resize, available=available, feedback=_feedback(adaptive, slo, observe)),
+        sinks=Sinks(
+            resize=resize,
+            available=available,
+            feedback=_feedback(adaptive, slo, observe),
+            ticked=ticked,
+        ),
         cadence=Cadence(
             refresh_s=settings.refresh_ms / 1000,
             stale_after_s=settings.stale_after_ms / 1000,

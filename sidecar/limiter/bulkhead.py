@@ -115,6 +115,7 @@ class Bulkhead:
             self._refuse_waiter(self._waiters.pop(ticket), "too_large")
         self._wake(grants)
         self._track_full()
+        self.judge_waiters()
 
     def set_available(self, available: bool) -> None:
         """False while there is no capacity at all: refuse at once (no_capacity), queued too."""
@@ -140,10 +141,11 @@ class Bulkhead:
         """The cap on requests in flight in force (None: none beyond the limit)."""
         return self._core.in_flight_limit
 
-    def expect_hold(self, seconds: float | None) -> None:
-        """The engine's own mean time a request runs (None: it does not say): until requests
-        served here say how long one holds its place, the Retry-After hint's pace counts it."""
-        self._hint.expect_hold(seconds)
+    def expect_hold(self, seconds: float | None, quantiles: tuple[float, ...] = ()) -> None:
+        """The engine's own mean time a request runs (None: it does not say) and its evenly
+        spaced quantiles (where it says how that time is spread): until requests served here
+        say how long one holds its place, the Retry-After hint's pace and forecast count them."""
+        self._hint.expect_hold(seconds, quantiles)
 
     def snapshot(self) -> BulkheadSnapshot:
         """Current limit, use, queue and cumulative counters."""
@@ -191,12 +193,65 @@ class Bulkhead:
         return self._enqueue(permit, decision)
 
     def _hopeless(self, queued: Queued, max_wait_s: float) -> Hopeless | None:
-        """The core's answer for the queued request, its wait estimated (once grants to waiters
-        were measured) at the faster of them and the pace at which places free (one place lets
-        about one waiter in, whatever the unit of cost): refused now where it would wait past
-        ``max_wait_s`` (``queue_full``), rather than queued to time out."""
-        wait = self._hint.place_wait_s(queued.ahead, self._clock(), slots=self._slots())
+        """The core's answer for the queued request: refused now where it would wait past
+        ``max_wait_s`` (``queue_full``), rather than queued to time out.
+
+        Where only places freeing let it in (:meth:`_frees_owed`), its wait is the forecast's,
+        from the ages of those held (:meth:`ReleaseRate.forecast_wait_s`). Else, or where the
+        forecast cannot tell, it is estimated once grants to waiters were measured, at the
+        faster of them and the pace at which places free (one place lets about one waiter in,
+        whatever the unit of cost). Judged by the forecast while slow start still grew the
+        places, with no regard for the growth, the GPU-shaped burst let 17 of 96 in at the first
+        try where the engine ran 31."""
+        now = self._clock()
+        owed = self._frees_owed(queued.ahead)
+        wait = None if owed is None else self._hint.forecast_wait_s(owed, now)
+        if wait is None:
+            wait = self._hint.place_wait_s(queued.ahead, now, slots=self._slots())
         return self._core.refuse_hopeless(queued, wait, max_wait_s)
+
+    def _frees_owed(self, ahead: int) -> int | None:
+        """How many places must free before a waiter with ``ahead`` waiters before it gets in,
+        where only a place freeing lets it in; None where the places may still grow to it.
+
+        The places can grow to the cap in flight, or, while the law grows it fast (slow start),
+        to its reach (the SLO law's drain ceiling: what the KV cache holds; unbounded where the
+        engine does not say). A waiter past what growth brings is owed frees: those of the
+        waiters ahead, and as many more as run beyond the reach (the cap fell under them as the
+        cache filled)."""
+        core = self._core
+        reach = core.in_flight_limit
+        if reach is None:
+            return None
+        if self._mode.grows_fast(core.limit):
+            reach = self._mode.in_flight_reach()
+            if reach is None:
+                return None
+        owed = ahead + core.in_use - reach
+        return owed if owed >= 0 else None
+
+    def judge_waiters(self) -> None:
+        """With each new limit, and each tick of the control loop that left the limits as they
+        were (the law's step learnt what the cache holds), the waiters are judged as a newcomer
+        is: each that only places freeing can let in (:meth:`_frees_owed`: past what growth
+        brings), whose place is forecast to free after its deadline, is refused now
+        (``queue_full``, told its place among the refused) rather than left to time out. On the
+        GPU-shaped burst the 65 queued behind the 31 places waited out their 1.1-1.4 s before
+        the busy answer."""
+        if self._shadow or not self._waiters:
+            return
+        now, ahead = self._clock(), 0
+        for ticket, waiter in list(self._waiters.items()):
+            owed = self._frees_owed(ahead)
+            wait = None if owed is None else self._hint.forecast_wait_s(owed, now)
+            if wait is None or wait <= waiter.started + self._wait_for(waiter) - now:
+                ahead += 1
+                continue
+            withdrawal = self._core.withdraw(ticket, "queue_full")
+            if withdrawal.removed:
+                self._refuse_waiter(self._waiters.pop(ticket), "queue_full")
+            self._wake(withdrawal.granted)
+        self._track_queue()
 
     def _slots(self) -> int:
         """The places the pod runs when full, for the Retry-After hint's pace: the cap in flight,
@@ -294,6 +349,8 @@ class Bulkhead:
         self._idle.clear()
         permit.hold(ticket, cost, compartment, wait_s)
         permit.held_at = self._clock()
+        if ticket is not None:
+            self._hint.holding(ticket, permit.held_at)
         self._track_full()
         usage = permit.asked
         if usage is not None and ticket is not None and self._core.is_granted(ticket):
@@ -391,8 +448,8 @@ class Bulkhead:
     def give_back(self, permit: Permit, outcome: Outcome) -> None:
         """Take back what ``permit`` holds; called once per held permit, by its ``release``."""
         if permit.ticket is not None:
-            if outcome == "completed":  # how long a place is held: Retry-After's pace
-                self._hint.held(self._clock() - permit.held_at)
+            # How long a place is held, and by whom now: Retry-After's pace and forecast.
+            self._hint.ended(permit.ticket, self._clock(), served=outcome == "completed")
             self._return_grant(permit.ticket, permit.cost, outcome)
         self._open -= 1
         if self._open == 0:
@@ -425,8 +482,14 @@ class Bulkhead:
             core = self._core
             need = self._mode.must_drain(core, compartment)
             ahead = core.queued_ahead(compartment) if need is None and queued else 0
+            owed = self._frees_owed(ahead)
             retry = self._hint.quote(
-                ahead, self._clock(), tokens=need, running=core.in_use, slots=self._slots()
+                ahead if owed is None else owed,
+                self._clock(),
+                tokens=need,
+                running=core.in_use,
+                slots=self._slots(),
+                full=owed is not None,
             )
         return AdmissionRejectedError(reason, retry, waited_s)
 

@@ -155,13 +155,16 @@ class Cadence:
 
 @dataclass(frozen=True, kw_only=True)
 class Sinks:
-    """Who hears the loop: the bulkhead, handed the limits whenever they change (``resize``);
-    whoever hears when a plan of 0 permits starts or stops (``available``); and what hears
-    each tick's readings, its warnings joining the plan's (``feedback``)."""
+    """Who hears the loop: the bulkhead, handed the limits whenever they change (``resize``)
+    and told each tick ended, whether they changed or not (``ticked``: it judges its waiters
+    against what the law's step learnt); whoever hears when a plan of 0 permits starts or
+    stops (``available``); and what hears each tick's readings, its warnings joining the
+    plan's (``feedback``)."""
 
     resize: Callable[[Limits], None]
     available: Callable[[bool], None] | None = None
     feedback: Callable[[Readings], tuple[ConfigWarning, ...]] | None = None
+    ticked: Callable[[], None] | None = None
 
 
 class CapacityController:
@@ -412,6 +415,8 @@ class CapacityController:
         if limits != self._resized_to:
             self._sinks.resize(limits)
             self._resized_to = limits
+        elif self._sinks.ticked is not None:
+            self._sinks.ticked()
         if (old.mode, old.source) != (new.mode, new.source) or not self._published:
             _log_transition(old, new)
         self._published = True

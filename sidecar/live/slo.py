@@ -143,6 +143,11 @@ class SloControl:
         holds, while the starts, never cut, asked for them."""
         return not self.unsupported and self.limits.grows_fast(in_force)
 
+    def in_flight_reach(self) -> int | None:
+        """What the KV cache holds at the present mix (the drain ceiling at the last tick): the
+        most requests in flight slow start could bring; None where the engine does not say."""
+        return self.limits.drain
+
     @property
     def tracked(self) -> int:
         """Streams being relayed now."""

@@ -87,6 +87,11 @@ class AdmissionMode(Protocol):
         then a burst the limit binds on is worth a tick at once."""
         ...
 
+    def in_flight_reach(self) -> int | None:
+        """The most requests in flight the law could grow to while it grows fast (the SLO law:
+        what the KV cache holds, its drain ceiling); None where nothing says."""
+        ...
+
     def track(self, timing: StreamTiming, claims: Claims) -> None:
         """A stream is about to be relayed (its law samples its first token)."""
         ...
@@ -116,6 +121,9 @@ class _Unsteered:
 
     def grows_fast(self, in_force: int) -> bool:
         return False
+
+    def in_flight_reach(self) -> int | None:
+        return None
 
     def track(self, timing: StreamTiming, claims: Claims) -> None:
         return None
@@ -154,6 +162,8 @@ class SteeredLimit(Protocol):
     def max_wait_s(self, claims: Claims) -> float: ...
 
     def grows_fast(self, in_force: int) -> bool: ...
+
+    def in_flight_reach(self) -> int | None: ...
 
     def asked(self, tokens: int) -> None: ...
 
@@ -242,6 +252,9 @@ class SloMode(_Permits):
 
     def grows_fast(self, in_force: int) -> bool:
         return self.law.grows_fast(in_force)
+
+    def in_flight_reach(self) -> int | None:
+        return self.law.in_flight_reach()
 
     def track(self, timing: StreamTiming, claims: Claims) -> None:
         self.law.track(timing, claims)

@@ -32,6 +32,16 @@ lets nobody wait (its TTFT objective already spent at the engine) none is ever m
 a burst's first grants are the limit growing (slow start) they promise what no release will keep.
 On the GPU-shaped burst (31 streams of 13-50 s) the grants promised the next places in 3-4 s,
 and 86 % of the callers who came back as told were refused again.
+
+While every place is held and their number is not growing fast (``full``), a place frees only
+when a holder ends, and Little's pace cannot say when that is after a burst: it started every
+stream at once, and none ends before the shortest hold. There the quotes, and the wait that
+judges a queued request hopeless, read the forecast (:mod:`sidecar.core.admission.frees_forecast`)
+from the ages of those holding (``holding`` / ``ended``) and the spread of how long places are
+held: the requests served lately, the engine's own quantiles (vLLM's
+``request_inference_time_seconds`` buckets) standing in for those short of
+:data:`HOLD_PRIOR_WEIGHT`. The n-th refused caller is told when the n-th place has freed nine
+times in ten (:data:`RETURN_MARGIN_Z`), jittered by up to the gap to the next.
 """
 
 from __future__ import annotations
@@ -42,6 +52,8 @@ import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from sidecar.core.admission.frees_forecast import FreesForecast, quantile
 
 MIN_RETRY_S = 0.5
 # The longest wait ever asked for. The openai SDK honours a server's delay only within
@@ -67,6 +79,18 @@ HOLD_PRIOR_WEIGHT = 16
 # least FREES_MIN frees before it counts; the last FREES_WINDOW of them.
 FREES_MIN = 4
 FREES_WINDOW = 32
+# The forecast of frees (:class:`FreesForecast`) runs at most this many places ahead, and is
+# made again at most every FORECAST_FRESH_S while places are taken and freed, else every
+# FORECAST_STALE_S (or once its first free is due): between, quotes read the one made.
+FORECAST_PLACES = 4096
+# A refused caller is quoted the place this many standard deviations past its own in the
+# forecast: the k-th place frees at the k-th of the holders' ends, a count whose spread is at
+# most sqrt(k) (binomial, or a renewal's with holds no more spread than their mean). Quoted at
+# the expected k-th free, about half of them came back before it and were refused again (42 % of
+# the GPU-shaped burst's returns admitted); 1.28 is the 90th percentile's.
+RETURN_MARGIN_Z = 1.28
+FORECAST_FRESH_S = 0.1
+FORECAST_STALE_S = 1.0
 
 
 def clamped_retry_s(retry_after_s: float) -> float:
@@ -197,6 +221,11 @@ class ReleaseRate:
         self._holds: deque[float] = deque(maxlen=window)  # how long served requests held
         self._engine_hold_s: float | None = None  # the engine's mean, where it says one
         self._frees = PartTimeEvents(FREES_WINDOW, running=False)  # while the pod is full
+        self._engine_holds: tuple[float, ...] = ()  # the engine's quantiles of the time held
+        self._holding: dict[int, float] = {}  # ticket -> when it took its place
+        self._forecast: FreesForecast | None = None
+        self._forecast_at = -math.inf
+        self._changed = True  # a place taken or freed, a hold served, since the forecast
 
     @property
     def bounds(self) -> HintBounds:
@@ -237,10 +266,73 @@ class ReleaseRate:
         """A request that was served held its place for ``seconds`` (grant to release)."""
         if seconds >= 0:
             self._holds.append(seconds)
+            self._changed = True
 
-    def expect_hold(self, seconds: float | None) -> None:
-        """The engine's own mean time a request runs (None: it does not say)."""
+    def holding(self, ticket: int, at: float) -> None:
+        """The request ``ticket`` holds a place from ``at`` on."""
+        self._holding[ticket] = at
+        self._changed = True
+
+    def ended(self, ticket: int, at: float, *, served: bool) -> None:
+        """The request ``ticket`` gave its place back at ``at``; ``served``: it ran to its end
+        (its hold is one of how long places are held)."""
+        began = self._holding.pop(ticket, None)
+        self._changed = True
+        if served and began is not None:
+            self.held(at - began)
+
+    def expect_hold(self, seconds: float | None, quantiles: tuple[float, ...] = ()) -> None:
+        """The engine's own mean time a request runs (None: it does not say), and its quantiles,
+        evenly spaced, where it says how that time is spread."""
         self._engine_hold_s = seconds if seconds is not None and seconds > 0 else None
+        spread = tuple(sorted(q for q in quantiles if q > 0))
+        if spread != self._engine_holds:
+            self._engine_holds = spread
+            self._changed = True
+
+    def hold_sample(self) -> list[float] | None:
+        """How long places are held, sorted: the requests served lately, the engine's quantiles
+        standing in for those short of :data:`HOLD_PRIOR_WEIGHT`; None while fewer are served
+        and the engine does not say how its times are spread."""
+        served = list(self._holds)
+        short = HOLD_PRIOR_WEIGHT - len(served)
+        if short > 0:
+            prior = self._engine_holds
+            if not prior:
+                return None
+            served += (quantile(prior, (i + 0.5) / short) for i in range(short))
+        return sorted(served)
+
+    def forecast(self, now: float) -> FreesForecast | None:
+        """When the next places free, from the ages of those held now (:class:`FreesForecast`,
+        its seconds counted from :attr:`forecast_at`); None while nothing is held or the time
+        held is not known."""
+        made = self._forecast
+        age = now - self._forecast_at
+        if made is not None and age < (FORECAST_FRESH_S if self._changed else FORECAST_STALE_S):
+            first = made.at(0)
+            if first is not None and self._forecast_at + first > now:
+                return made
+        holds = self.hold_sample()
+        if not holds or not self._holding:
+            self._forecast = None
+            return None
+        ages = [now - began for began in self._holding.values()]
+        self._forecast = FreesForecast(ages, holds, limit=FORECAST_PLACES)
+        self._forecast_at, self._changed = now, False
+        return self._forecast
+
+    @property
+    def forecast_at(self) -> float:
+        """When the forecast :meth:`forecast` returned was made."""
+        return self._forecast_at
+
+    def forecast_wait_s(self, queue_ahead: int, now: float) -> float | None:
+        """Seconds until a place frees for a waiter with ``queue_ahead`` waiters before it, while
+        every place is held: the forecast's; None where it cannot tell."""
+        forecast = self.forecast(now)
+        free = None if forecast is None else forecast.at(max(queue_ahead, 0))
+        return None if free is None else max(0.0, self._forecast_at + free - now)
 
     def hold_s(self) -> float | None:
         """How long a request holds its place: the mean of those served lately, the engine's
@@ -324,6 +416,7 @@ class ReleaseRate:
         tokens: int | None = None,
         running: int = 1,
         slots: int | None = None,
+        full: bool = False,
     ) -> float:
         """The wait told to one refused caller at ``now``, noted so that the next is told to
         come back after it: the time until capacity for it frees (``queue_ahead`` waiters, or
@@ -338,8 +431,15 @@ class ReleaseRate:
         later caller being told the bound together. While none is known, the ``running``
         requests and the ``queue_ahead`` are taken to end within ``unknown_s``: the first refused
         caller waits that, and that guess spreads the places over ``horizon_s`` at most.
+
+        ``full``: only frees let anyone in now (every place held, and their number not growing
+        fast): the quote is the forecast's (:meth:`_forecast_quote`), where it can tell.
         """
         bounds = self._bounds
+        if full and tokens is None:
+            forecast = self.forecast(now)
+            if forecast is not None:
+                return self._forecast_quote(forecast, max(queue_ahead, 0), now)
         pace = None if tokens is not None else self.pace_per_s(max(running, slots or 0))
         frees = None if tokens is not None else self.frees_per_s(now)
         if frees is not None:
@@ -360,5 +460,29 @@ class ReleaseRate:
         first = max(first, bounds.low_s)
         place = self._returns.ahead(now)
         wait = min(spread_s(first, place, per_s, self._draw(), horizon_s), bounds.high_s)
+        self._returns.told(now + wait)
+        return wait
+
+    def _forecast_quote(self, forecast: FreesForecast, queue_ahead: int, now: float) -> float:
+        """The quote while every place is held: when the place owed to this caller (after the
+        ``queue_ahead`` waiters' and the refused callers' due back before it) has freed nine
+        times in ten (:data:`RETURN_MARGIN_Z`), jittered by up to the gap to the next; a place
+        past the highest bound starts the next lap, from the first place that frees after the
+        waiters'."""
+        bounds = self._bounds
+        owed = queue_ahead + self._returns.ahead(now)
+        place = owed + round(RETURN_MARGIN_Z * math.sqrt(owed + 1))
+        free = forecast.at(place)
+        if free is None or self._forecast_at + free - now > bounds.high_s:
+            lap = max(1, forecast.within(bounds.high_s + now - self._forecast_at) - queue_ahead)
+            place = queue_ahead + (place - queue_ahead) % lap
+            free = forecast.at(place)
+        if free is None:  # the forecast's places run out: the longest hint
+            wait = bounds.high_s
+        else:
+            after = forecast.at(place + 1)
+            gap = 0.0 if after is None else after - free
+            wait = self._forecast_at + free + self._draw() * gap - now
+        wait = min(max(wait, bounds.low_s), bounds.high_s)
         self._returns.told(now + wait)
         return wait

@@ -237,9 +237,12 @@ class SloLaw:
     def grows_fast(self, in_force: int) -> bool:
         """Whether a step now could raise the limit in force by more than one: the limit that
         binds (the starts, or the requests in flight where they are fewer) is in slow start and
-        ``in_force`` reached it."""
+        ``in_force`` reached it. Where the drain ceiling holds the requests in flight below or at
+        the law's own limit, and they bind, the law does not grow them (:meth:`step`)."""
         law, starts = self.in_flight, self.starts
         if law is None or starts is None:
             return False
         binding = starts if starts.limit < law.limit else law
+        if binding is law and self.drain is not None and self.drain <= law.limit:
+            return False
         return binding.slow_start and in_force >= binding.limit
