@@ -382,13 +382,16 @@ def test_a_full_pods_refused_callers_are_told_when_the_holders_are_forecast_to_e
     assert len(set(quotes)) >= 16  # spread over the streams' ends, not all told one time
 
 
-def test_places_past_the_longest_hint_start_a_new_lap() -> None:
-    """A place held 40 s: within the 60 s cap one place frees (at 40 s); the next callers start
-    the lap again rather than being told 60 s together."""
-    rate = ReleaseRate(draw=lambda: 0.0)
-    rate.expect_hold(40.0, (40.0,))
+def test_places_the_forecast_sees_free_past_the_longest_hint_are_told_it() -> None:
+    """One place held 20 s a time: it frees at 20, 40, 60 and 80 s. The first refused caller is
+    told 40 s (a place of margin); the next ones are owed places past the 60 s cap and are told
+    54-60 s (the cap, jittered), not the first places again, which others are owed."""
+    draws = iter([0.0, 0.0, 0.5, 1.0])
+    rate = ReleaseRate(draw=lambda: next(draws))
+    rate.expect_hold(20.0, (20.0,))
     burst_of(rate, 1)
-    assert [rate.quote(0, 0.0, full=True) for _ in range(3)] == pytest.approx([40.0] * 3)
+    quotes = [rate.quote(0, 0.0, full=True) for _ in range(4)]
+    assert quotes == pytest.approx([40.0, 60.0, 57.0, 54.0])
 
 
 def test_the_forecast_follows_the_holders_and_the_holds_served() -> None:

@@ -89,6 +89,9 @@ FORECAST_PLACES = 4096
 # the expected k-th free, about half of them came back before it and were refused again (42 % of
 # the GPU-shaped burst's returns admitted); 1.28 is the 90th percentile's.
 RETURN_MARGIN_Z = 1.28
+# A place past the highest bound is told it, less up to this share of it (jitter): they come back
+# together near the bound, each quoted again from what the forecast sees then.
+BEYOND_SPREAD = 0.1
 FORECAST_FRESH_S = 0.1
 FORECAST_STALE_S = 1.0
 
@@ -466,19 +469,16 @@ class ReleaseRate:
     def _forecast_quote(self, forecast: FreesForecast, queue_ahead: int, now: float) -> float:
         """The quote while every place is held: when the place owed to this caller (after the
         ``queue_ahead`` waiters' and the refused callers' due back before it) has freed nine
-        times in ten (:data:`RETURN_MARGIN_Z`), jittered by up to the gap to the next; a place
-        past the highest bound starts the next lap, from the first place that frees after the
-        waiters'."""
+        times in ten (:data:`RETURN_MARGIN_Z`), jittered by up to the gap to the next. A place
+        the forecast does not see free within the highest bound is told that bound, less up to
+        :data:`BEYOND_SPREAD` of it: started again from the first place (a lap), those callers
+        came back while every place was owed to others, and were refused again."""
         bounds = self._bounds
         owed = queue_ahead + self._returns.ahead(now)
         place = owed + round(RETURN_MARGIN_Z * math.sqrt(owed + 1))
         free = forecast.at(place)
         if free is None or self._forecast_at + free - now > bounds.high_s:
-            lap = max(1, forecast.within(bounds.high_s + now - self._forecast_at) - queue_ahead)
-            place = queue_ahead + (place - queue_ahead) % lap
-            free = forecast.at(place)
-        if free is None:  # the forecast's places run out: the longest hint
-            wait = bounds.high_s
+            wait = bounds.high_s * (1.0 - BEYOND_SPREAD * self._draw())
         else:
             after = forecast.at(place + 1)
             gap = 0.0 if after is None else after - free
