@@ -482,7 +482,7 @@ class Bulkhead:
             core = self._core
             need = self._mode.must_drain(core, compartment)
             ahead = core.queued_ahead(compartment) if need is None and queued else 0
-            owed = self._frees_owed(ahead)
+            owed = self._frees_owed(ahead) if need is None else None  # tokens: their drain
             retry = self._hint.quote(
                 ahead if owed is None else owed,
                 self._clock(),
