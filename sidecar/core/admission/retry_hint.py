@@ -314,7 +314,7 @@ class ReleaseRate:
         age = now - self._forecast_at
         if made is not None and age < (FORECAST_FRESH_S if self._changed else FORECAST_STALE_S):
             first = made.at(0)
-            if first is not None and self._forecast_at + first > now:
+            if first is not None and self._forecast_at + first >= now:
                 return made
         holds = self.hold_sample()
         if not holds or not self._holding:
