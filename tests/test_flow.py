@@ -11,6 +11,7 @@ import pytest
 
 from sidecar.edge.flow import FlowControl
 from sidecar.edge.http.deadline import Deadline, Due
+from tests.fake_time import FakeTime
 from tests.servers import until
 
 
@@ -157,26 +158,21 @@ async def test_unacknowledged_counts_what_the_peer_has_not_taken() -> None:
 async def test_a_rest_stops_reading_whatever_resumes_it(transport: asyncio.Transport) -> None:
     """A rest stops reading for its time: a resume meanwhile (an answer left) waits for its end,
     and a pause meanwhile (a pipelined request waits) outlasts it."""
-    flow = FlowControl(transport)
-    flow.rest(0.05)
+    fake = FakeTime()
+    flow = FlowControl(transport, clock=fake.clock, call_later=fake.call_later)
+    flow.rest(0.5)
     assert not transport.is_reading()
-    assert flow.rested_s() >= 0
+    fake.advance(0.2)
+    assert flow.rested_s() == pytest.approx(0.2)
     flow.pause_reading()
     flow.resume_reading()
     assert not transport.is_reading()
-    assert await until_reading(transport)
-    flow.rest(0.05)
+    fake.advance(0.3)
+    assert transport.is_reading()
+    flow.rest(0.5)
     flow.pause_reading()
-    await asyncio.sleep(0.1)
+    fake.advance(0.5)
     assert not transport.is_reading()
     assert flow.rested_s() == 0
     flow.resume_reading()
     assert transport.is_reading()
-
-
-async def until_reading(transport: asyncio.Transport) -> bool:
-    for _ in range(100):
-        if transport.is_reading():
-            return True
-        await asyncio.sleep(0.01)
-    return False

@@ -15,20 +15,31 @@ import struct
 import termios
 from collections.abc import Callable
 
+from sidecar.limiter.expiry import CallLater, TimerHandle
+
 
 class FlowControl:
     """Pause and resume reading from, and writing to, one transport."""
 
-    def __init__(self, transport: asyncio.Transport) -> None:
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        *,
+        clock: Callable[[], float] | None = None,
+        call_later: CallLater | None = None,
+    ) -> None:
+        """``clock`` and ``call_later`` time a rest (default: the running loop's)."""
         self._transport = transport
+        self._clock = clock
+        self._call_later = call_later
         self.reading_paused = False
         self.writing_paused = False
         self._writable = asyncio.Event()
         self._writable.set()
         self._when_writable: Callable[[], None] | None = None
         self._limits: tuple[int, int] | None = None  # (low, high) to restore, once flushed
-        self._rest: asyncio.TimerHandle | None = None  # ends the rest under way
-        self._rest_began = 0.0  # the loop's time
+        self._rest: TimerHandle | None = None  # ends the rest under way
+        self._rest_began = 0.0  # on the clock
 
     def pause_reading(self) -> None:
         if not self.reading_paused:
@@ -49,15 +60,18 @@ class FlowControl:
             return
         if not self.reading_paused:
             self._transport.pause_reading()
-        loop = asyncio.get_running_loop()
-        self._rest_began = loop.time()
-        self._rest = loop.call_later(seconds, self._rested)
+        call_later = self._call_later or asyncio.get_running_loop().call_later
+        self._rest_began = self._now()
+        self._rest = call_later(seconds, self._rested)
 
     def rested_s(self) -> float:
-        """How long the rest under way has lasted (on the loop's clock); 0 where none is."""
+        """How long the rest under way has lasted; 0 where none is."""
         if self._rest is None:
             return 0.0
-        return asyncio.get_running_loop().time() - self._rest_began
+        return self._now() - self._rest_began
+
+    def _now(self) -> float:
+        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
 
     def _rested(self) -> None:
         self._rest = None

@@ -204,8 +204,7 @@ class Bulkhead:
         places, with no regard for the growth, the GPU-shaped burst let 17 of 96 in at the first
         try where the engine ran 31."""
         now = self._clock()
-        owed = self._frees_owed(queued.ahead)
-        wait = None if owed is None else self._hint.forecast_wait_s(owed, now)
+        wait = self._frees_wait_s(queued.ahead, now)
         if wait is None:
             wait = self._hint.place_wait_s(queued.ahead, now, slots=self._slots())
         return self._core.refuse_hopeless(queued, wait, max_wait_s)
@@ -230,6 +229,12 @@ class Bulkhead:
         owed = ahead + core.in_use - reach
         return owed if owed >= 0 else None
 
+    def _frees_wait_s(self, ahead: int, now: float) -> float | None:
+        """The forecast's wait for a waiter with ``ahead`` before it, where only places freeing
+        let it in (:meth:`_frees_owed`); None where growth may, or the forecast cannot tell."""
+        owed = self._frees_owed(ahead)
+        return None if owed is None else self._hint.forecast_wait_s(owed, now)
+
     def judge_waiters(self) -> None:
         """With each new limit, and each tick of the control loop that left the limits as they
         were (the law's step learnt what the cache holds), the waiters are judged as a newcomer
@@ -242,8 +247,7 @@ class Bulkhead:
             return
         now, ahead = self._clock(), 0
         for ticket, waiter in list(self._waiters.items()):
-            owed = self._frees_owed(ahead)
-            wait = None if owed is None else self._hint.forecast_wait_s(owed, now)
+            wait = self._frees_wait_s(ahead, now)
             if wait is None or wait <= waiter.started + self._wait_for(waiter) - now:
                 ahead += 1
                 continue

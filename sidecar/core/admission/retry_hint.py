@@ -308,8 +308,8 @@ class ReleaseRate:
 
     def forecast(self, now: float) -> FreesForecast | None:
         """When the next places free, from the ages of those held now (:class:`FreesForecast`,
-        its seconds counted from :attr:`forecast_at`); None while nothing is held or the time
-        held is not known."""
+        its seconds counted from when it was made, ``_forecast_at``); None while nothing is held
+        or the time held is not known."""
         made = self._forecast
         age = now - self._forecast_at
         if made is not None and age < (FORECAST_FRESH_S if self._changed else FORECAST_STALE_S):
@@ -324,11 +324,6 @@ class ReleaseRate:
         self._forecast = FreesForecast(ages, holds, limit=FORECAST_PLACES)
         self._forecast_at, self._changed = now, False
         return self._forecast
-
-    @property
-    def forecast_at(self) -> float:
-        """When the forecast :meth:`forecast` returned was made."""
-        return self._forecast_at
 
     def forecast_wait_s(self, queue_ahead: int, now: float) -> float | None:
         """Seconds until a place frees for a waiter with ``queue_ahead`` waiters before it, while
