@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
-from sidecar.core.laws.slo_limit import LimitEvidence
+from sidecar.core.laws.slo_limit import LimitEvidence, prompts_fit
 from sidecar.core.plan.capacity import Budget, Source, Term, engine_cost, make_plan
 from sidecar.core.request.claims import NO_CLAIMS, Claims
 from sidecar.core.request.objectives import Objectives
@@ -563,3 +563,39 @@ def test_samples_waiting_for_a_first_plan_are_bounded() -> None:
         slo.observe(reading())
     assert [len(kind) for kind in slo._samples] == [MAX_SAMPLES, MAX_SAMPLES]
     assert len(slo._ttfts) == MAX_SAMPLES
+
+
+def test_a_cold_cache_is_reached_by_what_the_pool_holds_of_the_typical_prompt() -> None:
+    """A burst lands on an idle engine whose prompts average 1,000 tokens: before the engine
+    has started any (its cache says nothing under 5 % use) the reach is what the pool of
+    100,000 holds of such prompts, 100; once the cache says, the drain ceiling is the reach;
+    an engine that never said what a prompt holds gives no reach while its cache is cold."""
+    clock = FakeClock()
+    slo = control(clock)
+    slo.observe(reading(typical=(1_000.0, 200.0), running=0, kv=0.0))
+    assert slo.in_flight_reach() is None  # no plan yet: no pool to divide
+    slo.step(PLAN)
+    assert slo.drain_limit is None
+    assert slo.in_flight_reach() == 100
+    slo.observe(reading(typical=(1_000.0, 200.0), running=30, kv=0.6))
+    assert slo.in_flight_reach() == slo.drain_limit == 50
+    blind = control(clock)
+    blind.observe(reading(running=0, kv=0.0))
+    blind.step(PLAN)
+    assert blind.in_flight_reach() is None
+
+
+@pytest.mark.parametrize(
+    ("pool", "prompt", "block", "fit"),
+    [
+        pytest.param(57_664, 2_000.0, 16, 28, id="whole-blocks"),  # 2,000 -> 2,000 (125 blocks)
+        pytest.param(57_664, 2_001.0, 16, 28, id="a-part-block-is-a-block"),  # 2,016 a prompt
+        pytest.param(1_000, 5_000.0, None, 1, id="never-below-one"),
+        pytest.param(1_000, None, 16, None, id="no-typical-prompt"),
+        pytest.param(1_000, 0.0, 16, None, id="no-tokens-no-say"),
+    ],
+)
+def test_what_the_pool_holds_of_a_prompt(
+    pool: int, prompt: float | None, block: int | None, fit: int | None
+) -> None:
+    assert prompts_fit(pool, prompt, block) == fit

@@ -19,7 +19,7 @@ from typing import Any
 import structlog
 
 from sidecar.core.laws.slo_law import SloLaw, Step, Tick, max_wait_s, start_limit
-from sidecar.core.laws.slo_limit import SloLimit, SloLimitConfig, quantile
+from sidecar.core.laws.slo_limit import SloLimit, SloLimitConfig, prompts_fit, quantile
 from sidecar.core.limits import Limits
 from sidecar.core.plan.capacity import Plan
 from sidecar.core.request.claims import Claims
@@ -98,6 +98,8 @@ class SloControl:
         # Streams being relayed, with their objectives, and whether their TTFT was sampled.
         self._open: dict[StreamTiming, _Tracked] = {}
         self._typical: float | None = None  # tokens of a typical request, per the engine
+        self._typical_prompt: float | None = None  # and of its prompt
+        self._pool: tuple[int, int | None] | None = None  # the last plan's pool and block size
         self._asked: int | None = None  # the largest worst case a request asked for so far
         self._started_knowing = False  # the law started from a typical request, not the worst
         self._start_now: int | None = None  # where a fresh pod would start, at the last plan
@@ -144,9 +146,20 @@ class SloControl:
         return not self.unsupported and self.limits.grows_fast(in_force)
 
     def in_flight_reach(self) -> int | None:
-        """What the KV cache holds at the present mix (the drain ceiling at the last tick): the
-        most requests in flight slow start could bring; None where the engine does not say."""
-        return self.limits.drain
+        """The most requests in flight slow start could bring: what the KV cache holds at the
+        present mix (the drain ceiling at the last tick), or, where the cache was too cold to
+        say (a burst on an idle pod, before the engine has started it), what the pool holds of
+        the engine's typical prompt (``prompts_fit``); None where neither is known.
+
+        Without the second, a burst's callers past what the cache holds waited for the tick
+        after the engine had started the first ones before they were told (0.27-0.33 s, busy
+        answer p50, on the GPU-shaped burst)."""
+        if self.limits.drain is not None:
+            return self.limits.drain
+        if self._pool is None:
+            return None
+        pool_tokens, block_size = self._pool
+        return prompts_fit(pool_tokens, self._typical_prompt, block_size)
 
     @property
     def tracked(self) -> int:
@@ -307,6 +320,8 @@ class SloControl:
         if self.verdict.hear(engine):
             log.info("admission_pricing", pricing=self.pricing, reason=self.pricing_reason)
         prompt, generation = engine.typical_prompt_tokens, engine.typical_generation_tokens
+        if prompt is not None:
+            self._typical_prompt = prompt
         if prompt is not None and generation is not None:
             self._typical = prompt + generation
 
@@ -327,6 +342,7 @@ class SloControl:
             self.limits.reach_start(start)
             log.info("slo_limit_start", limit=self.limits.held(), typical_tokens=typical)
         self._start_now = start
+        self._pool = (plan.kv_pool_tokens, plan.cost.block_size)
         return self.limits.limits(permits=plan.permits, worst_case_only=worst_case_only)
 
     def document(self) -> dict[str, Any]:

@@ -119,6 +119,19 @@ def fits_in_cache(running: float | None, kv_usage: float | None, least: float = 
     return math.floor(running / kv_usage)
 
 
+def prompts_fit(
+    pool_tokens: int, prompt_tokens: float | None, block_size: int | None
+) -> int | None:
+    """How many requests the KV cache holds at their start: ``pool_tokens`` over a prompt of
+    ``prompt_tokens`` in whole blocks (the engine's typical prompt). What the cache will say
+    once they run, before it says (a cold cache); None where the prompt is not known."""
+    if prompt_tokens is None or not math.isfinite(prompt_tokens) or prompt_tokens <= 0:
+        return None
+    block = block_size or 1
+    held = math.ceil(prompt_tokens / block) * block
+    return max(1, math.floor(pool_tokens / held))
+
+
 def drain_allowance(held: int, ends_per_s: float, wait_s: float) -> int:
     """Requests in flight the engine's KV cache allows: the ``held`` it holds at the present
     mix, and those the streams ending at ``ends_per_s`` make room for within ``wait_s`` (Little's
