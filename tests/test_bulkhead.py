@@ -8,6 +8,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from sidecar.core.admission.compartments import parse_compartments
+from sidecar.core.admission.frees_forecast import CacheGrowth
 from sidecar.core.admission.modes import CountMode, TokenMode
 from sidecar.core.admission.retry_hint import ReleaseRate
 from sidecar.core.errors import AdmissionRejectedError
@@ -834,3 +835,43 @@ async def test_while_slow_start_grows_the_places_only_those_past_its_reach_are_h
     for gate in gates:
         gate.set()
     await asyncio.gather(grown, *tasks)
+
+
+@pytest.mark.parametrize(
+    ("cache", "queued"),
+    [
+        pytest.param(None, True, id="an-end-lets-it-in"),
+        pytest.param(
+            CacheGrowth(pool_tokens=360, used_tokens=330, prompt_tokens=100, tokens_per_s=10),
+            False,
+            id="the-cache-grew-past-one-more",
+        ),
+    ],
+)
+async def test_a_waiters_place_frees_where_the_cache_takes_one_more(
+    cache: CacheGrowth | None, queued: bool
+) -> None:
+    """Three places held for 1 s by streams of 10 or 30 s (one ends in 9 s, two in 29 s); a
+    newcomer may wait 10 s. Counted by the ends, the first frees its place in time. But the
+    three 100-token prompts grow 10 tokens a second in a pool of 360: at 9 s the two left hold
+    400, and the cache takes nobody until the others end at 29 s, so it is told at once."""
+    fake, log = FakeTime(), new_log()
+    bulkhead = make(fake, limit=8, max_queue=4, max_wait_s=10.0)
+    bulkhead.resize(Limits(limit=8, in_flight=3))
+    bulkhead.expect_hold(20.0, (10.0, 30.0))
+    bulkhead.expect_cache(cache)
+    gates = [asyncio.Event() for _ in range(4)]
+    tasks = [asyncio.create_task(hold(bulkhead, gates[i], log, f"s{i}")) for i in range(3)]
+    await settle()
+    fake.advance(1.0)
+    late = asyncio.create_task(hold(bulkhead, gates[3], log, "late"))
+    await settle()
+    assert (bulkhead.snapshot().queued == 1) is queued
+    if not queued:
+        with pytest.raises(AdmissionRejectedError) as caught:
+            await late
+        assert caught.value.reason == "queue_full"
+        assert caught.value.retry_after_s >= 28.0
+    for gate in gates:
+        gate.set()
+    await asyncio.gather(*tasks, late, return_exceptions=True)

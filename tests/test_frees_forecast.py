@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.core.admission.frees_forecast import FreesForecast, draw, remaining_s
+from sidecar.core.admission.frees_forecast import CacheGrowth, FreesForecast, draw, remaining_s
 
 HOLDS = [10.0, 20.0, 30.0, 40.0]
 
@@ -65,3 +65,51 @@ def test_the_draws_spread_evenly_over_any_run(start: int, count: int) -> None:
     ratio's three-gap spread): holders that started together draw the whole spread of holds."""
     points = sorted([0.0, *(draw(i) for i in range(start, start + count)), 1.0])
     assert max(b - a for a, b in itertools.pairwise(points)) < 3 / count
+
+
+def test_a_place_frees_where_the_cache_takes_one_more_not_where_a_holder_ends() -> None:
+    """Four streams of 200 tokens that started together grow 10 tokens a second in a pool of
+    1,000; two draw the 10 s hold, two the 30 s. At 10 s each holds 300: the first to end leaves
+    900 for three (one more would not fit), the second 600 for two, and one caller gets in.
+    Counted at the ends alone, both places free at 10 s."""
+    ages, holds = [0.0] * 4, [10.0, 30.0]
+    assert [FreesForecast(ages, holds, limit=10).at(i) for i in range(2)] == [10.0, 10.0]
+    cache = CacheGrowth(pool_tokens=1000, used_tokens=800, prompt_tokens=200, tokens_per_s=10)
+    forecast = FreesForecast(ages, holds, limit=10, cache=cache)
+    first, second = forecast.at(0), forecast.at(1)
+    assert first == 10.0
+    assert second is not None
+    assert second > 10.0
+
+
+def test_places_the_cache_holds_now_are_free_at_once_up_to_the_places() -> None:
+    """Four holders of 100 tokens in a pool of 1,000 and six places: two more are free now, the
+    third waits for an end; with only the four places, none is free now."""
+    cache = CacheGrowth(pool_tokens=1000, used_tokens=400, prompt_tokens=100, tokens_per_s=1)
+    growing = FreesForecast([0.0] * 4, HOLDS, limit=10, cache=cache, places=6)
+    assert (growing.at(0), growing.at(1)) == (0.0, 0.0)
+    third = growing.at(2)
+    assert third is not None
+    assert third > 0.0
+    held = FreesForecast([0.0] * 4, HOLDS, limit=10, cache=cache)
+    assert held.at(0) == min(HOLDS)
+
+
+@given(
+    st.lists(st.floats(0, 100), max_size=40),
+    st.lists(st.floats(0.01, 100), min_size=1, max_size=40),
+    st.builds(
+        CacheGrowth,
+        pool_tokens=st.floats(1, 1e6),
+        used_tokens=st.floats(0, 1e6),
+        prompt_tokens=st.floats(1, 1e4),
+        tokens_per_s=st.floats(0, 1e3),
+    ),
+)
+def test_a_cache_model_frees_places_in_order_and_never_before_now(
+    ages: list[float], holds: list[float], cache: CacheGrowth
+) -> None:
+    forecast = FreesForecast(ages, sorted(holds), limit=200, cache=cache)
+    known = [f for i in range(2 * len(ages)) if (f := forecast.at(i)) is not None]
+    assert known == sorted(known)
+    assert all(f >= 0 for f in known)

@@ -4,6 +4,8 @@ cache) from what the engine can run, and the worst-case cap without preemption."
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from structlog.testing import capture_logs
 
@@ -599,3 +601,31 @@ def test_what_the_pool_holds_of_a_prompt(
     pool: int, prompt: float | None, block: int | None, fit: int | None
 ) -> None:
     assert prompts_fit(pool, prompt, block) == fit
+
+
+def test_the_cache_as_it_fills_is_told_from_the_engines_figures() -> None:
+    """30 % of a 100,000-token pool used; the engine's requests average 1,000 prompt tokens and
+    200 generated over 5 s: each adds 40 tokens a second. Nothing before the first plan (no
+    pool), nor where the engine does not say how long its requests run."""
+    clock = FakeClock()
+    slo = control(clock)
+    engine = EngineReading(
+        cache=None,
+        kv_usage_ratio=0.3,
+        requests_running=30,
+        requests_waiting=0,
+        preemptions_total=0.0,
+        observed_at=0.0,
+        typical_prompt_tokens=1_000.0,
+        typical_generation_tokens=200.0,
+        typical_inference_s=5.0,
+    )
+    slo.observe(Readings(declared=DECLARED, engine=engine))
+    assert slo.cache_growth(engine) is None
+    slo.step(PLAN)
+    growth = slo.cache_growth(engine)
+    assert growth is not None
+    assert (growth.pool_tokens, growth.prompt_tokens, growth.tokens_per_s) == (100_000, 1_000, 40)
+    assert growth.used_tokens == pytest.approx(30_000)
+    assert slo.cache_growth(replace(engine, typical_inference_s=None)) is None
+    assert slo.cache_growth(None) is None

@@ -129,13 +129,16 @@ class SidecarServer:
 
     def _observe(self, readings: Readings) -> None:
         """Each tick's readings: the scale-out signal, and how long the engine's requests run
-        (the mean and its quantiles) for the Retry-After hint's pace and forecast."""
+        (the mean and its quantiles) and, under slo, how they fill its KV cache, for the
+        Retry-After hint's pace and forecast."""
         self.signal.observe(readings)
         engine = readings.engine
         if engine is None:
             self.bulkhead.expect_hold(None)
         else:
             self.bulkhead.expect_hold(engine.typical_inference_s, engine.inference_quantiles_s)
+        if self.slo is not None:
+            self.bulkhead.expect_cache(self.slo.cache_growth(engine))
 
     def _pressed(self) -> bool:
         """Whether the limit bound since the law last asked (the bulkhead's ``pressed``)."""

@@ -16,6 +16,7 @@ import structlog
 
 from sidecar.core.admission.compartments import DEFAULT, Compartments
 from sidecar.core.admission.decisions import Granted, Hopeless, Outcome, Queued, Rejected
+from sidecar.core.admission.frees_forecast import CacheGrowth
 from sidecar.core.admission.ledger import Ledger, StreamUsage
 from sidecar.core.admission.machine import Admission
 from sidecar.core.admission.modes import AdmissionMode, CountMode
@@ -141,6 +142,12 @@ class Bulkhead:
         """The cap on requests in flight in force (None: none beyond the limit)."""
         return self._core.in_flight_limit
 
+    def expect_cache(self, cache: CacheGrowth | None) -> None:
+        """The engine's KV cache as its requests fill it, where it decides who runs (the SLO
+        law's drain ceiling; None: the places alone do): the Retry-After forecast counts a
+        place where the cache takes one more request (``ReleaseRate.expect_cache``)."""
+        self._hint.expect_cache(cache)
+
     def expect_hold(self, seconds: float | None, quantiles: tuple[float, ...] = ()) -> None:
         """The engine's own mean time a request runs (None: it does not say) and its evenly
         spaced quantiles (where it says how that time is spread): until requests served here
@@ -209,15 +216,17 @@ class Bulkhead:
             wait = self._hint.place_wait_s(queued.ahead, now, slots=self._slots())
         return self._core.refuse_hopeless(queued, wait, max_wait_s)
 
-    def _frees_owed(self, ahead: int) -> int | None:
-        """How many places must free before a waiter with ``ahead`` waiters before it gets in,
-        where only a place freeing lets it in; None where the places may still grow to it.
+    def _frees_owed(self, ahead: int) -> tuple[int, int | None] | None:
+        """Which place in the forecast of frees lets a waiter with ``ahead`` waiters before it
+        in, and how many places may be held at once (None: those held now), where only a place
+        freeing lets it in; None where the places may still grow to it.
 
         The places can grow to the cap in flight, or, while the law grows it fast (slow start),
         to its reach (the SLO law's drain ceiling: what the KV cache holds; unbounded where the
         engine does not say). A waiter past what growth brings is owed frees: those of the
         waiters ahead, and as many more as run beyond the reach (the cap fell under them as the
-        cache filled)."""
+        cache filled). Where the forecast sees the cache fill (``ReleaseRate.expect_cache``),
+        it counts those itself, held to the reach: the waiter's place is its queue's."""
         core = self._core
         reach = core.in_flight_limit
         if reach is None:
@@ -227,13 +236,15 @@ class Bulkhead:
             if reach is None:
                 return None
         owed = ahead + core.in_use - reach
-        return owed if owed >= 0 else None
+        if owed < 0:
+            return None
+        return (ahead, reach) if self._hint.sees_cache else (owed, None)
 
     def _frees_wait_s(self, ahead: int, now: float) -> float | None:
         """The forecast's wait for a waiter with ``ahead`` before it, where only places freeing
         let it in (:meth:`_frees_owed`); None where growth may, or the forecast cannot tell."""
         owed = self._frees_owed(ahead)
-        return None if owed is None else self._hint.forecast_wait_s(owed, now)
+        return None if owed is None else self._hint.forecast_wait_s(owed[0], now, owed[1])
 
     def judge_waiters(self) -> None:
         """With each new limit, and each tick of the control loop that left the limits as they
@@ -488,12 +499,13 @@ class Bulkhead:
             ahead = core.queued_ahead(compartment) if need is None and queued else 0
             owed = self._frees_owed(ahead) if need is None else None  # tokens: their drain
             retry = self._hint.quote(
-                ahead if owed is None else owed,
+                ahead if owed is None else owed[0],
                 self._clock(),
                 tokens=need,
                 running=core.in_use,
                 slots=self._slots(),
                 full=owed is not None,
+                places=None if owed is None else owed[1],
             )
         return AdmissionRejectedError(reason, retry, waited_s)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import structlog
 
+from sidecar.core.admission.frees_forecast import CacheGrowth
 from sidecar.core.laws.slo_law import SloLaw, Step, Tick, max_wait_s, start_limit
 from sidecar.core.laws.slo_limit import SloLimit, SloLimitConfig, prompts_fit, quantile
 from sidecar.core.limits import Limits
@@ -160,6 +161,26 @@ class SloControl:
             return None
         pool_tokens, block_size = self._pool
         return prompts_fit(pool_tokens, self._typical_prompt, block_size)
+
+    def cache_growth(self, engine: EngineReading | None) -> CacheGrowth | None:
+        """The engine's KV cache as its running requests fill it, for the Retry-After forecast
+        (here the drain ceiling decides who runs): the last plan's pool, the share used now, the
+        engine's typical prompt and the pace a typical request decodes at (its generated
+        tokens over the time it ran). None where the law keeps to the worst case, or the
+        engine does not say one of them."""
+        if engine is None or self._pool is None or self.unsupported:
+            return None
+        usage, prompt = engine.kv_usage_ratio, engine.typical_prompt_tokens
+        generated, ran_s = engine.typical_generation_tokens, engine.typical_inference_s
+        if usage is None or prompt is None or generated is None or not ran_s or ran_s <= 0:
+            return None
+        pool = self._pool[0]
+        return CacheGrowth(
+            pool_tokens=pool,
+            used_tokens=usage * pool,
+            prompt_tokens=prompt,
+            tokens_per_s=generated / ran_s,
+        )
 
     @property
     def tracked(self) -> int:

@@ -41,7 +41,9 @@ from the ages of those holding (``holding`` / ``ended``) and the spread of how l
 held: the requests served lately, the engine's own quantiles (vLLM's
 ``request_inference_time_seconds`` buckets) standing in for those short of
 :data:`HOLD_PRIOR_WEIGHT`. The n-th refused caller is told when the n-th place has freed nine
-times in ten (:data:`RETURN_MARGIN_Z`), jittered by up to the gap to the next.
+times in ten (:data:`RETURN_MARGIN_Z`), jittered by up to the gap to the next. Where the engine's
+KV cache decides who runs (:meth:`ReleaseRate.expect_cache`), a place frees where the cache takes
+one more request as the holders grow, not where one ends.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sidecar.core.admission.frees_forecast import FreesForecast, quantile
+from sidecar.core.admission.frees_forecast import CacheGrowth, FreesForecast, quantile
 
 MIN_RETRY_S = 0.5
 # The longest wait ever asked for. The openai SDK honours a server's delay only within
@@ -226,8 +228,10 @@ class ReleaseRate:
         self._frees = PartTimeEvents(FREES_WINDOW, running=False)  # while the pod is full
         self._engine_holds: tuple[float, ...] = ()  # the engine's quantiles of the time held
         self._holding: dict[int, float] = {}  # ticket -> when it took its place
+        self._cache: CacheGrowth | None = None  # the engine's KV cache, where it decides
         self._forecast: FreesForecast | None = None
         self._forecast_at = -math.inf
+        self._forecast_places: int | None = None  # the places the forecast was made for
         self._changed = True  # a place taken or freed, a hold served, since the forecast
 
     @property
@@ -293,6 +297,18 @@ class ReleaseRate:
             self._engine_holds = spread
             self._changed = True
 
+    def expect_cache(self, cache: CacheGrowth | None) -> None:
+        """The engine's KV cache as it fills, where it decides who runs (None: places alone
+        do): the forecast counts a place where the cache takes one more request."""
+        if cache != self._cache:
+            self._cache = cache
+            self._changed = True
+
+    @property
+    def sees_cache(self) -> bool:
+        """Whether the forecast counts places by the cache (:meth:`expect_cache`)."""
+        return self._cache is not None
+
     def hold_sample(self) -> list[float] | None:
         """How long places are held, sorted: the requests served lately, the engine's quantiles
         standing in for those short of :data:`HOLD_PRIOR_WEIGHT`; None while fewer are served
@@ -306,13 +322,18 @@ class ReleaseRate:
             served += (quantile(prior, (i + 0.5) / short) for i in range(short))
         return sorted(served)
 
-    def forecast(self, now: float) -> FreesForecast | None:
+    def forecast(self, now: float, places: int | None = None) -> FreesForecast | None:
         """When the next places free, from the ages of those held now (:class:`FreesForecast`,
-        its seconds counted from when it was made, ``_forecast_at``); None while nothing is held
-        or the time held is not known."""
+        its seconds counted from when it was made, ``_forecast_at``), up to ``places`` held at
+        once where the cache decides (:meth:`expect_cache`); None while nothing is held or the
+        time held is not known."""
         made = self._forecast
         age = now - self._forecast_at
-        if made is not None and age < (FORECAST_FRESH_S if self._changed else FORECAST_STALE_S):
+        if (
+            made is not None
+            and places == self._forecast_places
+            and age < (FORECAST_FRESH_S if self._changed else FORECAST_STALE_S)
+        ):
             first = made.at(0)
             if first is not None and self._forecast_at + first >= now:
                 return made
@@ -321,14 +342,19 @@ class ReleaseRate:
             self._forecast = None
             return None
         ages = [now - began for began in self._holding.values()]
-        self._forecast = FreesForecast(ages, holds, limit=FORECAST_PLACES)
-        self._forecast_at, self._changed = now, False
+        self._forecast = FreesForecast(
+            ages, holds, limit=FORECAST_PLACES, cache=self._cache, places=places
+        )
+        self._forecast_at, self._forecast_places, self._changed = now, places, False
         return self._forecast
 
-    def forecast_wait_s(self, queue_ahead: int, now: float) -> float | None:
+    def forecast_wait_s(
+        self, queue_ahead: int, now: float, places: int | None = None
+    ) -> float | None:
         """Seconds until a place frees for a waiter with ``queue_ahead`` waiters before it, while
-        every place is held: the forecast's; None where it cannot tell."""
-        forecast = self.forecast(now)
+        only frees let callers in: the forecast's (up to ``places``, :meth:`forecast`); None
+        where it cannot tell."""
+        forecast = self.forecast(now, places)
         free = None if forecast is None else forecast.at(max(queue_ahead, 0))
         return None if free is None else max(0.0, self._forecast_at + free - now)
 
@@ -415,6 +441,7 @@ class ReleaseRate:
         running: int = 1,
         slots: int | None = None,
         full: bool = False,
+        places: int | None = None,
     ) -> float:
         """The wait told to one refused caller at ``now``, noted so that the next is told to
         come back after it: the time until capacity for it frees (``queue_ahead`` waiters, or
@@ -431,11 +458,12 @@ class ReleaseRate:
         caller waits that, and that guess spreads the places over ``horizon_s`` at most.
 
         ``full``: only frees let anyone in now (every place held, and their number not growing
-        fast): the quote is the forecast's (:meth:`_forecast_quote`), where it can tell.
+        fast): the quote is the forecast's (:meth:`_forecast_quote`, up to ``places``), where it
+        can tell.
         """
         bounds = self._bounds
         if full and tokens is None:
-            forecast = self.forecast(now)
+            forecast = self.forecast(now, places)
             if forecast is not None:
                 return self._forecast_quote(forecast, max(queue_ahead, 0), now)
         pace = None if tokens is not None else self.pace_per_s(max(running, slots or 0))
