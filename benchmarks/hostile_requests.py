@@ -38,6 +38,14 @@ def completion(padding: int, model: str = "m") -> bytes:
     return body + b" " * padding
 
 
+def completion_head(length: int) -> bytes:
+    """The head of a completion request whose body is ``length`` bytes."""
+    return (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % length
+    )
+
+
 def chunked(body: bytes, size: int) -> bytes:
     """``body`` in chunks of ``size`` bytes, then the last chunk."""
     pieces = [body[at : at + size] for at in range(0, len(body), size)]
