@@ -9,6 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
 from emulator import llamacpp, tokens
@@ -70,7 +71,7 @@ def build_app(
     return app
 
 
-def count_requests(registry: CollectorRegistry) -> web.Middleware:
+def count_requests(registry: CollectorRegistry) -> Middleware:
     """vLLM's ``http_requests_total`` (prometheus-fastapi-instrumentator's: by route, method and
     status class), counted as each request ends; one that raised, or whose client left while it
     ran, as 5xx. What a benchmark reads to know how many requests reached the engine."""
@@ -86,11 +87,12 @@ def count_requests(registry: CollectorRegistry) -> web.Middleware:
         status = "5xx"
         try:
             response = await handler(request)
-            status = f"{response.status // 100}xx"
-            return response
         except web.HTTPException as exc:
             status = f"{exc.status // 100}xx"
             raise
+        else:
+            status = f"{response.status // 100}xx"
+            return response
         finally:
             resource = request.match_info.route.resource
             route = resource.canonical if resource is not None else "none"
