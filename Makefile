@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check docs bench bench-venv bench-overload bench-burst bench-capacity bench-cold-start bench-fleet bench-slow-clients soak test-vllm test-image test-gpu plan clean lock
+.PHONY: demo test check docs bench bench-venv bench-overload bench-burst bench-capacity bench-cold-start bench-fleet bench-slow-clients bench-audit soak test-vllm test-image test-gpu plan clean lock
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -111,6 +111,15 @@ bench-cold-start: $(STAMP)
 # SLOW_CONNECTIONS, SLOW_SECONDS, SLOW_ATTACKS, SLOW_PROXIES narrow it.
 bench-slow-clients: $(STAMP)
 	$(BIN)/python -m benchmarks.slow_clients
+
+# Issue 48's audit rows 1-5 at their full widths (pipelined GETs and streamed chats never read,
+# slow readers, slow bodies, 2-byte chunks), each against a fresh sidecar at its defaults in front
+# of the emulated engine, legit clients on another address and on the attacker's: served, latency,
+# peak RSS against the issue's targets, PASS or MISS. About 3 min (docs/lab/reliability.md).
+# AUDIT_ROWS, AUDIT_SCALE (0.02: a smoke run), AUDIT_SECONDS narrow it. Writes
+# .bench/audit.json and .md.
+bench-audit: $(STAMP)
+	$(BIN)/python -m benchmarks.audit_rows
 
 test-vllm: $(STAMP)
 	bash scripts/test_vllm.sh

@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from aiohttp.typedefs import Middleware
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
 from emulator import llamacpp, tokens
 from emulator.config import EmulatorConfig
@@ -23,6 +24,7 @@ from emulator.runner import EngineRunner, Sleep, StepCost
 CONFIG_KEY = web.AppKey("emulator_config", EmulatorConfig)
 RUNNER_KEY = web.AppKey("emulator_runner", EngineRunner)
 REGISTRY_KEY = web.AppKey("emulator_registry", CollectorRegistry)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def build_app(
@@ -41,11 +43,13 @@ def build_app(
         max_num_batched_tokens=config.max_num_batched_tokens,
     )
     runner = EngineRunner(pool, cost=step_cost(config), sleep=sleep, poll_s=poll_s)
-    app = web.Application()
+    registry = build_registry(config, runner.snapshot)
+    middlewares = [count_requests(registry)] if config.engine == "vllm" else []
+    app = web.Application(middlewares=middlewares)
     app.on_cleanup.append(lambda _: runner.close())
     app[CONFIG_KEY] = config
     app[RUNNER_KEY] = runner
-    app[REGISTRY_KEY] = build_registry(config, runner.snapshot)
+    app[REGISTRY_KEY] = registry
     lengths = completion_lengths(config)
     cap = QueueCap(config.max_num_queued_reqs)  # shared: vLLM counts every unfinished request
     chat = GenerationHandler("chat", config, runner, clock, poll_s, lengths=lengths, queue_cap=cap)
@@ -65,6 +69,36 @@ def build_app(
         app.router.add_get("/props", llamacpp.props_handler(config))
         app.router.add_get("/slots", llamacpp.slots_handler(config, pool.snapshot))
     return app
+
+
+def count_requests(registry: CollectorRegistry) -> Middleware:
+    """vLLM's ``http_requests_total`` (prometheus-fastapi-instrumentator's: by route, method and
+    status class), counted as each request ends; one that raised, or whose client left while it
+    ran, as 5xx. What a benchmark reads to know how many requests reached the engine."""
+    counter = Counter(
+        "http_requests",
+        "Total number of requests by method, status and handler.",
+        ("handler", "method", "status"),
+        registry=registry,
+    )
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        status = "5xx"
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            status = f"{exc.status // 100}xx"
+            raise
+        else:
+            status = f"{response.status // 100}xx"
+            return response
+        finally:
+            resource = request.match_info.route.resource
+            route = resource.canonical if resource is not None else "none"
+            counter.labels(route, request.method, status).inc()
+
+    return middleware
 
 
 def step_cost(config: EmulatorConfig) -> StepCost:

@@ -249,3 +249,22 @@ async def _unfinished_at_least(url: str, count: int) -> bool:
     metrics = await scrape(url)
     running = metrics["vllm:num_requests_running"]
     return running + metrics["vllm:num_requests_waiting"] >= count
+
+
+async def test_requests_are_counted_by_route_as_vllm_counts_them(base_url: str) -> None:
+    """http_requests_total, as vLLM's /metrics has it: each request once, by its route, method
+    and status class; a path with no route under "none"."""
+    async with aiohttp.ClientSession() as session:
+        for path in ("/v1/models", "/v1/models", "/nowhere"):
+            async with session.get(f"{base_url}{path}") as response:
+                await response.read()
+        async with session.get(f"{base_url}/metrics") as resp:
+            text = await resp.text()
+    counted = {
+        (s.labels["handler"], s.labels["method"], s.labels["status"]): s.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "http_requests"
+        for s in family.samples
+        if s.name == "http_requests_total"
+    }
+    assert counted == {("/v1/models", "GET", "2xx"): 2.0, ("none", "GET", "4xx"): 1.0}

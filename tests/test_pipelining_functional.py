@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import socket
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from benchmarks.hostile_requests import chat, get
 from sidecar.edge.http.connection import Connection
 from sidecar.entry.app import SidecarServer
 from tests.engine_double import EngineDouble, double
@@ -32,20 +32,6 @@ RECEIVE_BUFFER_TOOK = 40
 async def server(double: EngineDouble) -> AsyncIterator[SidecarServer]:
     async with sidecars(double.url) as start:
         yield await start(SIDECAR_MAX_CONCURRENT_CALLS="64")
-
-
-def get(i: int) -> bytes:
-    return f"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Request-Id: r{i}\r\n\r\n".encode()
-
-
-def chat(i: int) -> bytes:
-    body = json.dumps(
-        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-    )
-    return (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: r{i}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}"
-    ).encode()
 
 
 def connection_of(server: SidecarServer) -> Connection:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from benchmarks.hostile_requests import completion_head
 from sidecar.entry.app import SidecarServer
 from tests.engine_double import EngineDouble, double
 from tests.servers import sidecars, until
@@ -34,10 +35,7 @@ async def server(double: EngineDouble) -> AsyncIterator[SidecarServer]:
 async def _slow_body(address: str, port: int) -> Conn:
     """A completion whose 16 kB body has sent 100 bytes, and then waits."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(address, 0))
-    writer.write(
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: 16000\r\n\r\n" + b" " * 100
-    )
+    writer.write(completion_head(16000) + b" " * 100)
     return reader, writer
 
 

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from benchmarks.hostile_requests import CHUNKED_HEAD, chunked, completion
 from sidecar.edge.http.reader import FREE_CHUNKS, MIN_CHUNK_BYTES
 from sidecar.entry.app import SidecarServer
 from tests.engine_double import EngineDouble, double
@@ -17,27 +18,11 @@ from tests.servers import sidecars
 
 __all__ = ["double"]
 
-HEAD = (
-    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-    b"Transfer-Encoding: chunked\r\n\r\n"
-)
-
 
 @pytest.fixture
 async def server(double: EngineDouble) -> AsyncIterator[SidecarServer]:
     async with sidecars(double.url) as start:
         yield await start()
-
-
-def chunked(body: bytes, size: int) -> bytes:
-    """``body`` in chunks of ``size`` bytes, then the last chunk."""
-    pieces = [body[at : at + size] for at in range(0, len(body), size)]
-    return b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
-
-
-def completion(padding: int) -> bytes:
-    """A completion request whose JSON is padded with ``padding`` spaces."""
-    return json.dumps({"model": "m", "prompt": "hi", "max_tokens": 4}).encode() + b" " * padding
 
 
 async def exchange(port: int, data: bytes) -> bytes:
@@ -67,7 +52,7 @@ async def test_chunked_bodies_of_ordinary_chunks_pass(
     """Chunks of 1 KiB, chunks at the floor, and a body of under FREE_CHUNKS 2-byte chunks: 200."""
     answer = await exchange(
         server.proxy_port,
-        HEAD.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")
+        CHUNKED_HEAD.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")
         + chunked(completion(padding), size),
     )
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
@@ -79,7 +64,7 @@ async def test_two_byte_chunks_are_refused_once_they_count(
 ) -> None:
     """A 4 MiB body in 2-byte chunks: a JSON 400 once FREE_CHUNKS of them have come, the
     connection closed; the engine never sees it."""
-    answer = await exchange(server.proxy_port, HEAD + chunked(completion(4 << 20), 2))
+    answer = await exchange(server.proxy_port, CHUNKED_HEAD + chunked(completion(4 << 20), 2))
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400")
     assert b"Connection: close" in head
