@@ -16,7 +16,7 @@ from sidecar.core.errors import UpstreamTimeoutError, UpstreamUnavailableError
 from sidecar.edge.engine.client import release, send
 from sidecar.edge.engine.pool import EnginePool
 from sidecar.edge.http.request import Request, Wire
-from sidecar.edge.proxy.relay import RelayResult, in_band_error, relay_stream
+from sidecar.edge.proxy.relay import ClientStall, RelayResult, in_band_error, relay_stream
 from sidecar.edge.proxy.sse_framing import EventFramer
 
 
@@ -280,3 +280,36 @@ async def test_a_client_that_stops_reading_is_cut_off_at_the_write_deadline() ->
     assert result.end == "client_stalled"
     assert socket.aborted
     assert socket.written[1:] == [b"9\r\ndata: 1\n\n\r\n"]  # into the full buffer; no end
+
+
+async def test_a_stalled_client_gives_its_place_up_once_a_request_waits_for_one() -> None:
+    """The client stopped reading after the head: while nobody waits for a permit its next
+    event's write is left to the 10 s deadline (asked each 0.01 s stall, three times, nobody
+    waiting); the first stall that finds a request waiting ends the stream client_stalled, its
+    connection aborted, long before the deadline."""
+    asked: list[bool] = []
+
+    def contended() -> bool:
+        asked.append(len(asked) >= 3)
+        return asked[-1]
+
+    socket, wire = _Socket(), _Wire()
+    async with _upstream() as (engine, upstream):
+        engine.sends.put_nowait(SSE_HEAD)
+        answer = await send(upstream, "POST", "/v1/chat/completions", {}, b"{}")
+        relay = relay_stream(
+            _client(socket, wire),
+            answer,
+            "req-1",
+            write_timeout_s=10.0,
+            stall=ClientStall(contended, 0.01),
+        )
+        task = asyncio.create_task(relay)
+        await socket.writes(1)
+        wire.paused = True
+        engine.sends.put_nowait(chunk(b"data: 1\n\n"))
+        result = await task
+        release(answer)
+    assert result.end == "client_stalled"
+    assert socket.aborted
+    assert asked == [False, False, False, True]

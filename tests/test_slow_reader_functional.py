@@ -122,3 +122,30 @@ def body_of(answer: bytes) -> bytes:
 
     httptools.HttpResponseParser(Collect()).feed_data(answer)
     return bytes(body)
+
+
+async def test_a_slow_reader_gives_its_place_up_to_a_waiting_request(double: EngineDouble) -> None:
+    """One place (SIDECAR_MAX_CONCURRENT_CALLS=1) held by a client that stopped reading its
+    long answer: a second request waits for it; the stall (0.2 s) that finds it waiting ends the
+    slow reader's stream, and the second reaches the engine and is served, where it would have
+    been refused after its 3 s wait (the 30 s write deadline still far off)."""
+    async with sidecars(double.url) as start:
+        server = await start(
+            SIDECAR_ADMISSION="count",
+            SIDECAR_MAX_CONCURRENT_CALLS="1",
+            SIDECAR_MAX_QUEUE="4",
+            SIDECAR_CLIENT_STALL_MS="200",
+            SIDECAR_CLIENT_WRITE_TIMEOUT_MS="30000",
+        )
+        sock, _engine = await slow_reader(server, "endless")
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.proxy_port)
+        try:
+            writer.write(request("none"))
+            async with asyncio.timeout(10):
+                answer = await reader.read()  # the whole answer: its connection closes after it
+        finally:
+            writer.close()
+            sock.close()
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert b"fallback" not in answer  # served, not the busy answer (a 200 SSE fallback event)
+    assert double.generating() == 2

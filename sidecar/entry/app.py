@@ -214,6 +214,7 @@ class SidecarServer:
             ),
             body=BodyLimits(s.body_timeout_ms / 1000, s.body_min_rate, s.body_rate_grace_ms / 1000),
             write_timeout_s=s.client_write_timeout_ms / 1000,
+            stall_s=s.client_stall_ms / 1000,
         )
         policy = SidecarPolicy(
             s,

@@ -130,6 +130,13 @@ class Settings(BaseSettings):
     client_write_timeout_ms: PositiveInt = Field(
         30_000, description="A write to a client that does not drain in this time ends the stream."
     )
+    client_stall_ms: PositiveInt = Field(
+        2_000,
+        description="While a request waits for a permit, a write to a client that does not "
+        "drain in this time ends the stream (client_stalled) and gives its place up: the engine "
+        "cannot go on with an answer nobody reads. Nobody waiting, "
+        "SIDECAR_CLIENT_WRITE_TIMEOUT_MS applies.",
+    )
     header_timeout_ms: PositiveInt = Field(
         10_000,
         description="A request head not complete this long after its first byte (the first "

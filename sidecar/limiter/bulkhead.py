@@ -280,6 +280,10 @@ class Bulkhead:
             return self._max_wait_s
         return min(self._max_wait_s, permit.max_wait_s)
 
+    def waiting(self) -> bool:
+        """Whether a request waits for a permit now (a place given up lets one in)."""
+        return bool(self._waiters)
+
     def oldest_wait_s(self) -> float:
         """How long the request queued longest has waited so far; 0 while none waits."""
         oldest = next(iter(self._waiters.values()), None)  # queued in ticket order

@@ -24,7 +24,7 @@ from sidecar.edge.http.response import Answer, Response
 from sidecar.edge.openai_errors import error_response
 from sidecar.edge.proxy.in_flight import Stop
 from sidecar.edge.proxy.intake import Job
-from sidecar.edge.proxy.relay import RelayResult, relay_stream
+from sidecar.edge.proxy.relay import ClientStall, RelayResult, relay_stream
 from sidecar.limiter.permit import Permit
 
 log = structlog.get_logger(__name__)
@@ -44,6 +44,7 @@ async def forward(
     write_timeout_s: float,
     clock: Callable[[], float] = time.monotonic,
     timing: StreamTiming | None = None,
+    stall: ClientStall | None = None,
 ) -> tuple[Answer, str]:
     """Send ``job`` to the engine and relay its answer; the answer and the request's outcome
     label, the permit's outcome set from the same row. Where the drain stops it before the
@@ -59,6 +60,7 @@ async def forward(
             write_timeout_s=write_timeout_s,
             clock=clock,
             timing=timing,
+            stall=stall,
         )
     except asyncio.CancelledError:
         if not stop.claim():
@@ -77,6 +79,7 @@ async def _send_and_relay(
     write_timeout_s: float,
     clock: Callable[[], float],
     timing: StreamTiming | None,
+    stall: ClientStall | None,
 ) -> tuple[Answer, str]:
     headers = job.headers if job.headers is not None else upstream_headers(request, request_id)
     granted = _GrantLine(permit, job)
@@ -111,6 +114,7 @@ async def _send_and_relay(
             tally=permit.usage,
             timing=timing,
             clock=clock,
+            stall=stall,
         )
         return _ended(permit, result.response, _stream_ending(result))
     finally:

@@ -41,7 +41,7 @@ from sidecar.edge.proxy.intake import (
 )
 from sidecar.edge.proxy.policy import ProxyPolicy
 from sidecar.edge.proxy.prompt_count import EnginePromptCounter
-from sidecar.edge.proxy.relay import relay_stream
+from sidecar.edge.proxy.relay import ClientStall, relay_stream
 from sidecar.edge.proxy.routes import ProxyPaths, Target, route
 from sidecar.limiter.bulkhead import Bulkhead
 from sidecar.limiter.permit import Permit
@@ -60,6 +60,7 @@ class ProxyConfig:
     paths: ProxyPaths = field(default_factory=ProxyPaths)
     body: BodyLimits = field(default_factory=BodyLimits)
     write_timeout_s: float = 30.0
+    stall_s: float = 2.0  # a write's wait on its client while a request waits for a permit
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -238,6 +239,7 @@ async def _forward_admitted(
                 write_timeout_s=proxy.config.write_timeout_s,
                 clock=proxy.clock,
                 timing=timing,
+                stall=ClientStall(proxy.bulkhead.waiting, proxy.config.stall_s),
             )
     finally:
         if timing is not None:

@@ -6,7 +6,11 @@ error instead of choking on a truncated body; any other body is cut off (the con
 aborted, no terminating chunk), so the client sees an error, never a clean truncated 200.
 
 Every write to the client has a deadline: a client that stops reading ends its stream
-(``client_stalled``) instead of holding its permit. A drain that ran out of grace stops the relay
+(``client_stalled``) instead of holding its permit. While a request waits for a permit, the
+deadline is the shorter stall (:class:`ClientStall`): a stream whose client has not taken a
+write that long gives its place up, since the engine it holds cannot go on while nobody reads
+(82 slow readers of long answers, each reading 64 B/s, held every place for the 30 s write
+deadline, reconnected, and no other request got in). A drain that ran out of grace stops the relay
 through its :class:`Stop`; the stream then ends in-band with ``draining``.
 
 A stream whose end reached the client (an SSE stream's ``data: [DONE]``, any other body's last
@@ -40,6 +44,15 @@ TOKEN_MARK = b'"index":'
 LAST_WORDS_S = 0.5
 # Room kept below the socket's high-water mark for chunk framing and the response head.
 HEADROOM = 16 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ClientStall:
+    """How long a write may wait on its client (``after_s``) while a request waits for a permit
+    (``contended``): past it the stream ends ``client_stalled`` and its place is given up."""
+
+    contended: Callable[[], bool]
+    after_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +96,7 @@ class _Relay:
     upstream: EngineResponse | None = None  # a body that is not SSE: read for its end
     room: int = 0  # what the client's buffer may hold with no wait: its high-water less HEADROOM
     delivered: bool = False  # the stream's end was written to the client
+    stall: ClientStall | None = None  # a shorter wait on the client while others wait
 
     def __post_init__(self) -> None:
         self.room = self.request.transport.get_write_buffer_limits()[1] - HEADROOM
@@ -170,14 +184,37 @@ class _Relay:
             if self._fits(size):
                 await io
             else:
-                async with asyncio.timeout(timeout_s or self.write_timeout_s):
-                    await io
+                await self._wait_for_client(io, timeout_s or self.write_timeout_s)
         except ConnectionResetError:
             return "client_gone"
         except TimeoutError:
             self.abort()
             return "client_stalled"
         return None
+
+    async def _wait_for_client(self, io: Coroutine[Any, Any, object], timeout_s: float) -> None:
+        """Wait for a write the client must drain first, ``timeout_s`` at most; TimeoutError
+        past it, or past the stall's ``after_s`` (then each ``after_s`` after) found with a
+        request waiting for a permit (:class:`ClientStall`)."""
+        stall = self.stall
+        if stall is None or stall.after_s >= timeout_s:
+            async with asyncio.timeout(timeout_s):
+                await io
+            return
+        write = asyncio.ensure_future(io)
+        try:
+            waited = 0.0
+            while True:
+                step = min(stall.after_s, timeout_s - waited)
+                done, _ = await asyncio.wait((write,), timeout=step)
+                if done:
+                    write.result()
+                    return
+                waited += step
+                if waited >= timeout_s or stall.contended():
+                    raise TimeoutError
+        finally:
+            write.cancel()
 
     def abort(self) -> None:
         """Drop the client's connection at once, without a terminating chunk."""
@@ -194,6 +231,7 @@ async def relay_stream(
     tally: StreamUsage | None = None,
     timing: StreamTiming | None = None,
     clock: Callable[[], float] = time.monotonic,
+    stall: ClientStall | None = None,
 ) -> RelayResult:
     """Copy the engine's body to the client as it arrives.
 
@@ -201,7 +239,8 @@ async def relay_stream(
     one framing scan for SSE, one write, no task woken. The task waits for the end, an error, or
     a chunk that must wait for the client (it writes that one, under the write deadline). With a
     ``tally`` (adaptive admission), one ``bytes.count`` per chunk adds the token events relayed;
-    with a ``timing``, ``clock`` stamps the chunks that carry them.
+    with a ``timing``, ``clock`` stamps the chunks that carry them. A write waits on its client
+    no longer than the ``stall`` allows while a request waits for a permit.
     """
     response = response_for(upstream, request_id)
     # An encoded (e.g. gzip) stream cannot be framed or ended in-band: its bytes pass as they are.
@@ -217,6 +256,7 @@ async def relay_stream(
         timing=timing,
         clock=clock,
         upstream=None if sse else upstream,
+        stall=stall,
     )
     if (end := await relay.prepare()) is not None:
         return RelayResult(end, response)
