@@ -113,3 +113,15 @@ def test_a_cache_model_frees_places_in_order_and_never_before_now(
     known = [f for i in range(2 * len(ages)) if (f := forecast.at(i)) is not None]
     assert known == sorted(known)
     assert all(f >= 0 for f in known)
+
+
+def test_a_cache_read_before_the_burst_does_not_empty_it() -> None:
+    """The engine's KV use was read on an idle pod (0 tokens), a tick before four 200-token
+    requests came: the forecast counts their prompts all the same, as it does where the
+    reading says so."""
+    holds = [10.0, 30.0]
+    stale = CacheGrowth(pool_tokens=1000, used_tokens=0, prompt_tokens=200, tokens_per_s=10)
+    read = CacheGrowth(pool_tokens=1000, used_tokens=800, prompt_tokens=200, tokens_per_s=10)
+    assert [FreesForecast([0.0] * 4, holds, limit=10, cache=stale).at(i) for i in range(3)] == [
+        FreesForecast([0.0] * 4, holds, limit=10, cache=read).at(i) for i in range(3)
+    ]

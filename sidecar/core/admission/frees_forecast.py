@@ -114,12 +114,14 @@ class FreesForecast:
 
     def _bases(self, ages: Sequence[float]) -> list[float]:
         """Each holder's tokens now: the prompt and what it decoded in its ``age``, shifted
-        evenly so that they add up to what the cache says it holds."""
+        evenly up to what the cache says it holds where it says more. Never down: the engine's
+        reading is a tick old, and a burst admitted since holds its prompts already (read on an
+        idle pod, it would say the burst holds nothing)."""
         cache = self._cache
         if cache is None or not ages:
             return [0.0] * len(ages)
         grown = [cache.prompt_tokens + cache.tokens_per_s * max(age, 0.0) for age in ages]
-        shift = (cache.used_tokens - sum(grown)) / len(ages)
+        shift = max(0.0, cache.used_tokens - sum(grown)) / len(ages)
         return [tokens + shift for tokens in grown]
 
     def _admit(self, at: float) -> None:
