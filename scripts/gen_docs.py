@@ -183,6 +183,8 @@ def signal_section() -> list[str]:
             if f.name != "max_samples"
         ),
         f"| `max_samples` | - | {config.max_samples} samples a window, newest kept |",
+        "| sequence cap | `SIDECAR_ENGINE_MAX_NUM_SEQS` | unset: the engine's stated slots, "
+        "else no `slots` term |",
         f"| refusals | - | {refusals} |",
         "",
         "## The admission limit's unit",

@@ -48,6 +48,12 @@ CONFIG = SaturationConfig()
         pytest.param(
             SaturationEvidence(loaded=True, tpot=0.1, kv=0.85), 0.85, "kv", id="memory-bound"
         ),
+        pytest.param(
+            SaturationEvidence(loaded=True, tpot=0.1, kv=0.22, slots=0.875),
+            0.875,
+            "slots",
+            id="sequence-bound",
+        ),
         # One refusal in four lately: 1 + 0.25, whatever the latency says.
         pytest.param(
             SaturationEvidence(loaded=True, tpot=0.6, recent_offered=400, recent_refused=100),
@@ -78,9 +84,11 @@ def test_the_signal_is_the_largest_term(
 def test_once_the_load_has_ended_every_term_reads_zero() -> None:
     """Nothing in flight or waiting: 0, though the window still holds the load's latency and
     refusals (an autoscaler's scale-down starts at the next scrape)."""
-    busy = SaturationEvidence(ttft=1.4, tpot=0.9, kv=0.7, recent_offered=10, recent_refused=5)
+    busy = SaturationEvidence(
+        ttft=1.4, tpot=0.9, kv=0.7, slots=0.9, recent_offered=10, recent_refused=5
+    )
     assert saturation(busy).to_dict() == dict.fromkeys(
-        ("utilisation", "ttft", "tpot", "kv", "refusals"), 0.0
+        ("utilisation", "ttft", "tpot", "kv", "slots", "refusals"), 0.0
     )
 
 
@@ -376,6 +384,7 @@ def test_a_request_waiting_past_its_objective_reads_past_one() -> None:
         pytest.param(SaturationEvidence(loaded=True, ttft=7.0), id="ttft"),
         pytest.param(SaturationEvidence(loaded=True, waited=30.0), id="a-long-wait"),
         pytest.param(SaturationEvidence(loaded=True, tpot=3.0), id="tpot"),
+        pytest.param(SaturationEvidence(loaded=True, slots=2.5), id="slots"),
     ],
 )
 def test_no_term_reads_past_two(evidence: SaturationEvidence) -> None:

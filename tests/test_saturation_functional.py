@@ -41,7 +41,14 @@ async def test_idle_sidecar_reads_zero_and_names_its_unit(start_sidecar: StartSi
     server = await start_sidecar()
     doc = await get_json(f"{admin_url(server)}/capacity")
     assert doc["utilisation"] == 0
-    assert doc["saturation"] == {"utilisation": 0, "ttft": 0, "tpot": 0, "kv": 0, "refusals": 0}
+    assert doc["saturation"] == {
+        "utilisation": 0,
+        "ttft": 0,
+        "tpot": 0,
+        "kv": 0,
+        "slots": 0,
+        "refusals": 0,
+    }
     assert (doc["limit"], doc["limit_unit"], doc["worst_case_permits"]) == (2, "sequences", 2)
     metrics = await scrape(f"{admin_url(server)}/metrics")
     assert metrics["sidecar_utilisation"] == 0

@@ -68,6 +68,17 @@ from sidecar.entry.settings import load_settings
             "equal to 1",
             id="shed-past-all-memory",
         ),
+        pytest.param(
+            {"SIDECAR_ENGINE_MAX_NUM_SEQS": "0"},
+            "invalid setting SIDECAR_ENGINE_MAX_NUM_SEQS (got '0'): Input should be greater than 0",
+            id="max-num-seqs-zero",
+        ),
+        pytest.param(
+            {"SIDECAR_ENGINE_MAX_NUM_SEQS": "eight"},
+            "invalid setting SIDECAR_ENGINE_MAX_NUM_SEQS (got 'eight'): Input should be a valid "
+            "integer, unable to parse string as an integer",
+            id="max-num-seqs-not-a-number",
+        ),
     ],
 )
 def test_each_error_is_worded_for_what_failed(environ: dict[str, str], expected: str) -> None:

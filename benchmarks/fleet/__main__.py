@@ -3,12 +3,13 @@
 Pods are capacity_sweep's GPU-shaped emulated engine (Qwen2.5-14B in BF16 on an H100; prefill
 and decode cost from the H100's published BF16 peak, see benchmarks/capacity_sweep.py), with
 ``1 / FLEET_POD_SHRINK`` of its KV pool and ``--max-num-seqs FLEET_POD_SEQS`` so that one pod
-serves a handful of users at the H100's speed, each with a real `sidecar serve` (its defaults)
-in front or alone; nginx balances over the ready pods (reloaded as they come and go);
-the autoscaler is the HPA algorithm (hpa.py) on KEDA's trigger, bounds and behavior read from
-deploy/k8s at run time (manifests.py). Every interval (scrape, sync, pollingInterval, windows,
-policy periods, the pod start delay, the sidecars' signal windows) is in cluster seconds, run
-FLEET_TIME_SCALE times faster.
+serves a handful of users at the H100's speed, each with a real `sidecar serve` (its defaults,
+and SIDECAR_ENGINE_MAX_NUM_SEQS set to the pod's cap, as its operator would) in front or alone;
+nginx balances over the ready pods (reloaded as they come and go); the autoscaler is the HPA
+algorithm (hpa.py) on KEDA's trigger, bounds and behavior read from deploy/k8s at run time
+(manifests.py). Every interval (scrape, sync, pollingInterval, windows, policy periods, the pod
+start delay, the sidecars' signal windows) is in cluster seconds, run FLEET_TIME_SCALE times
+faster.
 
 Configurations (FLEET_CONFIGS): a: sidecar + the ScaledObject's own trigger (sidecar_utilisation,
 its threshold); b: engine alone + vllm:num_requests_waiting AverageValue 5; c: engine alone +

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +30,12 @@ def pod_flags(shrink: float, max_num_seqs: int) -> tuple[str, ...]:
     flags[kv] = str(round(int(flags[kv]) / shrink))
     flags[flags.index("--max-num-seqs") + 1] = str(max_num_seqs)
     return tuple(flags)
+
+
+def engine_settings(flags: Sequence[str]) -> dict[str, str]:
+    """What an operator who sets the engine's flags tells its sidecar too: its sequence cap
+    (``--max-num-seqs``, which vLLM's metrics do not state), for the signal's slots term."""
+    return {"engine_max_num_seqs": flags[flags.index("--max-num-seqs") + 1]}
 
 
 @dataclass(eq=False, kw_only=True)
@@ -84,10 +90,9 @@ class Fleet:
         engine = pod.stack.enter_context(servers.emulator(self.flags, log.with_suffix(".engine")))
         pod.endpoint, pod.metrics = engine.removeprefix("http://"), engine + "/metrics"
         if self.sidecar:
+            settings = {**engine_settings(self.flags), **self.sidecar_settings}
             front, admin = pod.stack.enter_context(
-                servers.sidecar_ports(
-                    engine, None, log.with_suffix(".sidecar"), **self.sidecar_settings
-                )
+                servers.sidecar_ports(engine, None, log.with_suffix(".sidecar"), **settings)
             )
             pod.endpoint = front.removeprefix("http://")
             if self.metrics_from == "sidecar":

@@ -89,6 +89,7 @@ class SidecarServer:
             objectives=objectives_of_settings(settings),
             oldest_wait_s=self.bulkhead.oldest_wait_s,
             config=signal_config_of_settings(settings),
+            max_num_seqs=settings.engine_max_num_seqs,
         )
         self.controller: CapacityController = build_controller(
             settings,

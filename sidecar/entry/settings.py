@@ -431,9 +431,9 @@ class Settings(BaseSettings):
     # --- the scale-out signal (sidecar_utilisation) ---------------------------------------------
     utilisation_window_s: Annotated[float, Field(gt=0)] = Field(
         _SIGNAL.window_s,
-        description="the streams' latency, the engine's KV use and the refusals are counted over "
-        "this many seconds (a scrape and an autoscaler's poll fit in it; no instant reaches a "
-        "scrape alone)",
+        description="the streams' latency, the engine's KV use and running requests, and the "
+        "refusals are counted over this many seconds (a scrape and an autoscaler's poll fit in "
+        "it; no instant reaches a scrape alone)",
     )
     utilisation_quantile: Annotated[float, Field(gt=0, le=1)] = Field(
         _SIGNAL.quantile,
@@ -454,6 +454,13 @@ class Settings(BaseSettings):
         _SIGNAL.floor_cap,
         description="the unloaded latency counts at most this share of its objective (a pod "
         "never seen lightly loaded still reads 1 at the objective)",
+    )
+    engine_max_num_seqs: PositiveInt | None = Field(
+        None,
+        description="the sequences the engine runs at once (vLLM's --max-num-seqs, times its "
+        "--data-parallel-size; its metrics do not state it): where this cap binds before the KV "
+        "cache, the scale-out signal counts the engine's running requests against it; unset: "
+        "the slots the engine states (llama.cpp's -np), else no such term",
     )
 
     # --- logs ----------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""The scale-out signal: each stream's latency against the objectives, the engine's KV use as
-the capacity loop reads it, the requests refused lately and whether any load is left, handed to
-the pure ``sidecar.core.laws.saturation``."""
+"""The scale-out signal: each stream's latency against the objectives, the engine's KV use and
+running requests as the capacity loop reads them, the requests refused lately and whether any
+load is left, handed to the pure ``sidecar.core.laws.saturation``."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from sidecar.core.laws.saturation import (
     SaturationConfig,
     SaturationEvidence,
     saturation,
+    slot_use,
 )
 from sidecar.core.request.objectives import Objectives
 from sidecar.core.request.stream_timing import StreamTiming
@@ -63,7 +64,8 @@ class SaturationSignal:
     """``track`` hears each stream as it starts, ``streamed`` as it ends, ``observe`` each
     capacity tick; ``read`` gathers the rest (the bulkhead's queue, how long its oldest request
     has waited, the streams running now) and computes. A stream's first token is sampled on the
-    tick or read after it came."""
+    tick or read after it came. ``max_num_seqs`` is the sequences the engine runs at once, where
+    the operator said it (None: the engine's own slots, where it states them)."""
 
     def __init__(
         self,
@@ -74,6 +76,7 @@ class SaturationSignal:
         objectives: Objectives,
         oldest_wait_s: Callable[[], float] = lambda: 0.0,
         config: SaturationConfig | None = None,
+        max_num_seqs: int | None = None,
     ) -> None:
         self._snapshot, self._requests, self._clock = snapshot, requests, clock
         self._oldest_wait_s = oldest_wait_s
@@ -81,6 +84,8 @@ class SaturationSignal:
         self.config = c = config or SaturationConfig()
         self._ttft, self._tpot = LatencyShare(c), LatencyShare(c)
         self._kv = MeanWindow(c.window_s, c.max_samples)
+        self._slots = MeanWindow(c.window_s, c.max_samples)
+        self._max_num_seqs = max_num_seqs
         self._window = OutcomeWindow(c.window_s)
         # Streams being relayed (bounded by the admission limit; each leaves in ``streamed``).
         self._running: dict[StreamTiming, _Running] = {}
@@ -120,13 +125,21 @@ class SaturationSignal:
     def observe(self, readings: Readings) -> None:
         """One capacity tick: the running streams' first tokens are sampled, the outcomes so
         far too (so the refusals' window keeps its length however rarely the signal is read),
-        and the engine's KV use, if it said it, joins the window's mean."""
+        and the engine's KV use and its running requests over its sequence cap, where it said
+        them and the cap is known, join the windows' means."""
         now = self._clock()
         self._harvest(now)
         self._window.recent(now, outcome_counts(self._requests))
         engine = readings.engine
-        if engine is not None and engine.kv_usage_ratio is not None:
+        if engine is None:
+            return
+        if engine.kv_usage_ratio is not None:
             self._kv.add(now, engine.kv_usage_ratio / self.config.kv_full)
+        slots = slot_use(
+            engine.requests_running, max_num_seqs=self._max_num_seqs, engine_slots=engine.slots
+        )
+        if slots is not None:
+            self._slots.add(now, slots)
 
     def evidence(self) -> SaturationEvidence:
         self._harvest(now := self._clock())
@@ -138,6 +151,7 @@ class SaturationSignal:
             waited=waited / self.objectives.ttft_s,
             tpot=self._tpot.share(now, self._paces(now)),
             kv=self._kv.mean(now),
+            slots=self._slots.mean(now),
             loaded=snap.in_use > 0 or snap.queued > 0,
             recent_offered=offered,
             recent_refused=refused,
@@ -178,7 +192,8 @@ class SaturationCollector(Collector):
         terms = GaugeMetricFamily(
             "sidecar_utilisation_term",
             "Each term the signal is the largest of: ttft and tpot (P95 latency's climb from "
-            "unloaded to the objective), kv (engine KV use), refusals (1 + the share refused).",
+            "unloaded to the objective), kv (engine KV use), slots (engine running requests over "
+            "its sequence cap), refusals (1 + the share refused).",
             labels=["term"],
         )
         for term in TERMS:

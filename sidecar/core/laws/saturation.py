@@ -6,7 +6,7 @@ it must read near 0.5, not 0.1 until requests queue and then 3. So the signal is
 the sidecar measures on every stream against the same objectives its SLO attainment counts
 (``SIDECAR_SLO_TTFT_MS``, ``SIDECAR_SLO_TPOT_MS``), as llm-d's SLO-driven autoscaler does
 (P90 predicted TTFT and TPOT over their objectives; llm-d/llm-d PR #2011, 95.8 % attainment at
-0.74x a static pool's GPUs). It is the largest of four terms, each read over the last
+0.74x a static pool's GPUs). It is the largest of five terms, each read over the last
 ``window_s``:
 
 - ``ttft`` and ``tpot``: how far the streams' latency has climbed from the engine's unloaded
@@ -35,6 +35,16 @@ the sidecar measures on every stream against the same objectives its SLO attainm
   pod reads high rather than low).
 - ``kv``: the engine's KV cache use over ``kv_full`` (1: the whole pool), the mean of the
   readings in the window: where memory, not compute, binds, the pool's share is the load's.
+- ``slots``: the engine's running requests over the sequences it runs at once, the mean of the
+  readings in the window: where the engine's sequence cap binds before its KV cache and its
+  step hardly grows with its batch, the running sequences' share is the load's. Neither
+  latency nor KV shows that load: with vLLM's ``--max-num-seqs 8`` on an H100 a decode step
+  takes about as long for 8 streams as for 1, and a fleet benchmark's three pods, each running
+  7 of its 8 sequences, read about 0.27 (their KV cache 22 % full), so the HPA scaled down at
+  peak load and requests then missed their TTFT objective. The cap is
+  ``SIDECAR_ENGINE_MAX_NUM_SEQS`` (vLLM does not export ``max_num_seqs``), else the slots the
+  engine states (llama.cpp's ``-np``); without either there is no such term (0), never a
+  learned guess.
 - ``refusals``: 1 + the share of the requests that ended in the window that were refused for
   want of capacity, at any cap (``CAPACITY_REFUSALS``): 1 to 2. A refused request is demand the
   pod could not serve within its objective.
@@ -65,7 +75,7 @@ CAPACITY_REFUSALS: frozenset[str] = frozenset(ROOM_REFUSALS) | {
     code for code, refusal in EDGE_FAULTS.items() if refusal.status == 503
 }
 
-TERMS = ("ttft", "tpot", "kv", "refusals")
+TERMS = ("ttft", "tpot", "kv", "slots", "refusals")
 # No term reads past 2, as the refusals' cannot: past its objective, latency says a pod is
 # overloaded, not by how much (a queue's wait grows without bound where one more pod may be all it
 # needs), and the HPA asks for replicas in proportion (at a target of 0.8, 2 asks for 2.5 pods
@@ -179,6 +189,7 @@ class SaturationEvidence:
     waited: float = 0.0  # the oldest request waiting for admission, its wait over the objective
     tpot: float = 0.0
     kv: float = 0.0
+    slots: float = 0.0  # the engine's running requests over its sequence cap (0: no cap known)
     loaded: bool = False  # requests in flight through the sidecar or waiting for it
     recent_offered: float = 0.0  # requests that ended in the window, refusals included
     recent_refused: float = 0.0  # of them, refused for want of capacity
@@ -186,12 +197,13 @@ class SaturationEvidence:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Saturation:
-    """The signal and the four terms it is the largest of."""
+    """The signal and the five terms it is the largest of."""
 
     utilisation: float
     ttft: float
     tpot: float
     kv: float
+    slots: float
     refusals: float
 
     def to_dict(self) -> dict[str, float]:
@@ -201,7 +213,7 @@ class Saturation:
         }
 
 
-IDLE = Saturation(utilisation=0.0, ttft=0.0, tpot=0.0, kv=0.0, refusals=0.0)
+IDLE = Saturation(utilisation=0.0, ttft=0.0, tpot=0.0, kv=0.0, slots=0.0, refusals=0.0)
 
 
 def saturation(evidence: SaturationEvidence) -> Saturation:
@@ -213,13 +225,27 @@ def saturation(evidence: SaturationEvidence) -> Saturation:
     waited = evidence.waited if evidence.waited > 1 else 0.0
     ttft = min(TERM_MAX, max(evidence.ttft, waited))
     tpot, kv = min(TERM_MAX, evidence.tpot), min(TERM_MAX, evidence.kv)
+    slots = min(TERM_MAX, evidence.slots)
     return Saturation(
-        utilisation=max(ttft, tpot, kv, refusals),
+        utilisation=max(ttft, tpot, kv, slots, refusals),
         ttft=ttft,
         tpot=tpot,
         kv=kv,
+        slots=slots,
         refusals=refusals,
     )
+
+
+def slot_use(
+    running: float | None, *, max_num_seqs: int | None, engine_slots: int | None
+) -> float | None:
+    """The engine's ``running`` requests over the sequences it runs at once: ``max_num_seqs``
+    (the operator's word for it), else ``engine_slots`` (the engine's own, where it states
+    them); None where neither is known or the engine did not say what runs."""
+    cap = max_num_seqs or engine_slots
+    if not cap or running is None:
+        return None
+    return running / cap
 
 
 def _refusals(e: SaturationEvidence) -> float:
