@@ -40,8 +40,8 @@ the sidecar measures on every stream against the same objectives its SLO attainm
   step hardly grows with its batch, the running sequences' share is the load's. Neither
   latency nor KV shows that load: with vLLM's ``--max-num-seqs 8`` on an H100 a decode step
   takes about as long for 8 streams as for 1, and a fleet benchmark's three pods, each running
-  7 of its 8 sequences, read about 0.27 (their KV cache 22 % full), so the HPA scaled down at
-  peak load and requests then missed their TTFT objective. The cap is
+  about 7 of its 8 sequences, read 0.22-0.35 (their KV cache about a fifth full), so the HPA
+  scaled down at peak load and requests then missed their TTFT objective. The cap is
   ``SIDECAR_ENGINE_MAX_NUM_SEQS`` (vLLM does not export ``max_num_seqs``), else the slots the
   engine states (llama.cpp's ``-np``); without either there is no such term (0), never a
   learned guess.
