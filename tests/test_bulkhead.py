@@ -375,6 +375,7 @@ async def test_shadow_mode_does_not_delay_and_records_a_would_be_timeout() -> No
     bulkhead = make(fake, shadow=True)
     async with bulkhead.admit(), bulkhead.admit() as second:
         assert second.shadow_rejected is None
+        assert not bulkhead.waiting()  # it runs: no stalled stream gives its place up for it
         fake.advance(3.0)
         assert second.shadow_rejected == "timeout"
     snap = bulkhead.snapshot()
@@ -568,9 +569,11 @@ async def test_pressed_says_whether_the_limit_bound_since_last_asked() -> None:
     holder, waiter = await holder_and_waiter(bulkhead, gate, log)
     assert bulkhead.pressed()
     assert bulkhead.pressed()  # still waiting
+    assert bulkhead.waiting()
     gate.set()
     await asyncio.gather(holder, waiter)
     assert not bulkhead.pressed()  # granted, and nobody waited since the last question
+    assert not bulkhead.waiting()
 
 
 async def test_turned_away_counts_the_refusals_for_room_since_last_asked() -> None:

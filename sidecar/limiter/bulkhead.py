@@ -281,8 +281,9 @@ class Bulkhead:
         return min(self._max_wait_s, permit.max_wait_s)
 
     def waiting(self) -> bool:
-        """Whether a request waits for a permit now (a place given up lets one in)."""
-        return bool(self._waiters)
+        """Whether a request waits for a permit now (a place given up lets one in); never in
+        shadow mode, where nobody waits (its queued tickets already run)."""
+        return not self._shadow and bool(self._waiters)
 
     def oldest_wait_s(self) -> float:
         """How long the request queued longest has waited so far; 0 while none waits."""
