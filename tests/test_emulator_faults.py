@@ -81,7 +81,9 @@ async def gauges(base_url: str) -> tuple[float, float, float]:
     async with aiohttp.ClientSession() as session, session.get(f"{base_url}/metrics") as resp:
         text = await resp.text()
     values = {
-        family.name: family.samples[0].value for family in text_string_to_metric_families(text)
+        family.name: family.samples[0].value
+        for family in text_string_to_metric_families(text)
+        if family.samples  # a labelled counter shows no sample before its first request
     }
     return (
         values["vllm:num_requests_running"],
