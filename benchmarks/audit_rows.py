@@ -25,9 +25,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks import slow_clients
 from benchmarks.audit_attacks import ATTACKER, MODEL, ROWS
 from benchmarks.audit_report import Latencies, Measured, as_json, markdown, table_row
 from benchmarks.overload import servers
@@ -38,7 +38,7 @@ SCALE = float(os.environ.get("AUDIT_SCALE", "1.0"))
 SECONDS = float(os.environ.get("AUDIT_SECONDS", "20"))
 ENGINE_FLAGS = ("--tokens-per-s", "0")
 OTHER_ADDRESS = "127.0.0.9"
-LEGIT_EVERY_S, LEGIT_TIMEOUT_S = 0.5, 5.0
+LEGIT_EVERY_S = 0.5  # each legit request waits 5 s at most (slow_clients.LEGIT_TIMEOUT_S)
 BASELINE_S = 2.0
 RAMP_S = min(3.0, SECONDS / 4)  # the attack opens its connections before the legit clients start
 SAMPLE_EVERY_S = 0.25
@@ -49,24 +49,10 @@ OUT = Path(".bench")
 
 async def legit(url: str, address: str, until: float) -> Latencies:
     """A chat completion every LEGIT_EVERY_S from ``address``, each on a new connection."""
-    connector = aiohttp.TCPConnector(local_addr=(address, 0), force_close=True, limit=0)
-    timeout = aiohttp.ClientTimeout(total=LEGIT_TIMEOUT_S)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-
-        async def one() -> float | None:
-            started = time.monotonic()
-            try:
-                async with session.post(url + CHATS_ROUTE, json=CHAT) as response:
-                    await response.read()
-                    return time.monotonic() - started if response.status == 200 else None
-            except (aiohttp.ClientError, TimeoutError):
-                return None
-
-        tasks = []
-        while time.monotonic() < until:
-            tasks.append(asyncio.create_task(one()))
-            await asyncio.sleep(LEGIT_EVERY_S)
-        return tuple(await asyncio.gather(*tasks))
+    served = await slow_clients.legit(
+        url, until, address=address, every_s=LEGIT_EVERY_S, route=CHATS_ROUTE, body=CHAT
+    )
+    return tuple(served)
 
 
 async def both(url: str, until: float) -> tuple[Latencies, Latencies]:

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,16 +121,25 @@ def cpu_s(pids: list[int]) -> float:
     return total
 
 
-async def legit(url: str, until: float) -> list[float | None]:
-    """A completion every LEGIT_EVERY_S from LEGIT_ADDRESS, each on a new connection."""
-    connector = aiohttp.TCPConnector(local_addr=(LEGIT_ADDRESS, 0), force_close=True, limit=0)
+async def legit(
+    url: str,
+    until: float,
+    *,
+    address: str = LEGIT_ADDRESS,
+    every_s: float = LEGIT_EVERY_S,
+    route: str = "/v1/completions",
+    body: Mapping[str, object] = COMPLETION,
+) -> list[float | None]:
+    """``body`` to ``route`` every ``every_s`` from ``address``, each on a new connection, until
+    ``until``: each one's latency, None where it was not a 200 within LEGIT_TIMEOUT_S."""
+    connector = aiohttp.TCPConnector(local_addr=(address, 0), force_close=True, limit=0)
     timeout = aiohttp.ClientTimeout(total=LEGIT_TIMEOUT_S)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
         async def one() -> float | None:
             started = time.monotonic()
             try:
-                async with session.post(url + "/v1/completions", json=COMPLETION) as response:
+                async with session.post(url + route, json=body) as response:
                     await response.read()
                     return time.monotonic() - started if response.status == 200 else None
             except (aiohttp.ClientError, TimeoutError):
@@ -139,7 +148,7 @@ async def legit(url: str, until: float) -> list[float | None]:
         tasks = []
         while time.monotonic() < until:
             tasks.append(asyncio.create_task(one()))
-            await asyncio.sleep(LEGIT_EVERY_S)
+            await asyncio.sleep(every_s)
         return list(await asyncio.gather(*tasks))
 
 

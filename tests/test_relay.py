@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from multidict import CIMultiDict
@@ -262,21 +262,27 @@ async def test_an_http10_client_gets_bare_events_ended_by_the_close() -> None:
     assert body == [b"data: 1\n\n", b"data: 2\n\n"]
 
 
-async def test_a_client_that_stops_reading_is_cut_off_at_the_write_deadline() -> None:
-    """A client whose buffer stopped draining (writing paused, though under the high-water mark)
-    is not waited on for ever: the next event's write waits for the drain under the write
-    deadline, and the stream ends client_stalled, its connection aborted, nothing after it."""
-    socket, wire = _Socket(), _Wire()
+async def _stalled(socket: _Socket, wire: _Wire, **options: Any) -> RelayResult:
+    """Relay an SSE answer whose client stops reading once it has the head (writing paused,
+    under the high-water mark, so nothing drains): its first event's write waits on it."""
     async with _upstream() as (engine, upstream):
         engine.sends.put_nowait(SSE_HEAD)
         answer = await send(upstream, "POST", "/v1/chat/completions", {}, b"{}")
-        relay = relay_stream(_client(socket, wire), answer, "req-1", write_timeout_s=0.01)
-        task = asyncio.create_task(relay)
+        task = asyncio.create_task(relay_stream(_client(socket, wire), answer, "req-1", **options))
         await socket.writes(1)
         wire.paused = True
         engine.sends.put_nowait(chunk(b"data: 1\n\n"))
         result = await task
         release(answer)
+    return result
+
+
+async def test_a_client_that_stops_reading_is_cut_off_at_the_write_deadline() -> None:
+    """A client whose buffer stopped draining (writing paused, though under the high-water mark)
+    is not waited on for ever: the next event's write waits for the drain under the write
+    deadline, and the stream ends client_stalled, its connection aborted, nothing after it."""
+    socket, wire = _Socket(), _Wire()
+    result = await _stalled(socket, wire, write_timeout_s=0.01)
     assert result.end == "client_stalled"
     assert socket.aborted
     assert socket.written[1:] == [b"9\r\ndata: 1\n\n\r\n"]  # into the full buffer; no end
@@ -294,22 +300,7 @@ async def test_a_stalled_client_gives_its_place_up_once_a_request_waits_for_one(
         return asked[-1]
 
     socket, wire = _Socket(), _Wire()
-    async with _upstream() as (engine, upstream):
-        engine.sends.put_nowait(SSE_HEAD)
-        answer = await send(upstream, "POST", "/v1/chat/completions", {}, b"{}")
-        relay = relay_stream(
-            _client(socket, wire),
-            answer,
-            "req-1",
-            write_timeout_s=10.0,
-            stall=ClientStall(contended, 0.01),
-        )
-        task = asyncio.create_task(relay)
-        await socket.writes(1)
-        wire.paused = True
-        engine.sends.put_nowait(chunk(b"data: 1\n\n"))
-        result = await task
-        release(answer)
+    result = await _stalled(socket, wire, write_timeout_s=10.0, stall=ClientStall(contended, 0.01))
     assert result.end == "client_stalled"
     assert socket.aborted
     assert asked == [False, False, False, True]
