@@ -123,10 +123,11 @@ async def test_a_body_in_one_byte_segments_rests_and_is_served(
 async def test_a_rest_is_not_the_clients_slowness(
     start: StartSidecar, double: EngineDouble
 ) -> None:
-    """A body a byte every 2 ms (up to 500 B/s) against a 100 B/s floor over a window shorter
+    """A body a byte every 2 ms (up to 500 B/s) against a 50 B/s floor over a window shorter
     than a rest: each rest holds the client's bytes in the kernel for longer than the window,
-    and they count as arrived, so the body is served, never answered 408."""
-    server = await start(SIDECAR_BODY_MIN_RATE="100", SIDECAR_BODY_RATE_GRACE_MS="300")
+    and they count as arrived, so the body is served, never answered 408. (At a 100 B/s floor
+    it was answered 408 once in CI, its sending thread starved on a loaded machine.)"""
+    server = await start(SIDECAR_BODY_MIN_RATE="50", SIDECAR_BODY_RATE_GRACE_MS="300")
     assert REST_S > 0.3  # the window is shorter than a rest: a check falls inside one
     answer, _share = await sent_in_segments(server, content_length(padded(1500)), gap_s=0.002)
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
