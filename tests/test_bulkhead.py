@@ -706,14 +706,23 @@ async def test_places_freed_while_every_place_is_held_price_the_hint() -> None:
 
 
 async def full_of_holders(
-    fake: FakeTime, gates: list[asyncio.Event], log: list[str], *, hold_s: float
+    fake: FakeTime,
+    gates: list[asyncio.Event],
+    log: list[str],
+    *,
+    hold_s: float,
+    places: int = 2,
+    spread: tuple[float, ...] | None = None,
+    max_wait_s: float = 3.0,
+    mode: CountMode | None = None,
 ) -> tuple[Bulkhead, list[asyncio.Task[Permit]]]:
-    """Two places in flight, both taken at time 0 by streams the engine says run ``hold_s``;
-    a request may wait 3 s."""
-    bulkhead = make(fake, limit=8, max_queue=4, max_wait_s=3.0)
-    bulkhead.resize(Limits(limit=8, in_flight=2))
-    bulkhead.expect_hold(hold_s, (hold_s,))
-    tasks = [asyncio.create_task(hold(bulkhead, gates[i], log, f"s{i}")) for i in range(2)]
+    """``places`` in flight (two), all taken at time 0 by streams the engine says run
+    ``hold_s`` on average, spread as ``spread`` says (all of them ``hold_s``); a request may
+    wait ``max_wait_s`` (3 s)."""
+    bulkhead = make(fake, limit=8, max_queue=4, max_wait_s=max_wait_s, mode=mode)
+    bulkhead.resize(Limits(limit=8, in_flight=places))
+    bulkhead.expect_hold(hold_s, spread or (hold_s,))
+    tasks = [asyncio.create_task(hold(bulkhead, gates[i], log, f"s{i}")) for i in range(places)]
     await settle()
     return bulkhead, tasks
 
@@ -818,12 +827,8 @@ async def test_while_slow_start_grows_the_places_only_those_past_its_reach_are_h
     three: the first newcomer waits for the growth; the second is past what growth brings and
     no place frees for it within 3 s, so it is told at once."""
     fake, log = FakeTime(), new_log()
-    bulkhead = make(fake, limit=8, max_queue=4, max_wait_s=3.0, mode=SlowStartToThree())
-    bulkhead.resize(Limits(limit=8, in_flight=2))
-    bulkhead.expect_hold(20.0, (20.0,))
     gates = [asyncio.Event() for _ in range(3)]
-    tasks = [asyncio.create_task(hold(bulkhead, gates[i], log, f"s{i}")) for i in range(2)]
-    await settle()
+    bulkhead, tasks = await full_of_holders(fake, gates, log, hold_s=20.0, mode=SlowStartToThree())
     fake.advance(1.0)
     grown = asyncio.create_task(hold(bulkhead, gates[2], log, "grown"))
     await settle()
@@ -859,13 +864,11 @@ async def test_a_waiters_place_frees_where_the_cache_takes_one_more(
     three 100-token prompts grow 10 tokens a second in a pool of 360: at 9 s the two left hold
     400, and the cache takes nobody until the others end at 29 s, so it is told at once."""
     fake, log = FakeTime(), new_log()
-    bulkhead = make(fake, limit=8, max_queue=4, max_wait_s=10.0)
-    bulkhead.resize(Limits(limit=8, in_flight=3))
-    bulkhead.expect_hold(20.0, (10.0, 30.0))
-    bulkhead.expect_cache(cache)
     gates = [asyncio.Event() for _ in range(4)]
-    tasks = [asyncio.create_task(hold(bulkhead, gates[i], log, f"s{i}")) for i in range(3)]
-    await settle()
+    bulkhead, tasks = await full_of_holders(
+        fake, gates, log, hold_s=20.0, places=3, spread=(10.0, 30.0), max_wait_s=10.0
+    )
+    bulkhead.expect_cache(cache)
     fake.advance(1.0)
     late = asyncio.create_task(hold(bulkhead, gates[3], log, "late"))
     await settle()

@@ -49,9 +49,11 @@ def reading(
     waiting: float = 2,
     running: float = 1,
     kv: float = 0.01,
+    *,
+    inference_s: float | None = None,
 ) -> Readings:
     """One tick of the engine's metrics; by default one request runs in a cache too empty to
-    tell how many fit, and two wait."""
+    tell how many fit, and two wait; ``inference_s``: how long its requests ran (not said)."""
     prompt, generation = typical if typical is not None else (None, None)
     engine = EngineReading(
         cache=None,
@@ -62,6 +64,7 @@ def reading(
         observed_at=0.0,
         typical_prompt_tokens=prompt,
         typical_generation_tokens=generation,
+        typical_inference_s=inference_s,
     )
     return Readings(declared=DECLARED, engine=engine)
 
@@ -609,18 +612,10 @@ def test_the_cache_as_it_fills_is_told_from_the_engines_figures() -> None:
     pool), nor where the engine does not say how long its requests run."""
     clock = FakeClock()
     slo = control(clock)
-    engine = EngineReading(
-        cache=None,
-        kv_usage_ratio=0.3,
-        requests_running=30,
-        requests_waiting=0,
-        preemptions_total=0.0,
-        observed_at=0.0,
-        typical_prompt_tokens=1_000.0,
-        typical_generation_tokens=200.0,
-        typical_inference_s=5.0,
-    )
-    slo.observe(Readings(declared=DECLARED, engine=engine))
+    readings = reading(typical=(1_000.0, 200.0), running=30, kv=0.3, inference_s=5.0)
+    engine = readings.engine
+    assert engine is not None
+    slo.observe(readings)
     assert slo.cache_growth(engine) is None
     slo.step(PLAN)
     growth = slo.cache_growth(engine)
