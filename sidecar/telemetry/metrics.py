@@ -31,6 +31,8 @@ TPOT_BUCKETS = (
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 SloResult = Literal["met", "missed", "unfinished"]
 SLO_RESULTS: tuple[SloResult, ...] = ("met", "missed", "unfinished")
+ReturnResult = Literal["admitted", "refused"]
+RETURN_RESULTS: tuple[ReturnResult, ...] = ("admitted", "refused")
 
 
 def slo_result(
@@ -108,6 +110,15 @@ class RequestMetrics:
         for result in SLO_RESULTS:
             self.slo_streams.labels(result)
             self.slo_tokens.labels(result)
+        self.returns = Counter(
+            "sidecar_returns",
+            "Callers back as a busy answer told them (the same request again, from its due "
+            "time), by what they met: admitted, or refused again.",
+            ["result"],
+            registry=registry,
+        )
+        for back in RETURN_RESULTS:
+            self.returns.labels(back)
         self.shadow = Counter(
             "sidecar_shadow_rejections",
             "Requests shadow mode let through that enforcement would have rejected.",
@@ -122,6 +133,10 @@ class RequestMetrics:
     def refused(self, outcome: str) -> None:
         """A request refused before it was one the proxy could time (at the port's door)."""
         self.requests.labels(outcome).inc()
+
+    def returned(self, result: ReturnResult) -> None:
+        """A caller back as told was admitted, or refused again."""
+        self.returns.labels(result).inc()
 
     def waited(self, wait_s: float) -> None:
         self.queue_wait.observe(wait_s)

@@ -13,12 +13,14 @@ from typing import Literal, NamedTuple
 
 import structlog
 
+from sidecar.core.admission.returns import Returns, fingerprint
 from sidecar.core.errors import (
     AdmissionRejectedError,
     EdgeRefusedError,
     RequestError,
     UpstreamError,
 )
+from sidecar.core.outcomes import ROOM_REFUSALS
 from sidecar.core.request.claims import Claims
 from sidecar.core.request.request_id import accepted_request_id
 from sidecar.core.request.stream_timing import StreamTiming
@@ -74,6 +76,7 @@ class Proxy:
     counter: EnginePromptCounter | None = None
     gate: Gate = field(default_factory=lambda: Gate(32))
     in_flight: InFlight = field(default_factory=InFlight)
+    returns: Returns = field(default_factory=Returns)  # refused callers, known again when back
 
 
 def proxy_handler(proxy: Proxy) -> Handler:
@@ -175,22 +178,34 @@ async def _admit_and_forward(
     else:
         cost, usage = job.flat_cost, None
     outcome, queue_wait = "error", 0.0
+    key = fingerprint(who.tenant, job.target.path, job.body) if proxy.returns else None
+    returning = key is not None and proxy.returns.back(key, started)
     try:
         may_wait = not policy.sheddable(who.claims)
+        # A caller back as told has spent its TTFT objective: it waits as long as anyone may.
+        max_wait_s = who.claims.ttl_s if returning else policy.max_wait_of(who.claims)
         admit = proxy.bulkhead.admit(
-            cost, compartment, usage, may_wait=may_wait, max_wait_s=policy.max_wait_of(who.claims)
+            cost, compartment, usage, may_wait=may_wait, max_wait_s=max_wait_s
         )
         async with admit as permit:
             queue_wait = permit.wait_s
+            if returning:
+                proxy.metrics.returned("admitted")
             response, outcome = await _forward_admitted(
                 request, proxy, job, request_id, permit, claims=who.claims, started=started
             )
             return response
     except AdmissionRejectedError as exc:
         outcome, queue_wait = exc.reason, exc.waited_s
+        if exc.reason in ROOM_REFUSALS:
+            key = key or fingerprint(who.tenant, job.target.path, job.body)
+            proxy.returns.told(key, proxy.clock() + exc.retry_after_s, started)
+        if returning:
+            proxy.metrics.returned("refused")
         log.info(
             exc.refusal.log_event,
             reason=exc.reason,
+            returning=returning,
             queue_wait_s=round(queue_wait, 4),
             retry_after_s=round(exc.retry_after_s, 2),
             cost=cost,
