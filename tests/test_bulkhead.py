@@ -221,6 +221,38 @@ async def test_waiter_times_out_at_max_wait() -> None:
     assert (timeout.reason, timeout.compartment, timeout.cost) == ("timeout", "default", 1)
 
 
+@pytest.mark.parametrize(
+    ("ttl_s", "waits_s"),
+    [(None, 10.0), (4.0, 4.0), (1.0, 1.0)],
+    ids=["the-wait-for-returns", "its-ttl-past-the-wait", "its-ttl-within-it"],
+)
+async def test_a_caller_back_as_told_waits_the_bulkheads_wait_for_returns(
+    ttl_s: float | None, waits_s: float
+) -> None:
+    """The place held: a return waits 10 s (return_wait_s) where anyone else waits 3 s, its
+    own TTL still bounding it."""
+    fake, gate = FakeTime(), asyncio.Event()
+    bulkhead = make(fake, return_wait_s=10.0)
+    holder = asyncio.create_task(hold(bulkhead, gate, new_log(), "holder"))
+    await settle()
+
+    async def back() -> None:
+        async with bulkhead.admit(max_wait_s=ttl_s, returning=True):
+            pass
+
+    waiter = asyncio.create_task(back())
+    await settle()
+    fake.advance(waits_s - 0.01)
+    await settle()
+    assert not waiter.done()
+    fake.advance(0.01)
+    with pytest.raises(AdmissionRejectedError) as caught:
+        await waiter
+    assert caught.value.reason == "timeout"
+    gate.set()
+    await holder
+
+
 async def test_waiter_is_granted_on_release_with_its_wait_time() -> None:
     """A waiter gets the permit the moment it is released and reports how long it waited."""
     fake, gate, log = FakeTime(), asyncio.Event(), new_log()

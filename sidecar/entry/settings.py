@@ -294,6 +294,13 @@ class Settings(BaseSettings):
     max_wait_ms: NonNegativeInt = Field(
         3000, description="longest wait in the admission queue before the busy answer"
     )
+    return_wait_ms: NonNegativeInt = Field(
+        10_000,
+        description="longest wait in the admission queue for a caller back when a busy answer "
+        "told it (the same request again), who has spent its TTFT objective; never less than "
+        "SIDECAR_MAX_WAIT_MS. Keep it under the gateway's request timeout (Envoy's route "
+        "timeout: 15 s by default)",
+    )
     max_queue: NonNegativeInt = Field(
         256,
         description="most requests waiting for a permit; one more gets the busy answer at once. "

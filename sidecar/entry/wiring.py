@@ -105,6 +105,7 @@ def build_bulkhead(
         limit=limit,
         max_queue=settings.max_queue,
         max_wait_s=settings.max_wait_ms / 1000,
+        return_wait_s=max(settings.return_wait_ms, settings.max_wait_ms) / 1000,
         mode=mode,
         shadow=settings.shadow,
         max_in_flight=settings.max_concurrent_calls,

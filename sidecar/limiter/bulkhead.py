@@ -40,6 +40,7 @@ class Bulkhead:
         limit: int,
         max_queue: int,
         max_wait_s: float,
+        return_wait_s: float | None = None,
         mode: AdmissionMode | None = None,
         shadow: bool = False,
         max_in_flight: int | None = None,
@@ -49,7 +50,8 @@ class Bulkhead:
         on_event: Callable[[AdmissionEvent], None] | None = None,
         hint: ReleaseRate | None = None,
     ) -> None:
-        """``mode``: how requests are priced and what can ever run (count mode if None)."""
+        """``mode``: how requests are priced and what can ever run (count mode if None);
+        ``return_wait_s``: the longest a caller back as told waits (None: ``max_wait_s``)."""
         self._mode: AdmissionMode = mode or CountMode()
         self._core = Admission(
             limit=limit,
@@ -61,6 +63,7 @@ class Bulkhead:
         self._ledger = Ledger()
         self._shadow = shadow
         self._max_wait_s = max_wait_s
+        self._return_wait_s = max_wait_s if return_wait_s is None else return_wait_s
         self._max_in_flight = max_in_flight
         self._clock = clock
         self._call_later = call_later
@@ -91,15 +94,18 @@ class Bulkhead:
         *,
         may_wait: bool = True,
         max_wait_s: float | None = None,
+        returning: bool = False,
     ) -> Permit:
         """Hold capacity for the body of ``async with``; raises AdmissionRejectedError before it.
 
         ``may_wait=False``: refused at once (``shed``) unless capacity is free now. Adaptive mode:
         ``usage`` is the request's live footprint; its charge grows while it runs. ``max_wait_s``:
         this request waits no longer than this (the policy's bound for it), nor than the
-        bulkhead's own wait.
+        bulkhead's own wait. ``returning``: a caller back when a busy answer told it
+        (:mod:`sidecar.core.admission.returns`), whose own wait is the bulkhead's for returns.
         """
         permit = Permit(self, cost, compartment, may_wait, usage)
+        permit.returning = returning
         if max_wait_s is not None:
             permit.max_wait_s = max_wait_s
         return permit
@@ -275,10 +281,10 @@ class Bulkhead:
         return max(core.in_use, core.in_flight_limit or 0)
 
     def _wait_for(self, permit: Permit) -> float:
-        """The longest ``permit`` may wait: the bulkhead's, or less where the request asked."""
-        if permit.max_wait_s is None:
-            return self._max_wait_s
-        return min(self._max_wait_s, permit.max_wait_s)
+        """The longest ``permit`` may wait: the bulkhead's (for returns, where it is one), or
+        less where the request asked."""
+        longest = self._return_wait_s if permit.returning else self._max_wait_s
+        return longest if permit.max_wait_s is None else min(longest, permit.max_wait_s)
 
     def waiting(self) -> bool:
         """Whether a request waits for a permit now (a place given up lets one in); never in

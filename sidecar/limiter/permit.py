@@ -57,6 +57,7 @@ class Permit:
         "max_wait_s",
         "may_wait",
         "outcome",
+        "returning",
         "shadow_rejected",
         "started",
         "ticket",
@@ -82,6 +83,7 @@ class Permit:
         self.held_at = 0.0  # when it began to hold its grant (the bulkhead's clock)
         self.future: asyncio.Future[float] | None = None
         self.max_wait_s: float | None = None  # a shorter wait than the bulkhead's, where asked
+        self.returning = False  # a caller back as told: the bulkhead's wait for returns
         self._holder = holder
         self._state: State = "asked"
 

@@ -3,9 +3,10 @@
 A refused caller is told when capacity for it will free (:mod:`retry_hint`), and a caller that
 honours it has spent its TTFT objective by then: under ``slo`` admission its wait in the queue
 is what is left of that objective, nothing, so a return a moment before its place frees was
-refused again and sent another lap (on the GPU-shaped burst a third to two fifths of the returns).
-A return is therefore waited for as long as the bulkhead waits for anyone
-(``SIDECAR_MAX_WAIT_MS``); its own queue TTL, where it claims one, still bounds it.
+refused again and sent another lap (on the GPU-shaped burst a third to two fifths of the returns,
+told 22-32 s more while places freed in the next 10-20 s). A return therefore waits up to the
+bulkhead's wait for returns (``SIDECAR_RETURN_WAIT_MS``); its own queue TTL, where it claims one,
+still bounds it.
 
 A caller has no name the sidecar could trust, so a return is known by what it asks: the
 fingerprint of its tenant, path and body (:func:`fingerprint`), as the `openai` SDKs, a browser

@@ -182,10 +182,11 @@ async def _admit_and_forward(
     returning = key is not None and proxy.returns.back(key, started)
     try:
         may_wait = not policy.sheddable(who.claims)
-        # A caller back as told has spent its TTFT objective: it waits as long as anyone may.
+        # A caller back as told has spent its TTFT objective: its own TTL alone bounds the
+        # bulkhead's wait for returns.
         max_wait_s = who.claims.ttl_s if returning else policy.max_wait_of(who.claims)
         admit = proxy.bulkhead.admit(
-            cost, compartment, usage, may_wait=may_wait, max_wait_s=max_wait_s
+            cost, compartment, usage, may_wait=may_wait, max_wait_s=max_wait_s, returning=returning
         )
         async with admit as permit:
             queue_wait = permit.wait_s
