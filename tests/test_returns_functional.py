@@ -1,7 +1,7 @@
 """A caller back as a busy answer told it, over real sockets: known again by what it asks, it
 waits in the queue up to the wait for returns (SIDECAR_RETURN_WAIT_MS), where a newcomer at the
-same moment is held to its TTFT target. The sidecar's clock is the real one plus a shift the test moves, so a caller "honours" a
-hint without the test sleeping through it."""
+same moment is held to its TTFT target. The sidecar's clock is the real one plus a shift the
+test moves, so a caller "honours" a hint without the test sleeping through it."""
 
 from __future__ import annotations
 
