@@ -1,4 +1,4 @@
-"""The admission state machine: limit, in-flight work, bounded FIFO queues; no clock, no I/O.
+"""The admission state machine: limit, in-flight work, bounded queues; no clock, no I/O.
 
 Every call returns what happened as frozen values; the asyncio layer (``bulkhead``) turns them into
 woken waiters and timers. Costs are in the admission mode's unit
