@@ -119,8 +119,15 @@ async def test_a_queue_after_light_use_is_not_refused_as_hopeless() -> None:
     assert log == ["u0", "u1", "u2", "u3"]
 
 
-async def hold(bulkhead: Bulkhead, gate: asyncio.Event, log: list[str], name: str) -> Permit:
-    async with bulkhead.admit() as permit:
+async def hold(
+    bulkhead: Bulkhead,
+    gate: asyncio.Event,
+    log: list[str],
+    name: str,
+    *,
+    source: str | None = None,
+) -> Permit:
+    async with bulkhead.admit(source=source) as permit:
         log.append(name)
         await gate.wait()
     return permit
@@ -913,3 +920,70 @@ async def test_a_waiters_place_frees_where_the_cache_takes_one_more(
     for gate in gates:
         gate.set()
     await asyncio.gather(*tasks, late, return_exceptions=True)
+
+
+# --- the grant order by source ------------------------------------------------------------------
+
+
+async def test_a_source_holding_nothing_is_not_hopeless_behind_another_sources_queue() -> None:
+    """Two places let a waiter in about four times a second and a request may wait 1 s: one
+    source holds both places and has four waiters queued, and its fifth is refused as hopeless
+    (1.25 s). A request from another source has nobody ahead of it: it queues, and takes the
+    next place that frees."""
+    fake = FakeTime()
+    bulkhead = make(fake, max_queue=10, max_wait_s=1.0)
+    await release_twice_a_second(bulkhead, fake)
+    bulkhead.resize(Limits(limit=2))
+    first, rest, log = asyncio.Event(), asyncio.Event(), new_log()
+    tasks = [asyncio.create_task(hold(bulkhead, first, log, "h0", source="heavy"))]
+    for index in range(1, 6):
+        tasks.append(asyncio.create_task(hold(bulkhead, rest, log, f"h{index}", source="heavy")))
+    await settle()
+    async with asyncio.timeout(1):
+        with pytest.raises(AdmissionRejectedError) as caught:
+            await hold(bulkhead, rest, log, "h6", source="heavy")
+    assert caught.value.reason == "queue_full"
+    tasks.append(asyncio.create_task(hold(bulkhead, rest, log, "light", source="light")))
+    await settle()
+    assert bulkhead.snapshot().queued == 5
+    first.set()
+    await settle()
+    assert log == ["h0", "h1", "light"]
+    rest.set()
+    await asyncio.gather(*tasks)
+    assert log == ["h0", "h1", "light", "h2", "h3", "h4", "h5"]
+
+
+async def test_waiters_are_judged_in_the_order_they_are_to_be_let_in() -> None:
+    """Both places held by one source; its waiter queued before the light source's while
+    nothing said how long streams run. The engine then says one place frees in 2 s and the
+    other in 19.5 s, and a waiter may wait 3 s: the light waiter is next, so it waits for the
+    first; the older heavy one would get only the second, so it is refused now."""
+    fake, log = FakeTime(), new_log()
+    bulkhead = make(fake, limit=8, max_queue=4, max_wait_s=3.0)
+    bulkhead.resize(Limits(limit=8, in_flight=2))
+    gates = [asyncio.Event() for _ in range(3)]
+    tasks = [
+        asyncio.create_task(hold(bulkhead, gates[i], log, f"s{i}", source="heavy"))
+        for i in range(2)
+    ]
+    await settle()
+    heavy = asyncio.create_task(hold(bulkhead, gates[2], log, "heavy", source="heavy"))
+    light = asyncio.create_task(hold(bulkhead, gates[2], log, "light", source="light"))
+    await settle()
+    assert bulkhead.snapshot().queued == 2
+    fake.advance(0.5)
+    bulkhead.expect_hold(11.0, (2.5, 20.0))
+    bulkhead.resize(Limits(limit=8, in_flight=2))
+    await settle()
+    with pytest.raises(AdmissionRejectedError) as caught:
+        await heavy
+    assert caught.value.reason == "queue_full"
+    assert bulkhead.snapshot().queued == 1
+    fake.advance(2.0)
+    gates[0].set()
+    await settle()
+    assert log[-1] == "light"
+    for gate in gates:
+        gate.set()
+    await asyncio.gather(light, *tasks)

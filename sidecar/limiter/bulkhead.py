@@ -32,7 +32,8 @@ log = structlog.get_logger(__name__)
 
 
 class Bulkhead:
-    """Bounded concurrency with a bounded, timed FIFO queue per compartment."""
+    """Bounded concurrency with a bounded, timed queue per compartment, granted by source: the
+    waiter whose source holds fewest places first, oldest first among equals."""
 
     def __init__(
         self,
@@ -95,6 +96,7 @@ class Bulkhead:
         may_wait: bool = True,
         max_wait_s: float | None = None,
         returning: bool = False,
+        source: str | None = None,
     ) -> Permit:
         """Hold capacity for the body of ``async with``; raises AdmissionRejectedError before it.
 
@@ -103,9 +105,12 @@ class Bulkhead:
         this request waits no longer than this (the policy's bound for it), nor than the
         bulkhead's own wait. ``returning``: a caller back when a busy answer told it
         (:mod:`sidecar.core.admission.returns`), whose own wait is the bulkhead's for returns.
+        ``source``: who sent it (None: the one anonymous source); among the waiters of a
+        compartment, the one whose source holds fewest places is granted first
+        (:mod:`sidecar.core.admission.fair_queue`).
         """
         permit = Permit(self, cost, compartment, may_wait, usage)
-        permit.returning = returning
+        permit.returning, permit.source = returning, source
         if max_wait_s is not None:
             permit.max_wait_s = max_wait_s
         return permit
@@ -189,6 +194,7 @@ class Bulkhead:
             permit.compartment,
             usage.worst() if usage is not None else None,
             may_wait=permit.may_wait,
+            source=permit.source,
         )
         if isinstance(decision, Granted):
             self._emit("granted", decision.compartment, decision.cost)
@@ -259,11 +265,15 @@ class Bulkhead:
         brings), whose place is forecast to free after its deadline, is refused now
         (``queue_full``, told its place among the refused) rather than left to time out. On the
         GPU-shaped burst the 65 queued behind the 31 places waited out their 1.1-1.4 s before
-        the busy answer."""
+        the busy answer. They are judged in the order they are to be granted (the core's: by
+        source), each with those before it in that order ahead of it."""
         if self._shadow or not self._waiters:
             return
         now, ahead = self._clock(), 0
-        for ticket, waiter in list(self._waiters.items()):
+        for ticket in self._core.grant_order():
+            waiter = self._waiters.get(ticket)
+            if waiter is None:
+                continue  # granted as one judged before it left
             wait = self._frees_wait_s(ahead, now)
             if wait is None or wait <= waiter.started + self._wait_for(waiter) - now:
                 ahead += 1
@@ -328,7 +338,7 @@ class Bulkhead:
         self._track_queue()
 
     def _rejected(self, permit: Permit, decision: Rejected) -> None:
-        error = self._error(decision.reason, decision.compartment)
+        error = self._error(decision.reason, decision.compartment, source=permit.source)
         self._emit(
             "rejected",
             decision.compartment,
@@ -498,16 +508,23 @@ class Bulkhead:
     # --- reporting -------------------------------------------------------------------------------
 
     def _error(
-        self, reason: RejectReason, compartment: str, waited_s: float = 0.0, *, queued: bool = True
+        self,
+        reason: RejectReason,
+        compartment: str,
+        waited_s: float = 0.0,
+        *,
+        queued: bool = True,
+        source: str | None = None,
     ) -> AdmissionRejectedError:
-        """The refusal of a new request (``queued``: the queue is ahead of it) or of a waiter
-        leaving the queue (nobody queued is ahead of it)."""
+        """The refusal of a new request from ``source`` (``queued``: the waiters to be granted
+        before it are ahead of it) or of a waiter leaving the queue (nobody queued is ahead of
+        it)."""
         if reason == "too_large":
             retry = self._hint.bounds.high_s  # retrying cannot help; say so with the longest hint
         else:
             core = self._core
             need = self._mode.must_drain(core, compartment)
-            ahead = core.queued_ahead(compartment) if need is None and queued else 0
+            ahead = core.queued_ahead(compartment, source) if need is None and queued else 0
             owed = self._frees_owed(ahead) if need is None else None  # tokens: their drain
             retry = self._hint.quote(
                 ahead if owed is None else owed[0],

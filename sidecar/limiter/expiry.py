@@ -6,8 +6,9 @@ handles compared in Python; here a grant only forgets its ticket, and only the e
 holds a timer. Expiring stays a callback the bulkhead checks against the core, as before.
 
 Every waiter of a bulkhead waits as long, so deadlines come in the order they are added: each
-goes on the end of a deque and FIFO grants take them off the front, no heap needed. One that
-comes earlier than the last (a shorter delay) is put in its place.
+goes on the end of a deque and grants, oldest first where one source waits, take them off the
+front, no heap needed. One that comes earlier than the last (a shorter delay) is put in its
+place.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ class TimerHandle(Protocol):
 
 CallLater = Callable[[float, Callable[[], None]], TimerHandle]
 
-# Out-of-order leavers (another compartment's grant, a cancel) stay in the deque until this many
-# more than the live entries pile up; then one rebuild, so it is O(live) amortised.
+# Out-of-order leavers (another compartment's or source's grant, a cancel) stay in the deque
+# until this many more than the live entries pile up; then one rebuild, so it is O(live)
+# amortised.
 _SLACK = 64
 
 

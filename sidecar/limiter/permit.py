@@ -40,10 +40,11 @@ class Permit:
 
     One object is both the context and the grant, as asyncio's own locks are. ``cost`` and
     ``compartment`` are what was asked until it is decided, then what was (or, while queued, will
-    be) granted. ``asked`` is the request's live footprint as given (adaptive admission);
-    ``usage`` is that footprint once the ledger tracks it. ``ticket``, ``started`` and ``future``
-    are the holder's: the core's ticket, and, while queued, when it began to wait and the future
-    its grant settles (None in shadow mode).
+    be) granted. ``source`` is who sent it (the grant order by source). ``asked`` is the
+    request's live footprint as given (adaptive admission); ``usage`` is that footprint once the
+    ledger tracks it. ``ticket``, ``started`` and ``future`` are the holder's: the core's ticket,
+    and, while queued, when it began to wait and the future its grant settles (None in shadow
+    mode).
     """
 
     __slots__ = (
@@ -59,6 +60,7 @@ class Permit:
         "outcome",
         "returning",
         "shadow_rejected",
+        "source",
         "started",
         "ticket",
         "usage",
@@ -84,6 +86,7 @@ class Permit:
         self.future: asyncio.Future[float] | None = None
         self.max_wait_s: float | None = None  # a shorter wait than the bulkhead's, where asked
         self.returning = False  # a caller back as told: the bulkhead's wait for returns
+        self.source: str | None = None  # who sent it; None: the one anonymous source
         self._holder = holder
         self._state: State = "asked"
 

@@ -58,7 +58,8 @@ class Granted:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Queued:
-    """The request waits; ``ahead`` requests of its compartment are before it."""
+    """The request waits; ``ahead`` requests of its compartment are to be granted before it, as
+    things stand (the order by source: ``sidecar.core.admission.fair_queue``)."""
 
     ticket: int
     compartment: str

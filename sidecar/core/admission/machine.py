@@ -1,4 +1,4 @@
-"""The admission state machine: limit, in-flight work, bounded FIFO queues; no clock, no I/O.
+"""The admission state machine: limit, in-flight work, bounded queues; no clock, no I/O.
 
 Every call returns what happened as frozen values; the asyncio layer (``bulkhead``) turns them into
 woken waiters and timers. Costs are in the admission mode's unit
@@ -19,17 +19,30 @@ at once (``refuse_hopeless``: the estimate is the caller's, from the Retry-After
 is decided here), and a stream whose first token came holds the mode's started price from then
 (``start``: slo's start gate).
 
-Starvation: queues are strict FIFO per compartment, so a large request at the head of a queue is
-never overtaken inside its compartment. Across compartments, once an older head is waiting for
-room, no later request may *borrow*; borrowed capacity drains back as running work ends, and the
-waiting head is granted once it fits. Only other compartments' own guarantees can still pass it,
-and those are bounded, so a head that fits within its own guarantee is never starved.
+Grant order by source (``sidecar.core.admission.fair_queue``): each request may name its source
+(a tenant or a client address; None is one shared anonymous source). Among a compartment's
+waiters, the one whose source holds the fewest places (granted requests, whatever their cost) in
+the compartment goes first, the oldest first among equals: a source holding nothing goes before
+one holding a hundred, and with one source (no sources given) the queue is first come, first
+served. ``Queued.ahead``, ``queued_ahead`` and ``grant_order`` count in that order.
+
+Starvation: a waiter's head-of-line place is kept: whatever is next in its compartment's order
+(a large request too) is never overtaken inside its compartment. A waiter ranks by the places
+its source holds plus its source's waiters older than it; that never rises while it waits, and
+only waiters ranked lower (from sources holding fewer places) can overtake it, so the first
+waiter of a source holding nothing is never overtaken by a later one; a source holding more
+waits on, its own deadline bounding its wait. Across compartments, a compartment is as old as
+its oldest waiter: once one waits with its head waiting for room, no later request may *borrow*;
+borrowed capacity drains back as running work ends, and the waiting head is granted once it
+fits. Only other compartments' own guarantees can still pass it, and those are bounded, so a
+head that fits within its own guarantee is never starved.
 """
 
 from __future__ import annotations
 
-from collections import Counter, deque
-from dataclasses import dataclass
+import heapq
+import itertools
+from collections import Counter
 from typing import Protocol, get_args
 
 from sidecar.core.admission.compartments import DEFAULT, Compartments
@@ -47,14 +60,8 @@ from sidecar.core.admission.decisions import (
     Withdrawal,
     WithdrawReason,
 )
+from sidecar.core.admission.fair_queue import FairQueue, Waiter
 from sidecar.core.outcomes import RejectReason
-
-
-@dataclass(slots=True, eq=False)  # by identity: a deque's remove() then never calls __eq__
-class _Waiter:
-    ticket: int
-    compartment: str
-    cost: int
 
 
 class Reach(Protocol):
@@ -73,7 +80,9 @@ class _LimitReach:
 
 
 class Admission:
-    """Admission decisions for one bulkhead; all methods are synchronous and O(compartments)."""
+    """Admission decisions for one bulkhead; all methods are synchronous and O(compartments),
+    times O(sources waiting in a compartment) where waiters of several sources wait (the
+    order by source, bounded by the queue's bound; no sources given: one)."""
 
     def __init__(
         self,
@@ -96,12 +105,12 @@ class Admission:
         # A mode whose limit grows back (adaptive) names a ceiling beyond it instead.
         self._reach: Reach = reach or _LimitReach()
         names = self._compartments.names
-        self._queues: dict[str, deque[_Waiter]] = {n: deque() for n in names}
+        self._queues: dict[str, FairQueue] = {n: FairQueue() for n in names}
         self._used: dict[str, int] = dict.fromkeys(names, 0)
         self._used_total = 0
         self._count: dict[str, int] = dict.fromkeys(names, 0)
-        self._granted: dict[int, _Waiter] = {}
-        self._queued_tickets: dict[int, _Waiter] = {}
+        self._granted: dict[int, Waiter] = {}
+        self._queued_tickets: dict[int, Waiter] = {}
         self._next_ticket = 0
         self._evicted: list[int] = []
         self._draining = False
@@ -117,12 +126,19 @@ class Admission:
     # --- decisions -------------------------------------------------------------------------------
 
     def request(
-        self, cost: int, compartment: str, worst: int | None = None, *, may_wait: bool = True
+        self,
+        cost: int,
+        compartment: str,
+        worst: int | None = None,
+        *,
+        may_wait: bool = True,
+        source: str | None = None,
     ) -> Decision:
         """Decide a new request of ``cost`` in ``compartment`` (resolved through the spec).
 
         ``worst`` is what it may grow to (adaptive pricing); it alone decides ``too_large``.
         ``may_wait=False`` (sheddable traffic): granted now or refused ``shed``, never queued.
+        ``source``: who sent it (None: the one anonymous source), for the grant order by source.
         """
         name = compartment if compartment in self._queues else DEFAULT
         if self._guarded or cost > self._cap[name]:
@@ -131,7 +147,7 @@ class Admission:
                 return self._reject(refusal, name, cost)
         self._next_ticket += 1
         ticket = self._next_ticket
-        waiter = _Waiter(ticket, name, cost)
+        waiter = Waiter(ticket, name, cost, source)
         alone = not self._queued_tickets
         if alone and self._fits(waiter):  # with nobody waiting, nobody is older: the pump's answer
             self._grant(waiter)
@@ -141,7 +157,7 @@ class Admission:
         self._queued_tickets[waiter.ticket] = waiter
         # Every other head was pumped already: only the newcomer can be granted, and only as a
         # head. Alone, it was just found not to fit, and the pump would find the same.
-        if len(queue) == 1 and not alone:
+        if not alone and queue.head() is waiter:
             self._pump()
             if waiter.ticket in self._granted:
                 return Granted(waiter.ticket, name, cost)
@@ -149,7 +165,7 @@ class Admission:
             self._remove_queued(waiter)
             return self._reject("queue_full" if may_wait else "shed", name, cost)
         self._queued_total += 1
-        return Queued(ticket=waiter.ticket, compartment=name, cost=cost, ahead=len(queue) - 1)
+        return Queued(ticket=ticket, compartment=name, cost=cost, ahead=queue.ahead_of(waiter))
 
     def release(self, ticket: int, outcome: Outcome) -> tuple[Granted, ...]:
         """End granted work; returns the waiters this frees room for, in grant order."""
@@ -159,6 +175,7 @@ class Admission:
         self._used[waiter.compartment] -= waiter.cost
         self._used_total -= waiter.cost
         self._count[waiter.compartment] -= 1
+        self._queues[waiter.compartment].free(waiter.source)
         self._released[outcome] += 1
         return self._pump() if self._queued_tickets else ()  # the common release: nobody waits
 
@@ -177,7 +194,7 @@ class Admission:
         return Withdrawal(removed=True, granted=self._pump())
 
     def resize(self, limit: int) -> tuple[Granted, ...]:
-        """Set a new limit; growing grants waiters now (FIFO), shrinking revokes nothing.
+        """Set a new limit; growing grants waiters now (in grant order), shrinking revokes nothing.
 
         The mode's ceiling (the largest worst case that can ever run, where it is not the limit
         itself: adaptive's whole pool) is read again with each new limit.
@@ -304,9 +321,28 @@ class Admission:
         own cap (slo's), the least of them; None where there is none."""
         return self._max_in_flight
 
-    def queued_ahead(self, compartment: str) -> int:
-        """Waiters in the compartment ``compartment`` resolves to."""
-        return len(self._queues.get(compartment, self._queues[DEFAULT]))
+    def queued_ahead(self, compartment: str, source: str | None = None) -> int:
+        """Waiters in the compartment ``compartment`` resolves to that are to be granted before
+        a request of ``source`` queued now (all of them where ``source`` holds the most)."""
+        return self._queues.get(compartment, self._queues[DEFAULT]).ahead_of_newcomer(source)
+
+    def grant_order(self) -> tuple[int, ...]:
+        """The queued tickets in the order they are to be granted as things stand: each
+        compartment's by source (``FairQueue.order``), the compartments' merged as the pump
+        takes their heads, the compartment whose oldest waiter is oldest first (guarantees and
+        borrowing aside). O(waiters log waiters)."""
+        orders = [[w.ticket for w in queue.order()] for queue in self._queues.values() if queue]
+        # Each compartment's oldest waiter from each place in its order on.
+        oldest = [list(itertools.accumulate(reversed(order), min))[::-1] for order in orders]
+        heads = [(oldest[n][0], n, 0) for n in range(len(orders))]
+        heapq.heapify(heads)
+        tickets: list[int] = []
+        while heads:
+            _, n, at = heapq.heappop(heads)
+            tickets.append(orders[n][at])
+            if at + 1 < len(orders[n]):
+                heapq.heappush(heads, (oldest[n][at + 1], n, at + 1))
+        return tuple(tickets)
 
     def queued_cost_ahead(self, compartment: str) -> int:
         """The cost of the waiters in the compartment ``compartment`` resolves to."""
@@ -382,11 +418,11 @@ class Admission:
         self._rejected[reason] += 1
         return Rejected(reason=reason, compartment=name, cost=cost, queued=self.queued)
 
-    def _remove_queued(self, waiter: _Waiter) -> None:
+    def _remove_queued(self, waiter: Waiter) -> None:
         self._queues[waiter.compartment].remove(waiter)
         del self._queued_tickets[waiter.ticket]
 
-    def _fits(self, waiter: _Waiter) -> bool:
+    def _fits(self, waiter: Waiter) -> bool:
         """Whether ``waiter`` may run now: room in its compartment and in the whole limit, and a
         free slot under ``max_in_flight``."""
         name, cost = waiter.compartment, waiter.cost
@@ -396,15 +432,16 @@ class Admission:
             self._used_total + cost <= self._limit
         )
 
-    def _within_guarantee(self, waiter: _Waiter) -> bool:
+    def _within_guarantee(self, waiter: Waiter) -> bool:
         return self._used[waiter.compartment] + waiter.cost <= self._guaranteed[waiter.compartment]
 
-    def _grant(self, waiter: _Waiter) -> None:
+    def _grant(self, waiter: Waiter) -> None:
         """Count ``waiter`` as running."""
         self._granted[waiter.ticket] = waiter
         self._used[waiter.compartment] += waiter.cost
         self._used_total += waiter.cost
         self._count[waiter.compartment] += 1
+        self._queues[waiter.compartment].hold(waiter.source)
         self._granted_total += 1
 
     def _pump(self) -> tuple[Granted, ...]:
@@ -412,7 +449,7 @@ class Admission:
         if not self._queued_tickets:
             return ()  # the common release: nobody waits
         if len(self._queues) == 1:
-            return self._pump_fifo()
+            return self._pump_one()
         granted: list[Granted] = []
         while self._queued_tickets and not self._draining:
             waiter = self._next_grantable()
@@ -423,21 +460,24 @@ class Admission:
             granted.append(Granted(waiter.ticket, waiter.compartment, waiter.cost))
         return tuple(granted)
 
-    def _pump_fifo(self) -> tuple[Granted, ...]:
+    def _pump_one(self) -> tuple[Granted, ...]:
         """``_pump`` without compartments: one queue, granted from its head while it fits; no
-        borrowing to weigh, so no search."""
+        borrowing to weigh."""
         queue, granted = self._queues[DEFAULT], []
         if self._draining:
             return ()
-        while queue and self._fits(head := queue[0]):
-            queue.popleft()
+        while queue and self._fits(head := queue.head()):
+            queue.remove(head)
             del self._queued_tickets[head.ticket]
             self._grant(head)
             granted.append(Granted(head.ticket, DEFAULT, head.cost))
         return tuple(granted)
 
-    def _next_grantable(self) -> _Waiter | None:
-        heads = sorted((q[0] for q in self._queues.values() if q), key=lambda w: w.ticket)
+    def _next_grantable(self) -> Waiter | None:
+        # A compartment is as old as its oldest waiter, whoever its head is: a head that waits
+        # for room holds back borrowing past any waiter of its compartment.
+        queues = sorted((q for q in self._queues.values() if q), key=FairQueue.oldest)
+        heads = [q.head() for q in queues]
         owners = {h.compartment for h in heads if self._within_guarantee(h)}
         blocked = False
         for head in heads:

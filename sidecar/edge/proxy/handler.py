@@ -104,7 +104,12 @@ async def handle(proxy: Proxy, request: Request) -> Answer:
         except (RequestError, EdgeRefusedError) as exc:
             return _refused(proxy, exc, started)
         return await _admit_and_forward(
-            request, proxy, job, request_id, Caller(claims, tenant), started=started
+            request,
+            proxy,
+            job,
+            request_id,
+            Caller(claims, tenant, source_of(tenant, request.client)),
+            started=started,
         )
     finally:
         unbind_request(bound)
@@ -160,10 +165,20 @@ async def _intake(request: Request, proxy: Proxy, target: Target, request_id: st
 
 
 class Caller(NamedTuple):
-    """Who a request is, as admission sees it: what it may claim, and its tenant."""
+    """Who a request is, as admission sees it: what it may claim, its tenant, and its source
+    (:func:`source_of`)."""
 
     claims: Claims
     tenant: str | None
+    source: str | None
+
+
+def source_of(tenant: str | None, client: str) -> str | None:
+    """Who sent a request, for the bulkhead's grant order by source (the waiter whose source
+    holds fewest places first): its tenant, a better name than an address, else its client's
+    address. Behind a gateway every anonymous request shares the gateway's address: one
+    source, served first come, first served as before."""
+    return tenant or client or None
 
 
 async def _admit_and_forward(
@@ -186,7 +201,13 @@ async def _admit_and_forward(
         # bulkhead's wait for returns.
         max_wait_s = who.claims.ttl_s if returning else policy.max_wait_of(who.claims)
         admit = proxy.bulkhead.admit(
-            cost, compartment, usage, may_wait=may_wait, max_wait_s=max_wait_s, returning=returning
+            cost,
+            compartment,
+            usage,
+            may_wait=may_wait,
+            max_wait_s=max_wait_s,
+            returning=returning,
+            source=who.source,
         )
         async with admit as permit:
             queue_wait = permit.wait_s
