@@ -295,11 +295,11 @@ class Settings(BaseSettings):
         3000, description="longest wait in the admission queue before the busy answer"
     )
     return_wait_ms: NonNegativeInt = Field(
-        10_000,
+        30_000,
         description="longest wait in the admission queue for a caller back when a busy answer "
         "told it (the same request again), who has spent its TTFT objective; never less than "
-        "SIDECAR_MAX_WAIT_MS. Keep it under the gateway's request timeout (Envoy's route "
-        "timeout: 15 s by default)",
+        "SIDECAR_MAX_WAIT_MS. Keep it under what the gateway waits for a first byte (nginx's "
+        "proxy_read_timeout and an AWS ALB's idle timeout: 60 s by default)",
     )
     max_queue: NonNegativeInt = Field(
         256,
