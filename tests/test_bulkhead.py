@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -206,19 +207,27 @@ async def test_handler_can_mark_client_gone() -> None:
     assert bulkhead.snapshot().released == {"cancelled": 1}
 
 
-async def test_waiter_times_out_at_max_wait() -> None:
-    """With the permit held, a waiter is refused with 'timeout' after exactly max_wait_s."""
-    fake, gate, log, events = FakeTime(), asyncio.Event(), new_log(), new_events()
-    bulkhead = make(fake, events)
-    holder, waiter = await holder_and_waiter(bulkhead, gate, log)
-    fake.advance(2.99)
+async def refused_after(
+    fake: FakeTime, waiter: asyncio.Task[Any], seconds: float
+) -> AdmissionRejectedError:
+    """The refusal ``waiter`` gets exactly ``seconds`` from now: still waiting 10 ms before."""
+    fake.advance(seconds - 0.01)
     await settle()
     assert not waiter.done()
     fake.advance(0.01)
     with pytest.raises(AdmissionRejectedError) as caught:
         await waiter
-    assert caught.value.reason == "timeout"
-    assert 0.5 <= caught.value.retry_after_s <= 60
+    return caught.value
+
+
+async def test_waiter_times_out_at_max_wait() -> None:
+    """With the permit held, a waiter is refused with 'timeout' after exactly max_wait_s."""
+    fake, gate, log, events = FakeTime(), asyncio.Event(), new_log(), new_events()
+    bulkhead = make(fake, events)
+    holder, waiter = await holder_and_waiter(bulkhead, gate, log)
+    refusal = await refused_after(fake, waiter, 3.0)
+    assert refusal.reason == "timeout"
+    assert 0.5 <= refusal.retry_after_s <= 60
     gate.set()
     await holder
     snap = bulkhead.snapshot()
@@ -249,13 +258,7 @@ async def test_a_caller_back_as_told_waits_the_bulkheads_wait_for_returns(
 
     waiter = asyncio.create_task(back())
     await settle()
-    fake.advance(waits_s - 0.01)
-    await settle()
-    assert not waiter.done()
-    fake.advance(0.01)
-    with pytest.raises(AdmissionRejectedError) as caught:
-        await waiter
-    assert caught.value.reason == "timeout"
+    assert (await refused_after(fake, waiter, waits_s)).reason == "timeout"
     gate.set()
     await holder
 
