@@ -47,6 +47,14 @@ def test_lapsed_promises_are_dropped_as_new_ones_come() -> None:
     assert returns.back(B, 2.0 + KEEP_S)
 
 
+def test_nothing_is_pending_once_every_promise_has_lapsed() -> None:
+    returns = Returns()
+    returns.told(A, due_at=10.0, now=0.0)
+    assert returns.pending(10.0 + KEEP_S)
+    assert not returns.pending(10.0 + KEEP_S + 0.01)
+    assert len(returns) == 0
+
+
 def test_at_most_size_are_kept_the_oldest_told_going_first() -> None:
     returns = Returns(size=2)
     for key in (A, B, C):

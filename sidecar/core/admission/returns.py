@@ -22,14 +22,16 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 
+from sidecar.core.admission.retry_hint import FORECAST_PLACES, MAX_RETRY_S
+
 # A client reading only Retry-After (whole seconds, rounded up here; some clients round down)
 # may be back up to a second before the exact retry-after-ms.
 EARLY_S = 1.0
-# How long after its due time a promise is kept: the longest wait ever told (MAX_RETRY_S), for
-# clients that add their own backoff or jitter to it.
-KEEP_S = 60.0
-# The most promises kept: the forecast's own horizon of places (FORECAST_PLACES).
-SIZE = 4096
+# How long after its due time a promise is kept: the longest wait ever told, for clients that
+# add their own backoff or jitter to it.
+KEEP_S = MAX_RETRY_S
+# The most promises kept: the forecast's own horizon of places.
+SIZE = FORECAST_PLACES
 
 
 def fingerprint(tenant: str | None, path: str, body: bytes | None) -> bytes:
@@ -53,10 +55,21 @@ class Returns:
     def __len__(self) -> int:
         return len(self._due)
 
+    def pending(self, now: float) -> bool:
+        """Whether any promise may still be kept at ``now``: the lapsed ones told first are
+        dropped, so that once a burst's promises have lapsed no request is fingerprinted."""
+        self._drop(now)
+        return bool(self._due)
+
     def told(self, key: bytes, due_at: float, now: float) -> None:
         """A caller was refused and told to come back at ``due_at``: the latest word stands."""
         self._due.pop(key, None)
         self._due[key] = due_at
+        self._drop(now)
+
+    def _drop(self, now: float) -> None:
+        """The oldest told first: past the size, or lapsed (a later one lapsed behind one still
+        kept waits for it)."""
         while self._due:
             oldest_key, oldest_due = next(iter(self._due.items()))
             if len(self._due) <= self._size and oldest_due + KEEP_S >= now:

@@ -193,7 +193,8 @@ async def _admit_and_forward(
     else:
         cost, usage = job.flat_cost, None
     outcome, queue_wait = "error", 0.0
-    key = fingerprint(who.tenant, job.target.path, job.body) if proxy.returns else None
+    pending = proxy.returns.pending(started)
+    key = fingerprint(who.tenant, job.target.path, job.body) if pending else None
     returning = key is not None and proxy.returns.back(key, started)
     try:
         may_wait = not policy.sheddable(who.claims)
